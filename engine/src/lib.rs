@@ -1,0 +1,32 @@
+//! hearth's engine: runs any set of layer windows of a llama-family GGUF model on one
+//! device with llama.cpp's ggml kernels (through `llama-cpp-sys-2`), weights zero-copy
+//! from the file's mmap; plus llama.cpp's tokenizer and samplers, the model's Jinja chat
+//! template, and llama.cpp itself as the reference hearth is tested and benchmarked
+//! against.
+//!
+//! It must not depend on the server, the network or OpenAI's JSON: callers hand it
+//! token ids, hidden states and sequence ids, and get logits or hidden states back.
+
+mod backend;
+pub mod chat_template;
+pub mod default_model;
+mod error;
+mod ggml;
+pub mod gguf;
+mod graph;
+pub mod kv_cache;
+pub mod model;
+pub mod model_file;
+pub mod pipeline;
+pub mod reference;
+pub mod sampler;
+pub mod stage;
+pub mod tokenizer;
+mod weights;
+
+pub use error::{Error, Result};
+pub use kv_cache::SeqId;
+pub use model::{Arch, ModelSpec};
+pub use model_file::ModelFile;
+pub use pipeline::LocalPipeline;
+pub use stage::{BatchToken, Logits, Stage, StageConfig, StageInput, StageOutput};

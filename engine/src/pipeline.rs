@@ -1,0 +1,113 @@
+//! Stages on this machine chained in layer order: the single-node engine, and the
+//! reference the distributed ring must equal. Each step runs every window from layer 0
+//! to the last, handing hidden states over by value exactly as the ring does.
+
+use crate::kv_cache::SeqId;
+use crate::reference::argmax;
+use crate::stage::{BatchToken, Logits, Stage, StageInput, StageOutput};
+use crate::{Error, Result};
+
+pub struct LocalPipeline {
+    stages: Vec<Stage>,
+    /// (stage, window) in layer order.
+    route: Vec<(usize, usize)>,
+}
+
+impl LocalPipeline {
+    /// The windows of `stages` together must cover the model's layers exactly once.
+    pub fn new(stages: Vec<Stage>) -> Result<LocalPipeline> {
+        let n_layer = stages.first().ok_or_else(|| Error::InvalidWindow("a pipeline needs a stage".into()))?.spec().n_layer;
+        let mut route: Vec<(usize, usize, usize)> = Vec::new();
+        for (si, s) in stages.iter().enumerate() {
+            for (wi, w) in s.windows().iter().enumerate() {
+                route.push((w.start, si, wi));
+            }
+        }
+        route.sort_unstable();
+        let mut next = 0;
+        for &(start, si, wi) in &route {
+            let w = &stages[si].windows()[wi];
+            if start != next {
+                return Err(Error::InvalidWindow(format!("windows leave layers {next}..{start} uncovered or overlap")));
+            }
+            next = w.end;
+        }
+        if next != n_layer {
+            return Err(Error::InvalidWindow(format!("windows end at layer {next}, the model has {n_layer}")));
+        }
+        Ok(LocalPipeline { stages, route: route.into_iter().map(|(_, s, w)| (s, w)).collect() })
+    }
+
+    pub fn stages(&self) -> &[Stage] {
+        &self.stages
+    }
+
+    /// Runs `batch` (token ids in `tokens`) through every window; returns the logits of
+    /// the tokens that asked for them.
+    pub fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
+        let mut hidden: Option<Vec<f32>> = None;
+        for &(s, w) in &self.route {
+            let input = match &hidden {
+                None => StageInput::Tokens(tokens),
+                Some(h) => StageInput::Hidden(h),
+            };
+            match self.stages[s].forward(w, batch, input) {
+                Ok(StageOutput::Hidden(h)) => hidden = Some(h),
+                Ok(StageOutput::Logits(l)) => return Ok(l),
+                Err(e) => {
+                    // Windows before this one already cached the batch: undo that, so a
+                    // failed step leaves every window as it was.
+                    for seq in batch.iter().map(|t| t.seq) {
+                        let len = batch.iter().filter(|t| t.seq == seq).map(|t| t.pos as usize).min().unwrap_or(0);
+                        self.truncate_sequence(seq, len);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Err(Error::InvalidWindow("the last window did not produce logits".into()))
+    }
+
+    pub fn clear_sequence(&mut self, seq: SeqId) {
+        self.stages.iter_mut().for_each(|s| s.clear_sequence(seq));
+    }
+
+    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+        self.stages.iter_mut().for_each(|s| s.truncate_sequence(seq, len));
+    }
+
+    /// Cached length of `seq` (the same in every window after a complete step).
+    pub fn sequence_len(&self, seq: SeqId) -> usize {
+        self.stages[self.route[0].0].sequence_len(self.route[0].1, seq)
+    }
+
+    /// Feeds `prompt` in chunks of at most `chunk` tokens and returns the logits of its
+    /// last token.
+    pub fn prefill(&mut self, seq: SeqId, prompt: &[i32], chunk: usize) -> Result<Vec<f32>> {
+        let start = self.sequence_len(seq);
+        let mut last = Vec::new();
+        for (ci, part) in prompt.chunks(chunk.max(1)).enumerate() {
+            let base = start + ci * chunk.max(1);
+            let batch: Vec<BatchToken> = (0..part.len()).map(|i| BatchToken { seq, pos: (base + i) as u32, logits: i + 1 == part.len() }).collect();
+            let logits = self.forward(&batch, part)?;
+            last = logits.row(0).to_vec();
+        }
+        Ok(last)
+    }
+
+    /// Greedy continuation of `prompt` in a fresh sequence `seq`: `n` tokens.
+    pub fn greedy(&mut self, seq: SeqId, prompt: &[i32], n: usize, chunk: usize) -> Result<Vec<i32>> {
+        self.clear_sequence(seq);
+        let mut logits = self.prefill(seq, prompt, chunk)?;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let next = argmax(&logits);
+            out.push(next);
+            if out.len() < n {
+                let pos = (prompt.len() + out.len() - 1) as u32;
+                logits = self.forward(&[BatchToken { seq, pos, logits: true }], &[next])?.row(0).to_vec();
+            }
+        }
+        Ok(out)
+    }
+}

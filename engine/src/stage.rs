@@ -1,0 +1,426 @@
+//! A stage: the layers one device runs, as one or more disjoint windows of the model,
+//! each with its own KV cache. `forward` runs one window on one batch; the ring (or a
+//! single-node loop) chains windows by handing the hidden states over by value.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::ggml::{Accelerator, Device, F16_NEG_INF, F16_ZERO};
+use crate::graph::{self, GraphShape, GroupPlan};
+use crate::kv_cache::{KvCache, SeqId, KV_PAD};
+use crate::model::ModelSpec;
+use crate::model_file::ModelFile;
+use crate::weights::{WeightPlan, Weights};
+use crate::{Error, Result};
+
+/// One token of a batch: which sequence it belongs to, its position there, and whether
+/// the caller wants its logits (only meaningful for the window that ends the model).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchToken {
+    pub seq: SeqId,
+    pub pos: u32,
+    pub logits: bool,
+}
+
+/// A window's input: token ids for the window that starts the model, otherwise the
+/// previous window's hidden states, row-major `[n_tokens][n_embd]`.
+#[derive(Debug, Clone, Copy)]
+pub enum StageInput<'a> {
+    Tokens(&'a [i32]),
+    Hidden(&'a [f32]),
+}
+
+#[derive(Debug, Clone)]
+pub enum StageOutput {
+    /// Row-major `[n_tokens][n_embd]`, in batch order.
+    Hidden(Vec<f32>),
+    Logits(Logits),
+}
+
+/// Logits of the tokens that asked for them, in batch order.
+#[derive(Debug, Clone, Default)]
+pub struct Logits {
+    /// Batch index of each row.
+    pub rows: Vec<usize>,
+    pub n_vocab: usize,
+    pub data: Vec<f32>,
+}
+
+impl Logits {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
+    }
+
+    /// The logits of batch token `batch_index`, if it asked for them.
+    pub fn for_token(&self, batch_index: usize) -> Option<&[f32]> {
+        self.rows.iter().position(|&r| r == batch_index).map(|i| self.row(i))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StageConfig {
+    /// Disjoint layer ranges, in the order the ring visits them.
+    pub windows: Vec<Range<usize>>,
+    /// Sequences that may hold KV at once.
+    pub n_seq: usize,
+    /// Context cells per sequence.
+    pub n_ctx_seq: usize,
+    /// Most tokens one `forward` takes (prompts longer than this are fed in chunks).
+    pub max_batch: usize,
+    pub threads: usize,
+    /// The first this-many layers of every window run on the accelerator.
+    pub accel_layers: usize,
+}
+
+impl StageConfig {
+    /// The whole model as one window: a single-node engine.
+    pub fn whole(spec: &ModelSpec) -> StageConfig {
+        StageConfig { windows: vec![0..spec.n_layer], n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0 }
+    }
+}
+
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+struct Window {
+    layers: Range<usize>,
+    cache: KvCache,
+}
+
+pub struct Stage {
+    file: Arc<ModelFile>,
+    weights: Weights,
+    windows: Vec<Window>,
+    cpu: sys::ggml_backend_t,
+    accel: Option<Accelerator>,
+    sched: sys::ggml_backend_sched_t,
+    /// Backing store for graph metadata, reused by every step.
+    meta: Vec<u8>,
+    graph_size: usize,
+    max_batch: usize,
+}
+
+// SAFETY: all ggml objects are owned by the stage and used only through &mut self.
+unsafe impl Send for Stage {}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, freed once; the windows' caches and the weights are
+        // dropped after (field order) and do not reference the scheduler.
+        unsafe {
+            sys::ggml_backend_sched_free(self.sched);
+            sys::ggml_backend_free(self.cpu);
+        }
+    }
+}
+
+impl Stage {
+    pub fn new(file: Arc<ModelFile>, cfg: StageConfig) -> Result<Stage> {
+        crate::backend::init();
+        let spec = file.spec.clone();
+        validate_windows(&cfg.windows, spec.n_layer)?;
+        if cfg.max_batch == 0 || cfg.threads == 0 {
+            return Err(Error::InvalidWindow("max_batch and threads must be at least 1".into()));
+        }
+        let accel = if cfg.accel_layers > 0 { Some(Accelerator::first()?) } else { None };
+        let device_of = |w: &Range<usize>, il: usize| if il - w.start < cfg.accel_layers { Device::Accelerator } else { Device::Cpu };
+        let plan = WeightPlan {
+            layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| (il, device_of(w, il)))).collect(),
+            embedding: cfg.windows.iter().any(|w| w.start == 0),
+            output: cfg.windows.iter().any(|w| w.end == spec.n_layer),
+        };
+        let weights = Weights::bind(file.clone(), &plan, accel.as_ref())?;
+        let n_ctx_seq = cfg.n_ctx_seq.min(spec.n_ctx_train.max(1));
+        let windows = cfg
+            .windows
+            .iter()
+            .map(|w| {
+                let devices: Vec<Device> = w.clone().map(|il| device_of(w, il)).collect();
+                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &devices, cfg.n_seq, n_ctx_seq, accel.as_ref())? })
+            })
+            .collect::<Result<Vec<_>>>()?;
+
+        let max_layers = cfg.windows.iter().map(|w| w.len()).max().unwrap_or(0);
+        let graph_size = graph::max_nodes(max_layers, cfg.n_seq.min(cfg.max_batch));
+        // SAFETY: sizes are plain queries; the CPU backend is freed in Drop.
+        let (cpu, meta_size) = unsafe {
+            let cpu = sys::ggml_backend_cpu_init();
+            if cpu.is_null() {
+                return Err(Error::Ggml("could not start the CPU backend".into()));
+            }
+            sys::ggml_backend_cpu_set_n_threads(cpu, cfg.threads as i32);
+            (cpu, sys::ggml_tensor_overhead() * graph_size + sys::ggml_graph_overhead_custom(graph_size, false))
+        };
+        let mut backends: Vec<sys::ggml_backend_t> = accel.iter().map(|a| a.backend).collect();
+        backends.push(cpu);
+        // SAFETY: the backends outlive the scheduler (freed after it in Drop).
+        let sched = unsafe { sys::ggml_backend_sched_new(backends.as_mut_ptr(), std::ptr::null_mut(), backends.len() as i32, graph_size, false, false) };
+        if sched.is_null() {
+            // SAFETY: created above.
+            unsafe { sys::ggml_backend_free(cpu) };
+            return Err(Error::Ggml("could not create the ggml scheduler".into()));
+        }
+        let mut stage = Stage { file, weights, windows, cpu, accel, sched, meta: vec![0u8; meta_size], graph_size, max_batch: cfg.max_batch };
+        stage.reserve()?;
+        Ok(stage)
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.file.spec
+    }
+
+    pub fn windows(&self) -> Vec<Range<usize>> {
+        self.windows.iter().map(|w| w.layers.clone()).collect()
+    }
+
+    pub fn accelerator_name(&self) -> Option<&str> {
+        self.accel.as_ref().map(|a| a.name.as_str())
+    }
+
+    pub fn set_threads(&mut self, threads: usize) {
+        // SAFETY: live CPU backend.
+        unsafe { sys::ggml_backend_cpu_set_n_threads(self.cpu, threads.max(1) as i32) };
+    }
+
+    /// Cached positions of `seq` in window `window`.
+    pub fn sequence_len(&self, window: usize, seq: SeqId) -> usize {
+        self.windows.get(window).map_or(0, |w| w.cache.len(seq))
+    }
+
+    /// Per-sequence context capacity.
+    pub fn n_ctx_seq(&self) -> usize {
+        self.windows.first().map_or(0, |w| w.cache.capacity)
+    }
+
+    /// Forgets a sequence in every window and frees its slot.
+    pub fn clear_sequence(&mut self, seq: SeqId) {
+        self.windows.iter_mut().for_each(|w| w.cache.clear(seq));
+    }
+
+    pub fn clear_all(&mut self) {
+        self.windows.iter_mut().for_each(|w| w.cache.clear_all());
+    }
+
+    /// Keeps positions [0, len) of `seq` in every window (speculative rollback, reuse of
+    /// a cached prompt prefix).
+    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+        self.windows.iter_mut().for_each(|w| w.cache.truncate(seq, len));
+    }
+
+    /// Runs window `window` on `batch`. Each sequence's tokens must continue its cache:
+    /// positions len, len+1, ... in batch order. Nothing changes if an error is returned.
+    pub fn forward(&mut self, window: usize, batch: &[BatchToken], input: StageInput) -> Result<StageOutput> {
+        let spec = self.file.spec.clone();
+        let win = self.windows.get(window).ok_or_else(|| Error::InvalidBatch(format!("this stage has no window {window}")))?;
+        let layers = win.layers.clone();
+        let n = batch.len();
+        if n == 0 || n > self.max_batch {
+            return Err(Error::InvalidBatch(format!("{n} tokens; a batch holds 1 to {}", self.max_batch)));
+        }
+        match (layers.start == 0, input) {
+            (true, StageInput::Tokens(t)) if t.len() == n => {
+                if let Some(bad) = t.iter().find(|&&id| id < 0 || id as usize >= spec.n_vocab) {
+                    return Err(Error::InvalidBatch(format!("token id {bad} is outside the vocabulary of {}", spec.n_vocab)));
+                }
+            }
+            (false, StageInput::Hidden(h)) if h.len() == n * spec.n_embd => {}
+            (true, _) => return Err(Error::InvalidBatch(format!("window {layers:?} starts the model and takes {n} token ids"))),
+            (false, _) => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
+        }
+        let plan = plan_batch(&win.cache, batch)?;
+        let last = layers.end == spec.n_layer;
+        let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
+
+        // SAFETY: `meta` backs a no-alloc context used only for this step's graph; every
+        // tensor the graph references is owned by this stage; input sizes match the
+        // tensors created by `graph::build` for this shape.
+        let output = unsafe {
+            let ctx = sys::ggml_init(sys::ggml_init_params { mem_size: self.meta.len(), mem_buffer: self.meta.as_mut_ptr().cast(), no_alloc: true });
+            if ctx.is_null() {
+                return Err(Error::Ggml("ggml_init failed".into()));
+            }
+            let shape = GraphShape { layers: layers.clone(), n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
+            let g = graph::build(ctx, &spec, &self.weights, &self.windows[window].cache, &shape, self.graph_size);
+            let result = self.run_graph(&g, &spec, batch, input, &plan, &out_rows);
+            sys::ggml_free(ctx);
+            result?
+        };
+
+        let cache = &mut self.windows[window].cache;
+        for s in &plan.seqs {
+            cache.commit(s.seq, s.slot, s.new_len);
+        }
+        Ok(match output {
+            None => StageOutput::Logits(Logits { rows: Vec::new(), n_vocab: spec.n_vocab, data: Vec::new() }),
+            Some(data) if last => {
+                // Rows come out in reordered-batch order; hand them back in batch order.
+                let mut idx: Vec<(usize, usize)> = out_rows.iter().enumerate().map(|(i, &r)| (plan.order[r], i)).collect();
+                idx.sort_unstable();
+                let nv = spec.n_vocab;
+                let mut sorted = Vec::with_capacity(data.len());
+                for &(_, i) in &idx {
+                    sorted.extend_from_slice(&data[i * nv..(i + 1) * nv]);
+                }
+                StageOutput::Logits(Logits { rows: idx.iter().map(|p| p.0).collect(), n_vocab: nv, data: sorted })
+            }
+            Some(data) => {
+                let e = spec.n_embd;
+                let mut hidden = vec![0f32; data.len()];
+                for (r, &orig) in plan.order.iter().enumerate() {
+                    hidden[orig * e..(orig + 1) * e].copy_from_slice(&data[r * e..(r + 1) * e]);
+                }
+                StageOutput::Hidden(hidden)
+            }
+        })
+    }
+
+    unsafe fn run_graph(&mut self, g: &graph::BuiltGraph, spec: &ModelSpec, batch: &[BatchToken], input: StageInput, plan: &BatchPlan, out_rows: &[usize]) -> Result<Option<Vec<f32>>> {
+        sys::ggml_backend_sched_reset(self.sched);
+        if !sys::ggml_backend_sched_alloc_graph(self.sched, g.graph) {
+            return Err(Error::Ggml("could not allocate the compute graph".into()));
+        }
+        let set = |t: *mut sys::ggml_tensor, bytes: &[u8]| sys::ggml_backend_tensor_set(t, bytes.as_ptr().cast(), 0, bytes.len());
+        let e = spec.n_embd;
+        match input {
+            StageInput::Tokens(ids) => {
+                let v: Vec<i32> = plan.order.iter().map(|&o| ids[o]).collect();
+                set(g.tokens.expect("first window"), as_bytes(&v));
+            }
+            StageInput::Hidden(h) => {
+                let mut v = Vec::with_capacity(h.len());
+                for &o in &plan.order {
+                    v.extend_from_slice(&h[o * e..(o + 1) * e]);
+                }
+                set(g.embd.expect("later window"), as_bytes(&v));
+            }
+        }
+        let pos: Vec<i32> = plan.order.iter().map(|&o| batch[o].pos as i32).collect();
+        set(g.pos, as_bytes(&pos));
+        set(g.cells, as_bytes(&plan.cells));
+        for (t, m) in g.masks.iter().zip(&plan.masks) {
+            set(*t, as_bytes(m));
+        }
+        if let (Some(t), Some(temp)) = (g.attn_scale, spec.attn_temperature) {
+            // Llama 4 / Mistral 3 attention temperature, as llama.cpp computes it.
+            let v: Vec<f32> = pos.iter().map(|&p| (((p as f32) / temp.floor).floor() + 1.0).ln() * temp.scale + 1.0).collect();
+            set(t, as_bytes(&v));
+        }
+        if let Some(t) = g.out_ids {
+            let v: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
+            set(t, as_bytes(&v));
+        }
+        let status = sys::ggml_backend_sched_graph_compute(self.sched, g.graph);
+        if status != sys::GGML_STATUS_SUCCESS {
+            return Err(Error::Ggml(format!("graph compute failed with status {status}")));
+        }
+        Ok(g.output.map(|o| {
+            let n = sys::ggml_nelements(o) as usize;
+            let mut out = vec![0f32; n];
+            sys::ggml_backend_tensor_get(o, out.as_mut_ptr().cast(), 0, n * 4);
+            out
+        }))
+    }
+
+    /// Sizes the compute buffers once for the largest batch, so steps do not reallocate.
+    fn reserve(&mut self) -> Result<()> {
+        let spec = self.file.spec.clone();
+        let Some(widx) = (0..self.windows.len()).max_by_key(|&i| self.windows[i].layers.len()) else { return Ok(()) };
+        let w = &self.windows[widx];
+        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, cell0: 0, n_kv: w.cache.slot_cells }];
+        let shape = GraphShape { layers: w.layers.clone(), n_tokens: self.max_batch, groups: &groups, n_out: self.max_batch };
+        // SAFETY: as in `forward`; the graph is only measured, never computed.
+        unsafe {
+            let ctx = sys::ggml_init(sys::ggml_init_params { mem_size: self.meta.len(), mem_buffer: self.meta.as_mut_ptr().cast(), no_alloc: true });
+            if ctx.is_null() {
+                return Err(Error::Ggml("ggml_init failed".into()));
+            }
+            let g = graph::build(ctx, &spec, &self.weights, &w.cache, &shape, self.graph_size);
+            let ok = sys::ggml_backend_sched_reserve(self.sched, g.graph);
+            sys::ggml_free(ctx);
+            if !ok {
+                return Err(Error::Ggml(format!("could not reserve compute buffers for a batch of {}", self.max_batch)));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn validate_windows(windows: &[Range<usize>], n_layer: usize) -> Result<()> {
+    if windows.is_empty() {
+        return Err(Error::InvalidWindow("a stage needs at least one window".into()));
+    }
+    for (i, w) in windows.iter().enumerate() {
+        if w.start >= w.end || w.end > n_layer {
+            return Err(Error::InvalidWindow(format!("{w:?} is not a non-empty range inside the model's {n_layer} layers")));
+        }
+        if let Some(o) = windows[..i].iter().find(|o| o.start < w.end && w.start < o.end) {
+            return Err(Error::InvalidWindow(format!("{w:?} overlaps {o:?}")));
+        }
+    }
+    Ok(())
+}
+
+struct SeqPlan {
+    seq: SeqId,
+    slot: usize,
+    new_len: usize,
+}
+
+/// How a batch maps onto the cache: the reordering that makes each sequence's tokens
+/// contiguous, and per sequence its cells and attention mask.
+struct BatchPlan {
+    /// `order[r]` is the batch index of reordered row r.
+    order: Vec<usize>,
+    cells: Vec<i64>,
+    groups: Vec<GroupPlan>,
+    masks: Vec<Vec<u16>>,
+    seqs: Vec<SeqPlan>,
+}
+
+fn plan_batch(cache: &KvCache, batch: &[BatchToken]) -> Result<BatchPlan> {
+    let mut seq_order: Vec<SeqId> = Vec::new();
+    for t in batch {
+        if !seq_order.contains(&t.seq) {
+            seq_order.push(t.seq);
+        }
+    }
+    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), seqs: Vec::new() };
+    let mut taken: Vec<usize> = Vec::new();
+    for seq in seq_order {
+        let rows: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].seq == seq).collect();
+        let len = cache.len(seq);
+        let slot = cache.slot_for(seq, &taken)?;
+        taken.push(slot);
+        for (j, &r) in rows.iter().enumerate() {
+            let pos = batch[r].pos as usize;
+            if pos >= cache.capacity {
+                return Err(Error::SequenceFull { seq, pos: batch[r].pos, capacity: cache.capacity as u32 });
+            }
+            if pos != len + j {
+                return Err(Error::InvalidBatch(format!("sequence {seq}: position {pos} does not follow its cached length {}", len + j)));
+            }
+        }
+        let new_len = len + rows.len();
+        let cell0 = slot * cache.slot_cells;
+        let n_kv = cache.slot_cells.min(new_len.div_ceil(KV_PAD).max(1) * KV_PAD);
+        let mut mask = vec![F16_NEG_INF; n_kv * rows.len()];
+        for (j, &r) in rows.iter().enumerate() {
+            let pos = batch[r].pos as usize;
+            mask[j * n_kv..j * n_kv + pos + 1].fill(F16_ZERO);
+            plan.cells.push((cell0 + pos) as i64);
+        }
+        plan.groups.push(GroupPlan { row0: plan.order.len(), n_rows: rows.len(), cell0, n_kv });
+        plan.masks.push(mask);
+        plan.order.extend_from_slice(&rows);
+        plan.seqs.push(SeqPlan { seq, slot, new_len });
+    }
+    Ok(plan)
+}
+
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: plain-old-data slices (i32, i64, u16, f32) viewed as bytes.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast(), std::mem::size_of_val(v)) }
+}

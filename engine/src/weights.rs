@@ -1,0 +1,253 @@
+//! Model weights as ggml tensors. CPU weights are bound zero-copy to the GGUF mmap:
+//! the whole mapping is wrapped as one ggml CPU buffer and each tensor points into it,
+//! so the OS pages them in on first use and may reclaim them under memory pressure —
+//! what lets a device hold windows of a model larger than its RAM. Layers placed on an
+//! accelerator are copied into that device's memory once, at load.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::sync::Arc;
+
+use llama_cpp_sys_2 as sys;
+
+use crate::ggml::{self, Device};
+use crate::gguf::TensorInfo;
+use crate::model_file::ModelFile;
+use crate::{Error, Result};
+
+/// One transformer block's tensors. Optional ones exist in some architectures only.
+pub struct LayerWeights {
+    pub attn_norm: *mut sys::ggml_tensor,
+    pub wq: *mut sys::ggml_tensor,
+    pub wk: *mut sys::ggml_tensor,
+    pub wv: *mut sys::ggml_tensor,
+    pub wo: *mut sys::ggml_tensor,
+    pub bq: Option<*mut sys::ggml_tensor>,
+    pub bk: Option<*mut sys::ggml_tensor>,
+    pub bv: Option<*mut sys::ggml_tensor>,
+    pub bo: Option<*mut sys::ggml_tensor>,
+    pub q_norm: Option<*mut sys::ggml_tensor>,
+    pub k_norm: Option<*mut sys::ggml_tensor>,
+    pub ffn_norm: *mut sys::ggml_tensor,
+    pub ffn_gate: *mut sys::ggml_tensor,
+    pub ffn_up: *mut sys::ggml_tensor,
+    pub ffn_down: *mut sys::ggml_tensor,
+    pub ffn_gate_b: Option<*mut sys::ggml_tensor>,
+    pub ffn_up_b: Option<*mut sys::ggml_tensor>,
+    pub ffn_down_b: Option<*mut sys::ggml_tensor>,
+    pub rope_freqs: Option<*mut sys::ggml_tensor>,
+}
+
+/// Weights of the layers one stage runs, plus the embedding (first window) and the
+/// output head (last window) when the stage owns them.
+pub struct Weights {
+    /// Keeps the mapping the CPU tensors point into alive.
+    _file: Arc<ModelFile>,
+    pub tok_embd: Option<*mut sys::ggml_tensor>,
+    pub output_norm: Option<*mut sys::ggml_tensor>,
+    pub output: Option<*mut sys::ggml_tensor>,
+    pub output_b: Option<*mut sys::ggml_tensor>,
+    pub layers: BTreeMap<usize, LayerWeights>,
+    contexts: Vec<*mut sys::ggml_context>,
+    buffers: Vec<sys::ggml_backend_buffer_t>,
+}
+
+// SAFETY: the tensors and buffers are owned by this value alone and only used by the
+// thread that holds it; ggml has no thread affinity for host memory.
+unsafe impl Send for Weights {}
+
+impl Drop for Weights {
+    fn drop(&mut self) {
+        // SAFETY: each pointer came from ggml and is freed exactly once here.
+        unsafe {
+            for b in self.buffers.drain(..) {
+                sys::ggml_backend_buffer_free(b);
+            }
+            for c in self.contexts.drain(..) {
+                sys::ggml_free(c);
+            }
+        }
+    }
+}
+
+/// Which layers to bind and where each runs.
+pub struct WeightPlan {
+    pub layers: Vec<(usize, Device)>,
+    pub embedding: bool,
+    pub output: bool,
+}
+
+impl Weights {
+    pub fn bind(file: Arc<ModelFile>, plan: &WeightPlan, accel: Option<&ggml::Accelerator>) -> Result<Weights> {
+        let spec = file.spec.clone();
+        let mut names: Vec<(String, Device, bool)> = Vec::new();
+        if plan.embedding || (plan.output && spec.tied_output) {
+            names.push(("token_embd.weight".into(), Device::Cpu, true));
+        }
+        if plan.output {
+            names.push(("output_norm.weight".into(), Device::Cpu, true));
+            names.push(("output.weight".into(), Device::Cpu, !spec.tied_output));
+            names.push(("output.bias".into(), Device::Cpu, false));
+        }
+        for &(il, dev) in &plan.layers {
+            if il >= spec.n_layer {
+                return Err(Error::InvalidWindow(format!("layer {il} is past the model's {} layers", spec.n_layer)));
+            }
+            for n in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"] {
+                names.push((format!("blk.{il}.{n}.weight"), dev, true));
+            }
+            for n in ["attn_q_norm.weight", "attn_k_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"] {
+                names.push((format!("blk.{il}.{n}"), dev, false));
+            }
+        }
+        // llama 3 stores one rope-frequency tensor shared by all layers.
+        let rope_freqs_present = file.gguf.meta().tensor("rope_freqs.weight").is_some();
+
+        let mut weights = Weights {
+            _file: file.clone(),
+            tok_embd: None,
+            output_norm: None,
+            output: None,
+            output_b: None,
+            layers: BTreeMap::new(),
+            contexts: Vec::new(),
+            buffers: Vec::new(),
+        };
+        let n_tensors = names.len() + 1;
+        let cpu_ctx = ggml::new_meta_context(n_tensors)?;
+        weights.contexts.push(cpu_ctx);
+        let accel_ctx = match accel {
+            Some(_) => {
+                let c = ggml::new_meta_context(n_tensors)?;
+                weights.contexts.push(c);
+                Some(c)
+            }
+            None => None,
+        };
+
+        let mut bound: BTreeMap<String, *mut sys::ggml_tensor> = BTreeMap::new();
+        let mut on_accel: Vec<(*mut sys::ggml_tensor, &TensorInfo)> = Vec::new();
+        let meta = file.gguf.meta();
+        let mut wanted: Vec<(String, Device)> = Vec::new();
+        for (name, dev, required) in names {
+            if meta.tensor(&name).is_none() {
+                if required {
+                    return Err(Error::Tensor { name, reason: "missing from the file".into() });
+                }
+                continue;
+            }
+            wanted.push((name, dev));
+        }
+        if rope_freqs_present && !plan.layers.is_empty() {
+            wanted.push(("rope_freqs.weight".into(), Device::Cpu));
+        }
+        for (name, dev) in &wanted {
+            if bound.contains_key(name) {
+                continue;
+            }
+            let info = meta.tensor(name).expect("checked above");
+            let ctx = match (dev, accel_ctx) {
+                (Device::Accelerator, Some(c)) => c,
+                (Device::Accelerator, None) => {
+                    return Err(Error::Ggml(format!("layer tensor `{name}` is placed on an accelerator, but none is available")));
+                }
+                (Device::Cpu, _) => cpu_ctx,
+            };
+            let t = ggml::new_tensor(ctx, info.ty as u32, &info.dims)?;
+            let cname = CString::new(name.as_str()).map_err(|_| Error::Tensor { name: name.clone(), reason: "name has a NUL byte".into() })?;
+            // SAFETY: t is a fresh tensor of ctx; ggml copies the name.
+            unsafe { sys::ggml_set_name(t, cname.as_ptr()) };
+            if *dev == Device::Accelerator {
+                on_accel.push((t, info));
+            }
+            bound.insert(name.clone(), t);
+        }
+
+        // Zero-copy CPU binding: one buffer over the whole read-only mapping.
+        let bytes = file.gguf.bytes();
+        // SAFETY: the mapping outlives the buffer (Weights holds the Arc<ModelFile>), and
+        // ggml only reads weight buffers.
+        let cpu_buf = unsafe { sys::ggml_backend_cpu_buffer_from_ptr(bytes.as_ptr() as *mut _, bytes.len()) };
+        if cpu_buf.is_null() {
+            return Err(Error::Ggml("could not wrap the model mapping as a CPU buffer".into()));
+        }
+        weights.buffers.push(cpu_buf);
+        // SAFETY: valid buffer from above.
+        unsafe { sys::ggml_backend_buffer_set_usage(cpu_buf, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+        let data_offset = file.gguf.data_offset() as usize;
+        for (name, &t) in &bound {
+            let info = meta.tensor(name).expect("bound tensors exist");
+            if on_accel.iter().any(|(a, _)| *a == t) {
+                continue;
+            }
+            let offset = data_offset + info.offset as usize;
+            // SAFETY: the GGUF reader checked that [offset, offset + n_bytes) lies inside
+            // the mapping, and ggml_nbytes(t) equals n_bytes for the same type and dims.
+            unsafe {
+                let addr = bytes.as_ptr().add(offset) as *mut std::ffi::c_void;
+                if sys::ggml_nbytes(t) as u64 != info.n_bytes {
+                    return Err(Error::Tensor { name: name.clone(), reason: "size disagrees with ggml's".into() });
+                }
+                let status = sys::ggml_backend_tensor_alloc(cpu_buf, t, addr);
+                if status != sys::GGML_STATUS_SUCCESS {
+                    return Err(Error::Ggml(format!("binding `{name}` failed with status {status}")));
+                }
+            }
+        }
+
+        if let (Some(accel), Some(ctx)) = (accel, accel_ctx) {
+            if !on_accel.is_empty() {
+                // SAFETY: ctx holds only the accelerator tensors; the buffer type is the
+                // device's own.
+                let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx, accel.buffer_type) };
+                if buf.is_null() {
+                    return Err(Error::Ggml("could not allocate accelerator memory for the offloaded layers".into()));
+                }
+                weights.buffers.push(buf);
+                for (t, info) in &on_accel {
+                    let src = file.gguf.tensor_bytes(info);
+                    // SAFETY: t was allocated in buf with exactly src.len() bytes.
+                    unsafe { sys::ggml_backend_tensor_set(*t, src.as_ptr() as *const _, 0, src.len()) };
+                }
+            }
+        }
+
+        let get = |n: &str| bound.get(n).copied();
+        weights.tok_embd = get("token_embd.weight");
+        if plan.output {
+            weights.output_norm = get("output_norm.weight");
+            weights.output = get("output.weight").or(weights.tok_embd);
+            weights.output_b = get("output.bias");
+        }
+        let rope_freqs = get("rope_freqs.weight");
+        for &(il, _) in &plan.layers {
+            let w = |n: &str| get(&format!("blk.{il}.{n}"));
+            let req = |n: &str| w(n).ok_or_else(|| Error::Tensor { name: format!("blk.{il}.{n}"), reason: "missing from the file".into() });
+            weights.layers.insert(
+                il,
+                LayerWeights {
+                    attn_norm: req("attn_norm.weight")?,
+                    wq: req("attn_q.weight")?,
+                    wk: req("attn_k.weight")?,
+                    wv: req("attn_v.weight")?,
+                    wo: req("attn_output.weight")?,
+                    bq: w("attn_q.bias"),
+                    bk: w("attn_k.bias"),
+                    bv: w("attn_v.bias"),
+                    bo: w("attn_output.bias"),
+                    q_norm: w("attn_q_norm.weight"),
+                    k_norm: w("attn_k_norm.weight"),
+                    ffn_norm: req("ffn_norm.weight")?,
+                    ffn_gate: req("ffn_gate.weight")?,
+                    ffn_up: req("ffn_up.weight")?,
+                    ffn_down: req("ffn_down.weight")?,
+                    ffn_gate_b: w("ffn_gate.bias"),
+                    ffn_up_b: w("ffn_up.bias"),
+                    ffn_down_b: w("ffn_down.bias"),
+                    rope_freqs,
+                },
+            );
+        }
+        Ok(weights)
+    }
+}

@@ -1,0 +1,91 @@
+//! `hearth bench`: hearth's engine and llama.cpp on the same GGUF, same threads, same
+//! prompt, run alternately in one process so both see the same machine. Prints tokens/s
+//! for prompt processing and decoding, and hearth's ratio to llama.cpp.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use engine::reference::{argmax, Reference, Timing};
+use engine::tokenizer::Tokenizer;
+use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
+
+use crate::cli::BenchArgs;
+
+/// Text repeated to build a prompt of the requested length from real tokens.
+const FILLER: &str = "The quick brown fox jumps over the lazy dog while the old clock in the hall counts the hours of a quiet afternoon. ";
+
+pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let path = args.model.resolve()?;
+    let tokenizer = Tokenizer::load(&path)?;
+    let mut prompt: Vec<i32> = Vec::new();
+    while prompt.len() < args.prompt_tokens {
+        prompt.extend(tokenizer.tokenize(FILLER, false));
+    }
+    prompt.truncate(args.prompt_tokens.max(1));
+
+    let file = Arc::new(ModelFile::open(&path)?);
+    let spec = file.spec.clone();
+    let cfg = StageConfig {
+        windows: vec![0..spec.n_layer],
+        n_seq: 1,
+        n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train),
+        max_batch: prompt.len(),
+        threads: args.threads,
+        accel_layers: 0,
+    };
+    let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
+    let reference = Reference::load(&path, args.threads)?;
+
+    println!("model: {} ({} layers, {})", path.display(), spec.n_layer, spec.arch_name);
+    println!("threads: {}, prompt: {} tokens, decode: {} tokens, rounds: {}", args.threads, prompt.len(), args.gen_tokens, args.reps);
+    let mut best_ref: Option<Timing> = None;
+    let mut best_hearth: Option<Timing> = None;
+    for round in 0..args.reps.max(1) {
+        let r = reference.bench(&prompt, args.gen_tokens)?;
+        let h = bench_hearth(&mut hearth, &prompt, args.gen_tokens)?;
+        println!(
+            "round {}: llama.cpp pp {:.1} tg {:.1} tok/s | hearth pp {:.1} tg {:.1} tok/s",
+            round + 1,
+            r.prompt_tps(),
+            r.gen_tps(),
+            h.prompt_tps(),
+            h.gen_tps()
+        );
+        best_ref = Some(best(best_ref, r));
+        best_hearth = Some(best(best_hearth, h));
+    }
+    let (r, h) = (best_ref.expect("one round"), best_hearth.expect("one round"));
+    println!();
+    println!("| test            | llama.cpp tok/s | hearth tok/s | hearth / llama.cpp |");
+    println!("|-----------------|-----------------|--------------|--------------------|");
+    println!("| prompt (pp{:<4}) | {:>15.1} | {:>12.1} | {:>17.3}x |", r.prompt_tokens, r.prompt_tps(), h.prompt_tps(), h.prompt_tps() / r.prompt_tps());
+    println!("| decode (tg{:<4}) | {:>15.1} | {:>12.1} | {:>17.3}x |", r.gen_tokens, r.gen_tps(), h.gen_tps(), h.gen_tps() / r.gen_tps());
+    Ok(())
+}
+
+fn best(prev: Option<Timing>, t: Timing) -> Timing {
+    match prev {
+        None => t,
+        Some(p) => Timing {
+            prompt_tokens: t.prompt_tokens,
+            prompt_secs: p.prompt_secs.min(t.prompt_secs),
+            gen_tokens: t.gen_tokens,
+            gen_secs: p.gen_secs.min(t.gen_secs),
+        },
+    }
+}
+
+fn bench_hearth(p: &mut LocalPipeline, prompt: &[i32], n_gen: usize) -> Result<Timing, engine::Error> {
+    const SEQ: u64 = 0;
+    p.clear_sequence(SEQ);
+    let t0 = Instant::now();
+    let logits = p.prefill(SEQ, prompt, prompt.len())?;
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    let mut tok = argmax(&logits);
+    let t1 = Instant::now();
+    for i in 0..n_gen {
+        let l = p.forward(&[BatchToken { seq: SEQ, pos: (prompt.len() + i) as u32, logits: true }], &[tok])?;
+        tok = argmax(l.row(0));
+    }
+    Ok(Timing { prompt_tokens: prompt.len(), prompt_secs, gen_tokens: n_gen, gen_secs: t1.elapsed().as_secs_f64() })
+}

@@ -1,0 +1,98 @@
+//! Command-line contract (see DESIGN.md): every flag also reads `HEARTH_<FLAG>`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use engine::default_model;
+
+#[derive(Parser, Debug)]
+#[command(name = "hearth", version, about = "Run big language models across the devices of a home, behind one OpenAI-compatible API")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Start the head node: the HTTP API and this machine's share of the model.
+    Serve(ServeArgs),
+    /// Benchmark hearth's engine against llama.cpp on the same GGUF, side by side.
+    Bench(BenchArgs),
+    /// Download the default model into the models folder (idempotent, SHA-256 checked).
+    FetchModel(FetchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArg {
+    /// GGUF model file. Default: the default model, fetched on first use.
+    #[arg(long, env = "HEARTH_MODEL")]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArg {
+    pub fn resolve(&self) -> Result<PathBuf, engine::Error> {
+        match &self.model {
+            Some(p) => Ok(p.clone()),
+            None => {
+                let dir = default_model::models_dir();
+                let path = dir.join(default_model::DEFAULT_MODEL_FILE);
+                if !path.is_file() {
+                    tracing::info!("fetching the default model into {}", dir.display());
+                }
+                default_model::ensure_default_model(&dir)
+            }
+        }
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    #[arg(long, env = "HEARTH_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, env = "HEARTH_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Compute threads (default: all cores).
+    #[arg(long, env = "HEARTH_THREADS")]
+    pub threads: Option<usize>,
+    /// Context cells per sequence.
+    #[arg(long, env = "HEARTH_CTX_SIZE", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Most sequences generated at once.
+    #[arg(long, env = "HEARTH_PARALLEL", default_value_t = 4)]
+    pub parallel: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Threads for both engines.
+    #[arg(long, env = "HEARTH_THREADS", default_value_t = 2)]
+    pub threads: usize,
+    /// Prompt length for the prompt-processing test.
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens decoded one at a time for the generation test.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Rounds; each round runs llama.cpp and hearth back to back, and the best round of
+    /// each is reported (the least disturbed by the rest of the machine).
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct FetchArgs {
+    /// Folder to put the model in (default: $HEARTH_MODELS_DIR or ./models).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+}
+
+pub fn fetch_model(args: FetchArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let dir = args.dir.unwrap_or_else(default_model::models_dir);
+    let path = default_model::ensure_default_model(&dir)?;
+    println!("{}", path.display());
+    Ok(())
+}
