@@ -199,12 +199,6 @@ impl ModelSpec {
                 expect_shape(file, &t("attn_q_norm"), &[self.head_dim as u64])?;
                 expect_shape(file, &t("attn_k_norm"), &[self.head_dim as u64])?;
             }
-            if self.arch == Arch::Qwen2 {
-                let b = |n: &str| format!("blk.{il}.{n}.bias");
-                expect_shape(file, &b("attn_q"), &[q])?;
-                expect_shape(file, &b("attn_k"), &[kv])?;
-                expect_shape(file, &b("attn_v"), &[kv])?;
-            }
         }
         Ok(())
     }

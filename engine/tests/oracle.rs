@@ -1,54 +1,136 @@
-//! hearth's engine against llama.cpp (the high-level API on the same GGUF).
+//! hearth's engine against llama.cpp (its high-level API on the same GGUF): logits,
+//! greedy generation, windows, interleaved sequences, and tiny models of the other
+//! architectures.
 
 mod common;
 
-use std::sync::Arc;
+use std::ops::Range;
 
-use engine::chat_template::ChatTemplate;
+use common::{chat_prompt, pipeline, THREADS};
+use engine::gguf::Value;
 use engine::reference::{argmax, Reference};
 use engine::tokenizer::Tokenizer;
-use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
-use serde_json::json;
+use engine::BatchToken;
 
-fn chat_prompt(tok: &Tokenizer, user: &str) -> Vec<i32> {
-    let t = ChatTemplate::new(&tok.chat_template_source().expect("template"), &tok.bos_text(), &tok.eos_text()).unwrap();
-    let text = t.render(&[json!({"role": "user", "content": user})], None, true).unwrap();
-    tok.tokenize(&text, true)
-}
+const PROMPTS: [&str; 3] = [
+    "Name three colours of the rainbow and say why the sky is blue.",
+    "Write a short poem about a cat who lives in a lighthouse.",
+    "Explain in detail how a bicycle works.",
+];
+const GEN: usize = 128;
 
-fn pipeline(windows: &[std::ops::Range<usize>], n_seq: usize) -> LocalPipeline {
-    let file = Arc::new(ModelFile::open(common::default_model()).unwrap());
-    let stages = windows
-        .iter()
-        .map(|w| Stage::new(file.clone(), StageConfig { windows: vec![w.clone()], n_seq, n_ctx_seq: 1024, max_batch: 256, threads: common::THREADS, accel_layers: 0 }).unwrap())
-        .collect();
-    LocalPipeline::new(stages).unwrap()
-}
-
-fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    (num / den).sqrt()
+fn windows(ws: &[Range<usize>]) -> Vec<Vec<Range<usize>>> {
+    ws.iter().map(|w| vec![w.clone()]).collect()
 }
 
 #[test]
 fn prompt_logits_match_llama_cpp() {
     let path = common::default_model();
     let tok = Tokenizer::load(&path).unwrap();
-    let prompt = chat_prompt(&tok, "Name three colours of the rainbow and say why the sky is blue.");
+    let prompt = chat_prompt(&tok, PROMPTS[0]);
     assert!((30..=60).contains(&prompt.len()), "prompt has {} tokens", prompt.len());
-    let reference = Reference::load(&path, common::THREADS).unwrap().prompt_logits(&prompt).unwrap();
+    let worst = common::assert_logits_match(&path, &prompt);
+    eprintln!("default model: worst relative RMS error over {} positions {worst:.3e}", prompt.len());
+}
 
-    let mut p = pipeline(&[0..30], 1);
-    let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 7, pos: i as u32, logits: true }).collect();
-    let logits = p.forward(&batch, &prompt).unwrap();
-    assert_eq!(logits.rows, (0..prompt.len()).collect::<Vec<_>>());
-    let mut worst = 0f64;
-    for (i, r) in reference.iter().enumerate() {
-        let h = logits.row(i);
-        assert_eq!(argmax(h), argmax(r), "argmax differs at position {i}");
-        worst = worst.max(rel_rms(h, r));
+#[test]
+fn greedy_generation_matches_llama_cpp_and_survives_cutting_into_windows() {
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let reference = Reference::load(&path, THREADS).unwrap();
+    let mut whole = pipeline(&path, &windows(&[0..30]), 1);
+    // Uneven windows on three stages, hidden states handed over by value.
+    let mut cut = pipeline(&path, &windows(&[0..7, 7..22, 22..30]), 1);
+    // One stage owning two disjoint windows (as the ring gives a device), another the rest.
+    let mut split = pipeline(&path, &[vec![0..5, 15..20], vec![5..15, 20..30]], 1);
+    for (i, text) in PROMPTS.iter().enumerate() {
+        let prompt = chat_prompt(&tok, text);
+        let expected = reference.greedy(&prompt, GEN).unwrap();
+        let got = whole.greedy(0, &prompt, GEN, 512).unwrap();
+        assert_eq!(got, expected, "prompt {i}: hearth's greedy tokens differ from llama.cpp's");
+        assert_eq!(cut.greedy(0, &prompt, GEN, 512).unwrap(), expected, "prompt {i}: 3 windows differ");
+        assert_eq!(split.greedy(0, &prompt, GEN, 512).unwrap(), expected, "prompt {i}: disjoint windows differ");
+        eprintln!("prompt {i}: {:?}", tok.detokenize(&got[..24]));
     }
-    eprintln!("worst relative RMS error over {} positions: {worst:.3e}", prompt.len());
-    assert!(worst < 1e-2, "relative RMS error {worst}");
+}
+
+#[test]
+fn interleaved_sequences_give_the_same_tokens_as_each_alone() {
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompts: Vec<Vec<i32>> = PROMPTS[..2].iter().map(|t| chat_prompt(&tok, t)).collect();
+    let mut alone = pipeline(&path, &windows(&[0..30]), 1);
+    let expected: Vec<Vec<i32>> = prompts.iter().map(|p| alone.greedy(0, p, 64, 512).unwrap()).collect();
+
+    let mut p = pipeline(&path, &windows(&[0..12, 12..30]), 2);
+    let (a, b) = (100u64, 200u64);
+    // Both prompts in one batch, their tokens interleaved one by one.
+    let mut batch = Vec::new();
+    let mut ids = Vec::new();
+    for i in 0..prompts[0].len().max(prompts[1].len()) {
+        for (seq, pr) in [(a, &prompts[0]), (b, &prompts[1])] {
+            if i < pr.len() {
+                batch.push(BatchToken { seq, pos: i as u32, logits: i + 1 == pr.len() });
+                ids.push(pr[i]);
+            }
+        }
+    }
+    let logits = p.forward(&batch, &ids).unwrap();
+    assert_eq!(logits.rows.len(), 2);
+    let mut next = [argmax(logits.row(0)), argmax(logits.row(1))];
+    // Which row is which: rows come back in batch order.
+    if batch[logits.rows[0]].seq != a {
+        next.swap(0, 1);
+    }
+    let mut got = [vec![next[0]], vec![next[1]]];
+    for step in 1..64 {
+        // One decode token per sequence each step, b first to vary the order.
+        let batch = [
+            BatchToken { seq: b, pos: (prompts[1].len() + step - 1) as u32, logits: true },
+            BatchToken { seq: a, pos: (prompts[0].len() + step - 1) as u32, logits: true },
+        ];
+        let l = p.forward(&batch, &[got[1][step - 1], got[0][step - 1]]).unwrap();
+        assert_eq!(l.rows, vec![0, 1]);
+        got[1].push(argmax(l.row(0)));
+        got[0].push(argmax(l.row(1)));
+    }
+    assert_eq!(got[0], expected[0], "sequence a differs when batched with b");
+    assert_eq!(got[1], expected[1], "sequence b differs when batched with a");
+}
+
+fn tiny(arch: &'static str, qkv_bias: bool, qk_norm: bool, tied_output: bool, extra: Vec<(&'static str, Value)>) {
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-{arch}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = common::tiny::TinySpec { arch, n_layer: 3, n_embd: 64, n_ff: 160, n_head: 4, n_head_kv: 2, qkv_bias, qk_norm, tied_output, extra };
+    let path = common::tiny::write(&spec, &dir, 42);
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompt = tok.tokenize("The small model reads a sentence of about forty tokens, long enough for attention to mix several positions, and for rotary embeddings to matter at each one of them in turn.", false);
+    assert!(prompt.len() >= 30, "{} tokens", prompt.len());
+    let worst = common::assert_logits_match(&path, &prompt);
+    eprintln!("{arch}: worst relative RMS error {worst:.3e}");
+    // And greedy generation through two windows equals llama.cpp's.
+    let expected = Reference::load(&path, THREADS).unwrap().greedy(&prompt, 32).unwrap();
+    let mut cut = pipeline(&path, &windows(&[0..1, 1..3]), 1);
+    assert_eq!(cut.greedy(1, &prompt, 32, 512).unwrap(), expected);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn tiny_qwen2_with_qkv_bias_matches_llama_cpp() {
+    tiny("qwen2", true, false, false, vec![]);
+}
+
+#[test]
+fn tiny_qwen3_with_qk_norm_and_tied_output_matches_llama_cpp() {
+    tiny("qwen3", false, true, true, vec![]);
+}
+
+#[test]
+fn tiny_mistral_with_attention_temperature_matches_llama_cpp() {
+    tiny("mistral3", false, false, false, vec![("attention.temperature_scale", Value::F32(0.1)), ("rope.scaling.original_context_length", Value::U32(8))]);
+}
+
+#[test]
+fn tiny_llama_untied_matches_llama_cpp() {
+    tiny("llama", false, false, false, vec![]);
 }

@@ -1,8 +1,16 @@
 //! Shared by the engine's integration tests: the default model (fetched once by the
-//! project's script) and the prompts the oracle tests use.
+//! project's script), tiny random models, and small helpers.
 #![allow(dead_code)]
 
+pub mod tiny;
+
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use engine::chat_template::ChatTemplate;
+use engine::tokenizer::Tokenizer;
+use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
+use serde_json::json;
 
 pub fn default_model() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
@@ -12,3 +20,48 @@ pub fn default_model() -> PathBuf {
 /// Threads per test: tests run in parallel on small machines, and oversubscribed ggml
 /// thread pools spin each other to a crawl.
 pub const THREADS: usize = 1;
+
+/// A single-turn chat prompt rendered with the model's own template.
+pub fn chat_prompt(tok: &Tokenizer, user: &str) -> Vec<i32> {
+    let t = ChatTemplate::new(&tok.chat_template_source().expect("template"), &tok.bos_text(), &tok.eos_text()).unwrap();
+    let text = t.render(&[json!({"role": "user", "content": user})], None, true).unwrap();
+    tok.tokenize(&text, true)
+}
+
+pub fn stage_config(windows: Vec<std::ops::Range<usize>>, n_seq: usize) -> StageConfig {
+    StageConfig { windows, n_seq, n_ctx_seq: 1024, max_batch: 256, threads: THREADS, accel_layers: 0 }
+}
+
+/// One stage per window group, chained in layer order.
+pub fn pipeline(path: &std::path::Path, stages: &[Vec<std::ops::Range<usize>>], n_seq: usize) -> LocalPipeline {
+    let file = Arc::new(ModelFile::open(path).unwrap());
+    let stages = stages.iter().map(|w| Stage::new(file.clone(), stage_config(w.clone(), n_seq)).unwrap()).collect();
+    LocalPipeline::new(stages).unwrap()
+}
+
+pub fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+/// Compares hearth's logits with llama.cpp's at every prompt position: same argmax
+/// everywhere and relative RMS error below 1e-2. Returns the worst error.
+pub fn assert_logits_match(path: &std::path::Path, prompt: &[i32]) -> f64 {
+    use engine::reference::{argmax, Reference};
+    use engine::BatchToken;
+    let reference = Reference::load(path, THREADS).unwrap().prompt_logits(prompt).unwrap();
+    let spec = ModelFile::open(path).unwrap().spec;
+    let mut p = pipeline(path, &[vec![0..spec.n_layer]], 1);
+    let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 7, pos: i as u32, logits: true }).collect();
+    let logits = p.forward(&batch, prompt).unwrap();
+    assert_eq!(logits.rows, (0..prompt.len()).collect::<Vec<_>>());
+    let mut worst = 0f64;
+    for (i, r) in reference.iter().enumerate() {
+        let h = logits.row(i);
+        assert_eq!(argmax(h), argmax(r), "argmax differs at position {i}");
+        worst = worst.max(rel_rms(h, r));
+    }
+    assert!(worst < 1e-2, "relative RMS error {worst}");
+    worst
+}
