@@ -99,6 +99,10 @@ pub struct Stage {
     sched: sys::ggml_backend_sched_t,
     /// Backing store for graph metadata, reused by every step.
     meta: Vec<u8>,
+    /// The last graph built, kept allocated: a step of the same shape (every decode step
+    /// of a sequence until its KV length crosses the next 256 cells) reuses it as is and
+    /// only uploads new inputs — no graph building, no scheduling, no allocation.
+    cached: Option<CachedGraph>,
     graph_size: usize,
     max_batch: usize,
 }
@@ -106,11 +110,28 @@ pub struct Stage {
 // SAFETY: all ggml objects are owned by the stage and used only through &mut self.
 unsafe impl Send for Stage {}
 
+/// What decides a graph's topology; equal keys mean an identical graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ShapeKey {
+    window: usize,
+    n_tokens: usize,
+    /// (rows, first cell, attended cells) per sequence.
+    groups: Vec<(usize, usize, usize)>,
+    n_out: usize,
+}
+
+struct CachedGraph {
+    key: ShapeKey,
+    ctx: *mut sys::ggml_context,
+    graph: graph::BuiltGraph,
+}
+
 impl Drop for Stage {
     fn drop(&mut self) {
         // SAFETY: created in `new`, freed once; the windows' caches and the weights are
         // dropped after (field order) and do not reference the scheduler.
         unsafe {
+            self.drop_cached_graph();
             sys::ggml_backend_sched_free(self.sched);
             sys::ggml_backend_free(self.cpu);
         }
@@ -163,7 +184,7 @@ impl Stage {
             unsafe { sys::ggml_backend_free(cpu) };
             return Err(Error::Ggml("could not create the ggml scheduler".into()));
         }
-        let mut stage = Stage { file, weights, windows, cpu, accel, sched, meta: vec![0u8; meta_size], graph_size, max_batch: cfg.max_batch };
+        let mut stage = Stage { file, weights, windows, cpu, accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch };
         stage.reserve()?;
         Ok(stage)
     }
@@ -213,7 +234,8 @@ impl Stage {
     /// Runs window `window` on `batch`. Each sequence's tokens must continue its cache:
     /// positions len, len+1, ... in batch order. Nothing changes if an error is returned.
     pub fn forward(&mut self, window: usize, batch: &[BatchToken], input: StageInput) -> Result<StageOutput> {
-        let spec = self.file.spec.clone();
+        let file = self.file.clone();
+        let spec = &file.spec;
         let win = self.windows.get(window).ok_or_else(|| Error::InvalidBatch(format!("this stage has no window {window}")))?;
         let layers = win.layers.clone();
         let n = batch.len();
@@ -234,19 +256,29 @@ impl Stage {
         let last = layers.end == spec.n_layer;
         let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
 
-        // SAFETY: `meta` backs a no-alloc context used only for this step's graph; every
+        let key = ShapeKey { window, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv)).collect(), n_out: out_rows.len() };
+        // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
         // tensor the graph references is owned by this stage; input sizes match the
-        // tensors created by `graph::build` for this shape.
+        // tensors `graph::build` created for this shape.
         let output = unsafe {
-            let ctx = sys::ggml_init(sys::ggml_init_params { mem_size: self.meta.len(), mem_buffer: self.meta.as_mut_ptr().cast(), no_alloc: true });
-            if ctx.is_null() {
-                return Err(Error::Ggml("ggml_init failed".into()));
+            let reuse = self.cached.as_ref().is_some_and(|c| c.key == key);
+            if !reuse {
+                self.drop_cached_graph();
+                let ctx = sys::ggml_init(sys::ggml_init_params { mem_size: self.meta.len(), mem_buffer: self.meta.as_mut_ptr().cast(), no_alloc: true });
+                if ctx.is_null() {
+                    return Err(Error::Ggml("ggml_init failed".into()));
+                }
+                let shape = GraphShape { layers: layers.clone(), n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
+                let graph = graph::build(ctx, spec, &self.weights, &self.windows[window].cache, &shape, self.graph_size);
+                sys::ggml_backend_sched_reset(self.sched);
+                if !sys::ggml_backend_sched_alloc_graph(self.sched, graph.graph) {
+                    sys::ggml_free(ctx);
+                    return Err(Error::Ggml("could not allocate the compute graph".into()));
+                }
+                self.cached = Some(CachedGraph { key, ctx, graph });
             }
-            let shape = GraphShape { layers: layers.clone(), n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
-            let g = graph::build(ctx, &spec, &self.weights, &self.windows[window].cache, &shape, self.graph_size);
-            let result = self.run_graph(&g, &spec, batch, input, &plan, &out_rows);
-            sys::ggml_free(ctx);
-            result?
+            let g = &self.cached.as_ref().expect("built above").graph;
+            run_graph(self.sched, g, spec, batch, input, &plan, &out_rows)?
         };
 
         let cache = &mut self.windows[window].cache;
@@ -260,11 +292,16 @@ impl Stage {
                 let mut idx: Vec<(usize, usize)> = out_rows.iter().enumerate().map(|(i, &r)| (plan.order[r], i)).collect();
                 idx.sort_unstable();
                 let nv = spec.n_vocab;
-                let mut sorted = Vec::with_capacity(data.len());
-                for &(_, i) in &idx {
-                    sorted.extend_from_slice(&data[i * nv..(i + 1) * nv]);
-                }
-                StageOutput::Logits(Logits { rows: idx.iter().map(|p| p.0).collect(), n_vocab: nv, data: sorted })
+                let data = if idx.iter().enumerate().all(|(k, &(_, i))| k == i) {
+                    data
+                } else {
+                    let mut sorted = Vec::with_capacity(data.len());
+                    for &(_, i) in &idx {
+                        sorted.extend_from_slice(&data[i * nv..(i + 1) * nv]);
+                    }
+                    sorted
+                };
+                StageOutput::Logits(Logits { rows: idx.iter().map(|p| p.0).collect(), n_vocab: nv, data })
             }
             Some(data) => {
                 let e = spec.n_embd;
@@ -277,55 +314,16 @@ impl Stage {
         })
     }
 
-    unsafe fn run_graph(&mut self, g: &graph::BuiltGraph, spec: &ModelSpec, batch: &[BatchToken], input: StageInput, plan: &BatchPlan, out_rows: &[usize]) -> Result<Option<Vec<f32>>> {
-        sys::ggml_backend_sched_reset(self.sched);
-        if !sys::ggml_backend_sched_alloc_graph(self.sched, g.graph) {
-            return Err(Error::Ggml("could not allocate the compute graph".into()));
+    /// SAFETY: the cached graph's tensors must not be in use (no compute in flight).
+    unsafe fn drop_cached_graph(&mut self) {
+        if let Some(c) = self.cached.take() {
+            sys::ggml_free(c.ctx);
         }
-        let set = |t: *mut sys::ggml_tensor, bytes: &[u8]| sys::ggml_backend_tensor_set(t, bytes.as_ptr().cast(), 0, bytes.len());
-        let e = spec.n_embd;
-        match input {
-            StageInput::Tokens(ids) => {
-                let v: Vec<i32> = plan.order.iter().map(|&o| ids[o]).collect();
-                set(g.tokens.expect("first window"), as_bytes(&v));
-            }
-            StageInput::Hidden(h) => {
-                let mut v = Vec::with_capacity(h.len());
-                for &o in &plan.order {
-                    v.extend_from_slice(&h[o * e..(o + 1) * e]);
-                }
-                set(g.embd.expect("later window"), as_bytes(&v));
-            }
-        }
-        let pos: Vec<i32> = plan.order.iter().map(|&o| batch[o].pos as i32).collect();
-        set(g.pos, as_bytes(&pos));
-        set(g.cells, as_bytes(&plan.cells));
-        for (t, m) in g.masks.iter().zip(&plan.masks) {
-            set(*t, as_bytes(m));
-        }
-        if let (Some(t), Some(temp)) = (g.attn_scale, spec.attn_temperature) {
-            // Llama 4 / Mistral 3 attention temperature, as llama.cpp computes it.
-            let v: Vec<f32> = pos.iter().map(|&p| (((p as f32) / temp.floor).floor() + 1.0).ln() * temp.scale + 1.0).collect();
-            set(t, as_bytes(&v));
-        }
-        if let Some(t) = g.out_ids {
-            let v: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
-            set(t, as_bytes(&v));
-        }
-        let status = sys::ggml_backend_sched_graph_compute(self.sched, g.graph);
-        if status != sys::GGML_STATUS_SUCCESS {
-            return Err(Error::Ggml(format!("graph compute failed with status {status}")));
-        }
-        Ok(g.output.map(|o| {
-            let n = sys::ggml_nelements(o) as usize;
-            let mut out = vec![0f32; n];
-            sys::ggml_backend_tensor_get(o, out.as_mut_ptr().cast(), 0, n * 4);
-            out
-        }))
     }
-
     /// Sizes the compute buffers once for the largest batch, so steps do not reallocate.
     fn reserve(&mut self) -> Result<()> {
+        // SAFETY: nothing is computing; the reservation below reuses `meta`.
+        unsafe { self.drop_cached_graph() };
         let spec = self.file.spec.clone();
         let Some(widx) = (0..self.windows.len()).max_by_key(|&i| self.windows[i].layers.len()) else { return Ok(()) };
         let w = &self.windows[widx];
@@ -346,6 +344,52 @@ impl Stage {
         }
         Ok(())
     }
+}
+
+/// Uploads this step's inputs into an allocated graph, computes it and reads its output.
+///
+/// SAFETY: `g` is allocated in `sched`; the input slices match the graph's shape.
+unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spec: &ModelSpec, batch: &[BatchToken], input: StageInput, plan: &BatchPlan, out_rows: &[usize]) -> Result<Option<Vec<f32>>> {
+    let set = |t: *mut sys::ggml_tensor, bytes: &[u8]| sys::ggml_backend_tensor_set(t, bytes.as_ptr().cast(), 0, bytes.len());
+    let e = spec.n_embd;
+    match input {
+        StageInput::Tokens(ids) => {
+            let v: Vec<i32> = plan.order.iter().map(|&o| ids[o]).collect();
+            set(g.tokens.expect("first window"), as_bytes(&v));
+        }
+        StageInput::Hidden(h) => {
+            let mut v = Vec::with_capacity(h.len());
+            for &o in &plan.order {
+                v.extend_from_slice(&h[o * e..(o + 1) * e]);
+            }
+            set(g.embd.expect("later window"), as_bytes(&v));
+        }
+    }
+    let pos: Vec<i32> = plan.order.iter().map(|&o| batch[o].pos as i32).collect();
+    set(g.pos, as_bytes(&pos));
+    set(g.cells, as_bytes(&plan.cells));
+    for (t, m) in g.masks.iter().zip(&plan.masks) {
+        set(*t, as_bytes(m));
+    }
+    if let (Some(t), Some(temp)) = (g.attn_scale, spec.attn_temperature) {
+        // Llama 4 / Mistral 3 attention temperature, as llama.cpp computes it.
+        let v: Vec<f32> = pos.iter().map(|&p| (((p as f32) / temp.floor).floor() + 1.0).ln() * temp.scale + 1.0).collect();
+        set(t, as_bytes(&v));
+    }
+    if let Some(t) = g.out_ids {
+        let v: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
+        set(t, as_bytes(&v));
+    }
+    let status = sys::ggml_backend_sched_graph_compute(sched, g.graph);
+    if status != sys::GGML_STATUS_SUCCESS {
+        return Err(Error::Ggml(format!("graph compute failed with status {status}")));
+    }
+    Ok(g.output.map(|o| {
+        let n = sys::ggml_nelements(o) as usize;
+        let mut out = vec![0f32; n];
+        sys::ggml_backend_tensor_get(o, out.as_mut_ptr().cast(), 0, n * 4);
+        out
+    }))
 }
 
 fn validate_windows(windows: &[Range<usize>], n_layer: usize) -> Result<()> {

@@ -40,9 +40,18 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("threads: {}, prompt: {} tokens, decode: {} tokens, rounds: {}", args.threads, prompt.len(), args.gen_tokens, args.reps);
     let mut best_ref: Option<Timing> = None;
     let mut best_hearth: Option<Timing> = None;
+    let (mut pp_ratios, mut tg_ratios) = (Vec::new(), Vec::new());
     for round in 0..args.reps.max(1) {
-        let r = reference.bench(&prompt, args.gen_tokens)?;
-        let h = bench_hearth(&mut hearth, &prompt, args.gen_tokens)?;
+        // Alternate who goes first, so neither always runs on a warmer (or busier) machine.
+        let (r, h) = if round % 2 == 0 {
+            let r = reference.bench(&prompt, args.gen_tokens)?;
+            (r, bench_hearth(&mut hearth, &prompt, args.gen_tokens)?)
+        } else {
+            let h = bench_hearth(&mut hearth, &prompt, args.gen_tokens)?;
+            (reference.bench(&prompt, args.gen_tokens)?, h)
+        };
+        pp_ratios.push(h.prompt_tps() / r.prompt_tps());
+        tg_ratios.push(h.gen_tps() / r.gen_tps());
         println!(
             "round {}: llama.cpp pp {:.1} tg {:.1} tok/s | hearth pp {:.1} tg {:.1} tok/s",
             round + 1,
@@ -56,11 +65,18 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let (r, h) = (best_ref.expect("one round"), best_hearth.expect("one round"));
     println!();
-    println!("| test            | llama.cpp tok/s | hearth tok/s | hearth / llama.cpp |");
-    println!("|-----------------|-----------------|--------------|--------------------|");
-    println!("| prompt (pp{:<4}) | {:>15.1} | {:>12.1} | {:>17.3}x |", r.prompt_tokens, r.prompt_tps(), h.prompt_tps(), h.prompt_tps() / r.prompt_tps());
-    println!("| decode (tg{:<4}) | {:>15.1} | {:>12.1} | {:>17.3}x |", r.gen_tokens, r.gen_tps(), h.gen_tps(), h.gen_tps() / r.gen_tps());
+    println!("best round of each, and the median of the per-round ratios (each round runs both back to back):");
+    println!("| test            | llama.cpp tok/s | hearth tok/s | best / best | median ratio |");
+    println!("|-----------------|-----------------|--------------|-------------|--------------|");
+    println!("| prompt (pp{:<4}) | {:>15.1} | {:>12.1} | {:>10.3}x | {:>11.3}x |", r.prompt_tokens, r.prompt_tps(), h.prompt_tps(), h.prompt_tps() / r.prompt_tps(), median(&mut pp_ratios));
+    println!("| decode (tg{:<4}) | {:>15.1} | {:>12.1} | {:>10.3}x | {:>11.3}x |", r.gen_tokens, r.gen_tps(), h.gen_tps(), h.gen_tps() / r.gen_tps(), median(&mut tg_ratios));
     Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
 }
 
 fn best(prev: Option<Timing>, t: Timing) -> Timing {

@@ -77,8 +77,9 @@ pub struct BenchArgs {
     /// Tokens decoded one at a time for the generation test.
     #[arg(long, default_value_t = 128)]
     pub gen_tokens: usize,
-    /// Rounds; each round runs llama.cpp and hearth back to back, and the best round of
-    /// each is reported (the least disturbed by the rest of the machine).
+    /// Rounds; each round runs llama.cpp and hearth back to back (alternating which goes
+    /// first). Reported: the best round of each (the least disturbed by the rest of the
+    /// machine) and the median of the per-round ratios.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
 }

@@ -1,0 +1,166 @@
+//! The stage's KV cache operations and its errors: rollback by truncation, clearing,
+//! full sequences and caches, and batches or windows that make no sense. A failed call
+//! must leave the cache as it was.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{chat_prompt, pipeline, stage_config};
+use engine::reference::argmax;
+use engine::tokenizer::Tokenizer;
+use engine::{BatchToken, Error, ModelFile, Stage, StageConfig, StageInput, StageOutput};
+
+fn tok(seq: u64, pos: u32) -> BatchToken {
+    BatchToken { seq, pos, logits: true }
+}
+
+#[test]
+fn truncating_a_sequence_rolls_back_exactly() {
+    let path = common::default_model();
+    let tk = Tokenizer::load(&path).unwrap();
+    let prompt = chat_prompt(&tk, "Tell me about the moon.");
+    let mut p = pipeline(&path, &[vec![0..10], vec![10..30]], 1);
+    let expected = p.greedy(0, &prompt, 24, 512).unwrap();
+
+    // Generate 8 tokens, then pretend 5 wrong draft tokens were verified and rejected:
+    // feed them, roll back, and continue. The result must not change.
+    p.clear_sequence(0);
+    let mut logits = p.prefill(1, &prompt, 512).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..8 {
+        let next = argmax(&logits);
+        got.push(next);
+        logits = p.forward(&[tok(1, (prompt.len() + got.len() - 1) as u32)], &[next]).unwrap().row(0).to_vec();
+    }
+    let len = p.sequence_len(1);
+    assert_eq!(len, prompt.len() + 8);
+    let junk = [11, 22, 33, 44, 55];
+    let batch: Vec<BatchToken> = (0..5).map(|i| tok(1, (len + i) as u32)).collect();
+    p.forward(&batch, &junk).unwrap();
+    assert_eq!(p.sequence_len(1), len + 5);
+    p.truncate_sequence(1, len);
+    assert_eq!(p.sequence_len(1), len);
+    while got.len() < 24 {
+        let next = argmax(&logits);
+        got.push(next);
+        if got.len() < 24 {
+            logits = p.forward(&[tok(1, (prompt.len() + got.len() - 1) as u32)], &[next]).unwrap().row(0).to_vec();
+        }
+    }
+    assert_eq!(got, expected);
+}
+
+#[test]
+fn full_sequences_and_full_caches_are_clear_errors() {
+    let path = common::default_model();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let cfg = StageConfig { n_ctx_seq: 8, n_seq: 2, ..stage_config(vec![0..30], 2) };
+    let mut s = Stage::new(file, cfg).unwrap();
+    let ids = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+    let batch: Vec<BatchToken> = (0..9).map(|i| tok(5, i)).collect();
+    match s.forward(0, &batch, StageInput::Tokens(&ids)) {
+        Err(Error::SequenceFull { seq: 5, pos: 8, capacity: 8 }) => {}
+        other => panic!("expected SequenceFull, got {other:?}"),
+    }
+    assert_eq!(s.sequence_len(0, 5), 0, "a failed batch must not change the cache");
+    s.forward(0, &batch[..8], StageInput::Tokens(&ids[..8])).unwrap();
+    assert!(matches!(s.forward(0, &[tok(5, 8)], StageInput::Tokens(&[1])), Err(Error::SequenceFull { .. })));
+
+    s.forward(0, &[tok(6, 0)], StageInput::Tokens(&[1])).unwrap();
+    match s.forward(0, &[tok(7, 0)], StageInput::Tokens(&[1])) {
+        Err(e @ Error::CacheFull { slots: 2 }) => assert!(e.to_string().contains("2 sequence slots")),
+        other => panic!("expected CacheFull, got {other:?}"),
+    }
+    // Clearing frees the slot for a new sequence.
+    s.clear_sequence(6);
+    s.forward(0, &[tok(7, 0)], StageInput::Tokens(&[1])).unwrap();
+    assert_eq!(s.sequence_len(0, 7), 1);
+}
+
+#[test]
+fn nonsense_batches_are_rejected_without_changing_the_cache() {
+    let path = common::default_model();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let mut first = Stage::new(file.clone(), stage_config(vec![0..10], 2)).unwrap();
+    let mut later = Stage::new(file, stage_config(vec![10..30], 2)).unwrap();
+    first.forward(0, &[tok(1, 0), tok(1, 1)], StageInput::Tokens(&[1, 2])).unwrap();
+
+    let cases: Vec<(Vec<BatchToken>, Vec<i32>, &str)> = vec![
+        (vec![tok(1, 3)], vec![5], "does not follow its cached length 2"),
+        (vec![tok(1, 2), tok(1, 2)], vec![5, 6], "does not follow"),
+        (vec![tok(2, 1)], vec![5], "does not follow its cached length 0"),
+        (vec![tok(1, 2)], vec![49_152], "outside the vocabulary"),
+        (vec![tok(1, 2)], vec![-1], "outside the vocabulary"),
+        (vec![], vec![], "a batch holds 1 to"),
+        (vec![tok(1, 2), tok(1, 3)], vec![5], "takes 2 token ids"),
+    ];
+    for (batch, ids, want) in cases {
+        let err = first.forward(0, &batch, StageInput::Tokens(&ids)).unwrap_err();
+        assert!(err.to_string().contains(want), "{err} should mention {want:?}");
+    }
+    assert_eq!(first.sequence_len(0, 1), 2);
+    let too_big: Vec<BatchToken> = (0..257).map(|i| tok(9, i)).collect();
+    assert!(first.forward(0, &too_big, StageInput::Tokens(&vec![1; 257])).is_err());
+
+    // A later window takes hidden states, not tokens, of the right size.
+    let err = later.forward(0, &[tok(1, 0)], StageInput::Tokens(&[1])).unwrap_err();
+    assert!(err.to_string().contains("hidden-state values"), "{err}");
+    let err = later.forward(0, &[tok(1, 0)], StageInput::Hidden(&[0.0; 10])).unwrap_err();
+    assert!(err.to_string().contains("1x576"), "{err}");
+    assert!(matches!(later.forward(0, &[tok(1, 0)], StageInput::Hidden(&[0.0; 576])), Ok(StageOutput::Logits(_))));
+    assert!(later.forward(1, &[tok(1, 1)], StageInput::Hidden(&[0.0; 576])).unwrap_err().to_string().contains("no window 1"));
+}
+
+#[test]
+fn bad_window_layouts_are_rejected() {
+    let path = common::default_model();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    for (windows, want) in [
+        (vec![0..10, 5..12], "overlaps"),
+        (vec![20..31], "inside the model's 30 layers"),
+        (vec![4..4], "non-empty"),
+        (vec![], "at least one window"),
+    ] {
+        let err = Stage::new(file.clone(), stage_config(windows, 1)).err().expect("must fail");
+        assert!(err.to_string().contains(want), "{err} should mention {want:?}");
+    }
+    let a = Stage::new(file.clone(), stage_config(vec![0..10], 1)).unwrap();
+    let b = Stage::new(file, stage_config(vec![12..30], 1)).unwrap();
+    let err = engine::LocalPipeline::new(vec![a, b]).err().expect("gap");
+    assert!(err.to_string().contains("uncovered"), "{err}");
+}
+
+#[test]
+fn unsupported_architectures_and_missing_tensors_are_named() {
+    use engine::gguf::{GgufFile, GgufWriter, Value};
+    let real = GgufFile::open(common::default_model()).unwrap();
+    let dir = std::env::temp_dir().join(format!("hearth-arch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    let mut w = GgufWriter::from_meta(real.meta());
+    w.set("general.architecture", Value::from("gemma3")).unwrap();
+    let p = dir.join("gemma.gguf");
+    w.write_to(&p).unwrap();
+    let err = ModelFile::open(&p).err().expect("gemma3 is not supported");
+    assert!(matches!(&err, Error::UnsupportedArchitecture(a) if a == "gemma3"), "{err}");
+
+    // Right architecture, but the tensors are gone.
+    let w = GgufWriter::from_meta(real.meta());
+    let p = dir.join("empty.gguf");
+    w.write_to(&p).unwrap();
+    let err = ModelFile::open(&p).err().expect("no tensors");
+    assert!(err.to_string().contains("token_embd.weight"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn accelerator_layers_need_an_accelerator_build() {
+    if cfg!(any(feature = "cuda", feature = "metal", feature = "vulkan")) {
+        return;
+    }
+    let file = Arc::new(ModelFile::open(common::default_model()).unwrap());
+    let cfg = StageConfig { accel_layers: 2, ..stage_config(vec![0..30], 1) };
+    let err = Stage::new(file, cfg).err().expect("no GPU backend in the default build");
+    assert!(err.to_string().contains("--features cuda"), "{err}");
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian/Ubuntu machine lacks to build hearth: cmake (llama.cpp and
+# HiGHS build with it) and libclang (bindgen generates the llama.cpp bindings). Python is
+# needed to fetch the default model; the `openai` package drives the client tests.
+# Idempotent and quiet when everything is there.
+set -euo pipefail
+
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+ldconfig -p 2>/dev/null | grep -q 'libclang' || compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing ${missing[*]}" >&2
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2
+  exit 1
+fi
+if ! python3 -c 'import openai' >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check openai >&2 || echo "setup: could not install the openai package; client tests will be skipped" >&2
+fi
