@@ -1,0 +1,120 @@
+//! The pieces around the engine that come from llama.cpp or the model file: tokenizer,
+//! streaming detokenization, the Jinja chat template, and the sampler chain run on
+//! hearth's own logits.
+
+mod common;
+
+use common::{chat_prompt, pipeline};
+use engine::chat_template::ChatTemplate;
+use engine::reference::argmax;
+use engine::sampler::{Sampler, SamplingParams};
+use engine::tokenizer::{TextStream, Tokenizer};
+use engine::Error;
+use serde_json::json;
+
+fn template(tok: &Tokenizer) -> ChatTemplate {
+    ChatTemplate::new(&tok.chat_template_source().unwrap(), &tok.bos_text(), &tok.eos_text()).unwrap()
+}
+
+#[test]
+fn special_tokens_are_parsed_only_when_asked() {
+    let tok = Tokenizer::load(common::default_model()).unwrap();
+    let special = tok.tokenize("<|im_start|>user", true);
+    assert_eq!(special[0], 1, "<|im_start|> is token 1");
+    let plain = tok.tokenize("<|im_start|>user", false);
+    assert!(!plain.contains(&1) && plain.len() > 3, "{plain:?}");
+    // Control tokens render as nothing in generated text; ordinary text round-trips.
+    assert!(tok.token_bytes(2).is_empty());
+    assert!(tok.is_eog(2));
+    let text = "Grüße aus Köln, 東京 and 🚲!";
+    assert_eq!(tok.detokenize(&tok.tokenize(text, false)), text);
+}
+
+#[test]
+fn streamed_text_never_splits_a_character() {
+    let tok = Tokenizer::load(common::default_model()).unwrap();
+    let text = "emoji 🚲🌧️ and 東京都 in one line";
+    let ids = tok.tokenize(text, false);
+    let mut stream = TextStream::default();
+    let mut pieces = Vec::new();
+    for id in &ids {
+        pieces.push(stream.push(&tok.token_bytes(*id)));
+    }
+    pieces.push(stream.finish());
+    assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{pieces:?}");
+    assert_eq!(pieces.concat(), text);
+    // Byte-level BPE splits the bicycle into several tokens: some pieces must be empty.
+    assert!(pieces.iter().any(|p| p.is_empty()), "expected a held-back partial character");
+}
+
+#[test]
+fn the_models_own_template_adds_its_default_system_prompt() {
+    let tok = Tokenizer::load(common::default_model()).unwrap();
+    let t = template(&tok);
+    let out = t.render(&[json!({"role": "user", "content": "hi"})], None, true).unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let out = t
+        .render(&[json!({"role": "system", "content": "Be brief."}), json!({"role": "user", "content": "hi"}), json!({"role": "assistant", "content": "Hello!"})], None, false)
+        .unwrap();
+    assert_eq!(out, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n");
+    assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(Error::ChatTemplate(_))));
+}
+
+#[test]
+fn samplers_run_on_hearths_logits() {
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let mut p = pipeline(&path, &[vec![0..30]], 1);
+    let prompt = chat_prompt(&tok, "Is water wet? Answer yes or no.");
+    let logits = p.prefill(0, &prompt, 512).unwrap();
+
+    let mut greedy = Sampler::new(&tok, &SamplingParams::greedy()).unwrap();
+    assert_eq!(greedy.sample(&logits).unwrap(), argmax(&logits));
+    // top-k 1 is greedy whatever the temperature.
+    let mut k1 = Sampler::new(&tok, &SamplingParams { temperature: 1.5, top_k: 1, seed: 3, ..Default::default() }).unwrap();
+    assert_eq!(k1.sample(&logits).unwrap(), argmax(&logits));
+    // A strong logit bias wins.
+    let mut biased = Sampler::new(&tok, &SamplingParams { logit_bias: vec![(1234, 100.0)], ..SamplingParams::greedy() }).unwrap();
+    assert_eq!(biased.sample(&logits).unwrap(), 1234);
+    assert!(Sampler::new(&tok, &SamplingParams { logit_bias: vec![(49_152, 1.0)], ..Default::default() }).is_err());
+
+    // The same seed gives the same draws; the draws are not all the argmax at temperature 2.
+    let hot = SamplingParams { temperature: 2.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
+    let draw = |params: &SamplingParams| {
+        let mut s = Sampler::new(&tok, params).unwrap();
+        (0..20).map(|_| s.sample(&logits).unwrap()).collect::<Vec<_>>()
+    };
+    let a = draw(&hot);
+    assert_eq!(a, draw(&hot));
+    assert_ne!(a, draw(&SamplingParams { seed: 43, ..hot.clone() }));
+    assert!(a.iter().any(|&t| t != argmax(&logits)));
+}
+
+#[test]
+fn a_grammar_constrains_generation() {
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let mut p = pipeline(&path, &[vec![0..30]], 1);
+    let prompt = chat_prompt(&tok, "Give me a colour.");
+    let params = SamplingParams { grammar: Some("root ::= \"maybe \" [0-9] [0-9]".into()), temperature: 0.7, seed: 9, ..Default::default() };
+    let mut s = Sampler::new(&tok, &params).unwrap();
+    let mut logits = p.prefill(0, &prompt, 512).unwrap();
+    let mut out = Vec::new();
+    for step in 0..16 {
+        let t = s.sample(&logits).unwrap();
+        if tok.is_eog(t) {
+            break;
+        }
+        out.push(t);
+        let pos = (prompt.len() + step) as u32;
+        logits = p.forward(&[engine::BatchToken { seq: 0, pos, logits: true }], &[t]).unwrap().row(0).to_vec();
+    }
+    let text = tok.detokenize(&out);
+    assert!(text.len() == 8 && text.starts_with("maybe ") && text[6..].chars().all(|c| c.is_ascii_digit()), "{text:?}");
+
+    let bad = SamplingParams { grammar: Some("root ::= (".into()), ..Default::default() };
+    assert!(matches!(Sampler::new(&tok, &bad), Err(Error::Sampler(_))));
+}
