@@ -112,3 +112,8 @@ impl Sampler {
         Ok(tok.0)
     }
 }
+
+/// GBNF for JSON following `schema` (JSON Schema as text), by llama.cpp's converter.
+pub fn json_schema_grammar(schema: &str) -> Result<String> {
+    llama_cpp_2::json_schema_to_grammar(schema).map_err(|e| Error::Sampler(format!("cannot turn the JSON schema into a grammar: {e}")))
+}

@@ -1,5 +1,26 @@
 //! OpenAI's wire types for hearth's HTTP API (serde + utoipa), their validation, and the
-//! generated `openapi.json`.
+//! generated OpenAPI document (`openapi/openapi.json`).
 //!
-//! It must not depend on the engine, the scheduler or the transport: it describes
-//! requests and responses, nothing more. (Filled in by the OpenAI API issue.)
+//! The server parses requests into these types, calls `validate`, turns them into engine
+//! calls, and builds responses and stream chunks from them. The crate describes requests
+//! and responses and nothing more: it must not depend on the engine, the scheduler, the
+//! transport or the server, nor on any web framework, so that clients and tests can use it
+//! cheaply and OpenAI JSON never leaks below the server.
+
+mod chat;
+mod completions;
+mod error;
+mod generation;
+mod models;
+mod spec;
+mod validate;
+
+pub use chat::*;
+pub use completions::*;
+pub use error::*;
+pub use generation::{
+    FinishReason, ListObject, PromptTokensDetails, Stop, StreamOptions, Usage, LOGPROB_FLOOR,
+};
+pub use models::*;
+pub use spec::{spec, spec_json, ApiDoc, HealthResponse};
+pub use validate::{parse_logit_bias, Limits, MAX_COMPLETION_LOGPROBS};

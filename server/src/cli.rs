@@ -62,6 +62,21 @@ pub struct ServeArgs {
     /// Most sequences generated at once.
     #[arg(long, env = "HEARTH_PARALLEL", default_value_t = 4)]
     pub parallel: usize,
+    /// Requests that may wait for a free sequence; more get HTTP 429.
+    #[arg(long, env = "HEARTH_QUEUE_SIZE", default_value_t = 64)]
+    pub queue_size: usize,
+    /// Tokens per engine step: decode tokens plus prompt chunks.
+    #[arg(long, env = "HEARTH_MAX_BATCH", default_value_t = 512)]
+    pub max_batch: usize,
+    /// Largest request body in bytes; bigger ones get HTTP 413.
+    #[arg(long, env = "HEARTH_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
+    pub body_limit: usize,
+    /// Bearer token clients must send to /v1/* (none: open).
+    #[arg(long, env = "HEARTH_API_KEY")]
+    pub api_key: Option<String>,
+    /// Name clients use for the model (default: the file name without .gguf).
+    #[arg(long, env = "HEARTH_MODEL_ALIAS")]
+    pub model_alias: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]

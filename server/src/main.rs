@@ -1,12 +1,7 @@
-//! `hearth`: one OpenAI-compatible server for 30–70B models across the devices of a
-//! home. This binary holds the CLI and the roles (head, worker); the engine, scheduler,
-//! transport and wire types live in their own crates and never depend on this one.
-
-mod bench;
-mod cli;
-mod serve;
+//! The `hearth` command: parses the CLI and runs a role (see the library for the parts).
 
 use clap::Parser;
+use hearth::{bench, cli, serve};
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()

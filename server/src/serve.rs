@@ -1,53 +1,69 @@
 //! `hearth serve`: the head node. It loads the model (fetching the default one on first
-//! use), builds the local pipeline, and serves HTTP until SIGTERM or Ctrl-C.
+//! use), starts the batching loop on the local pipeline, and serves the OpenAI API until
+//! SIGTERM or Ctrl-C; then it stops taking requests and lets running ones finish.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::routing::get;
-use axum::{Json, Router};
+use engine::chat_template::ChatTemplate;
+use engine::tokenizer::Tokenizer;
 use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
-use serde_json::json;
 
 use crate::cli::ServeArgs;
-
-struct Head {
-    model_id: String,
-    n_layer: usize,
-    arch: String,
-    // The batching loop of the OpenAI API drives this; for now it proves the model loads.
-    _pipeline: std::sync::Mutex<LocalPipeline>,
-}
+use crate::generation::{Batcher, BatcherConfig};
+use crate::http::{self, AppState};
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let path = args.model.resolve()?;
-    let file = Arc::new(ModelFile::open(&path)?);
-    let spec = file.spec.clone();
-    let cfg = StageConfig {
-        windows: vec![0..spec.n_layer],
-        n_seq: args.parallel.max(1),
-        n_ctx_seq: args.ctx_size.max(1),
-        max_batch: 512,
-        threads: args.threads.unwrap_or_else(engine::stage::default_threads),
-        accel_layers: 0,
-    };
-    let pipeline = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
-    let model_id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
-    let head = Arc::new(Head { model_id, n_layer: spec.n_layer, arch: spec.arch_name.clone(), _pipeline: std::sync::Mutex::new(pipeline) });
-
-    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().map_err(|e| format!("invalid --host/--port: {e}"))?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let app = Router::new().route("/health", get(health)).with_state(head);
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let (state, addr) = build(&args)?;
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         tracing::info!("hearth listening on http://{}", listener.local_addr()?);
-        axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+        let batcher = state.batcher.clone();
+        axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        tokio::task::spawn_blocking(move || batcher.shutdown()).await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     })
 }
 
-async fn health(axum::extract::State(head): axum::extract::State<Arc<Head>>) -> Json<serde_json::Value> {
-    Json(json!({ "status": "ok", "model": head.model_id, "architecture": head.arch, "layers": head.n_layer }))
+/// Everything `serve` needs before it listens; also used by the in-process tests.
+pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn std::error::Error>> {
+    crate::metrics::install();
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().map_err(|e| format!("invalid --host/--port: {e}"))?;
+    let path = args.model.resolve()?;
+    let file = Arc::new(ModelFile::open(&path)?);
+    let spec = file.spec.clone();
+    let parallel = args.parallel.max(1);
+    let max_batch = args.max_batch.max(parallel);
+    let cfg = StageConfig {
+        windows: vec![0..spec.n_layer],
+        n_seq: parallel,
+        n_ctx_seq: args.ctx_size.max(16),
+        max_batch,
+        threads: args.threads.unwrap_or_else(engine::stage::default_threads),
+        accel_layers: 0,
+    };
+    let pipeline = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
+    let tokenizer = Arc::new(Tokenizer::load(&path)?);
+    let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
+    let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
+    let model_id = args.model_alias.clone().unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let batcher = Arc::new(Batcher::start(pipeline, tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch }));
+    let limits = openapi::Limits { max_n: parallel as u32, ..Default::default() };
+    let state = Arc::new(AppState {
+        batcher,
+        tokenizer,
+        template_knows_tools: source.contains("tools"),
+        template,
+        fingerprint: format!("hearth-{}-{}", env!("CARGO_PKG_VERSION"), spec.arch_name),
+        model_id,
+        created: crate::http::now_secs(),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        limits,
+        body_limit: args.body_limit,
+    });
+    tracing::info!(model = %path.display(), layers = spec.n_layer, parallel, ctx = args.ctx_size, "model loaded");
+    Ok((state, addr))
 }
 
 async fn shutdown_signal() {
@@ -66,5 +82,5 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down");
+    tracing::info!("shutting down: finishing running requests");
 }

@@ -1,0 +1,386 @@
+//! Continuous batching. One loop owns the engine: between steps it admits queued
+//! requests into free sequence slots (reusing the KV of the longest cached prefix), and
+//! each step runs ONE batch holding a decode token of every generating sequence plus
+//! prompt chunks within the token budget, so a long prompt never stalls running streams.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use engine::sampler::Sampler;
+use engine::tokenizer::{TextStream, Tokenizer};
+use engine::{BatchToken, LocalPipeline};
+
+use super::logprobs::logprobs;
+use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
+use super::stop::StopMatcher;
+use crate::metrics as m;
+
+#[derive(Debug, Clone)]
+pub struct BatcherConfig {
+    /// Sequences generated at once (`--parallel`).
+    pub parallel: usize,
+    /// Requests that may wait for a slot; more are refused (HTTP 429).
+    pub queue: usize,
+    /// Tokens per step (decode tokens + prompt chunks).
+    pub max_batch: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    QueueFull,
+    ShuttingDown,
+}
+
+pub struct Batcher {
+    tx: SyncSender<GenerationRequest>,
+    queued: Arc<AtomicUsize>,
+    shutting_down: Arc<AtomicBool>,
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    n_ctx: usize,
+    parallel: usize,
+}
+
+/// How long the idle loop sleeps before looking at the shutdown flag again.
+const IDLE_POLL: Duration = Duration::from_millis(100);
+
+impl Batcher {
+    pub fn start(pipeline: LocalPipeline, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig) -> Batcher {
+        let (tx, rx) = sync_channel(cfg.queue.max(1));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let shutting_down = Arc::new(AtomicBool::new(false));
+        let n_ctx = pipeline.stages().first().map_or(0, |s| s.n_ctx_seq());
+        let parallel = cfg.parallel;
+        let mut lp = Loop {
+            pipeline,
+            tokenizer,
+            slots: (0..cfg.parallel).map(|i| Slot { seq: i as u64, cached: Vec::new(), active: None }).collect(),
+            rx,
+            queued: queued.clone(),
+            shutting_down: shutting_down.clone(),
+            max_batch: cfg.max_batch,
+            n_ctx,
+        };
+        let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
+        Batcher { tx, queued, shutting_down, thread: std::sync::Mutex::new(Some(thread)), n_ctx, parallel }
+    }
+
+    /// Context cells per sequence: prompt plus generated tokens must fit.
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn parallel(&self) -> usize {
+        self.parallel
+    }
+
+    pub fn submit(&self, req: GenerationRequest) -> Result<(), SubmitError> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        match self.tx.try_send(req) {
+            Ok(()) => {
+                m::queue_size(self.queued.load(Ordering::Acquire));
+                Ok(())
+            }
+            Err(e) => {
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                Err(match e {
+                    TrySendError::Full(_) => SubmitError::QueueFull,
+                    TrySendError::Disconnected(_) => SubmitError::ShuttingDown,
+                })
+            }
+        }
+    }
+
+    /// Stops admitting requests, lets running and queued ones finish, and waits for the
+    /// loop to end.
+    pub fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        if let Some(t) = self.thread.lock().expect("batcher thread lock").take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Slot {
+    seq: u64,
+    /// Tokens whose K/V this slot holds, in order: what a later request can reuse.
+    cached: Vec<i32>,
+    active: Option<Active>,
+}
+
+struct Active {
+    req: GenerationRequest,
+    sampler: Sampler,
+    /// Prompt tokens not yet fed.
+    pending: VecDeque<i32>,
+    /// The token sampled last step, fed this step.
+    next: Option<i32>,
+    generated: usize,
+    text: TextStream,
+    stop: StopMatcher,
+    started: Option<Instant>,
+    last_token: Option<Instant>,
+    prompt_tokens: usize,
+    cached_tokens: usize,
+}
+
+struct Loop {
+    pipeline: LocalPipeline,
+    tokenizer: Arc<Tokenizer>,
+    slots: Vec<Slot>,
+    rx: Receiver<GenerationRequest>,
+    queued: Arc<AtomicUsize>,
+    shutting_down: Arc<AtomicBool>,
+    max_batch: usize,
+    n_ctx: usize,
+}
+
+/// What a batch row belongs to.
+struct Row {
+    slot: usize,
+    wants_logits: bool,
+}
+
+impl Loop {
+    fn run(&mut self) {
+        loop {
+            let running = self.slots.iter().filter(|s| s.active.is_some()).count();
+            if running == 0 {
+                if self.shutting_down.load(Ordering::Acquire) && self.queued.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                match self.rx.recv_timeout(IDLE_POLL) {
+                    Ok(req) => self.admit(req),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+            while self.slots.iter().any(|s| s.active.is_none()) {
+                match self.rx.try_recv() {
+                    Ok(req) => self.admit(req),
+                    Err(_) => break,
+                }
+            }
+            self.drop_cancelled();
+            self.step();
+        }
+    }
+
+    fn admit(&mut self, req: GenerationRequest) {
+        let left = self.queued.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        m::queue_size(left);
+        m::queue_time(req.enqueued.elapsed());
+        if req.events.is_closed() {
+            return;
+        }
+        let sampler = match Sampler::new(&self.tokenizer, &req.sampling) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = req.events.send(Event::Failed(e.to_string()));
+                return;
+            }
+        };
+        // The free slot sharing the longest prefix with this prompt: its KV is reused. At
+        // least one prompt token is always fed, to get logits for the first sample.
+        let (idx, lcp) = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.active.is_none())
+            .map(|(i, s)| (i, common_prefix(&s.cached, &req.prompt)))
+            .max_by_key(|&(i, l)| (l, std::cmp::Reverse(i)))
+            .expect("admit is called with a free slot");
+        let keep = lcp.min(req.prompt.len().saturating_sub(1));
+        let slot = &mut self.slots[idx];
+        self.pipeline.truncate_sequence(slot.seq, keep);
+        slot.cached.truncate(keep);
+        let pending: VecDeque<i32> = req.prompt[keep..].iter().copied().collect();
+        let stop = StopMatcher::new(req.stop.clone());
+        slot.active = Some(Active {
+            prompt_tokens: req.prompt.len(),
+            cached_tokens: keep,
+            req,
+            sampler,
+            pending,
+            next: None,
+            generated: 0,
+            text: TextStream::default(),
+            stop,
+            started: None,
+            last_token: None,
+        });
+        m::prompt_tokens(keep, self.slots[idx].active.as_ref().map_or(0, |a| a.pending.len()));
+    }
+
+    /// A client that went away frees its slot at once (its KV stays as prompt cache).
+    fn drop_cancelled(&mut self) {
+        for s in &mut self.slots {
+            if s.active.as_ref().is_some_and(|a| a.req.events.is_closed()) {
+                tracing::info!(request = %s.active.as_ref().map_or("", |a| a.req.id.as_str()), "client went away; generation cancelled");
+                m::cancelled();
+                s.active = None;
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let mut batch: Vec<BatchToken> = Vec::new();
+        let mut ids: Vec<i32> = Vec::new();
+        let mut rows: Vec<Row> = Vec::new();
+        // Decode tokens first: every generating sequence advances every step.
+        for (i, s) in self.slots.iter().enumerate() {
+            if let Some(t) = s.active.as_ref().and_then(|a| a.next) {
+                batch.push(BatchToken { seq: s.seq, pos: s.cached.len() as u32, logits: true });
+                ids.push(t);
+                rows.push(Row { slot: i, wants_logits: true });
+            }
+        }
+        let n_decode = batch.len();
+        let mut budget = self.max_batch.saturating_sub(n_decode);
+        for (i, s) in self.slots.iter().enumerate() {
+            let Some(a) = s.active.as_ref() else { continue };
+            if a.pending.is_empty() || budget == 0 {
+                continue;
+            }
+            let take = a.pending.len().min(budget);
+            budget -= take;
+            for (j, &t) in a.pending.iter().take(take).enumerate() {
+                let last = j + 1 == a.pending.len();
+                batch.push(BatchToken { seq: s.seq, pos: (s.cached.len() + j) as u32, logits: last });
+                ids.push(t);
+                rows.push(Row { slot: i, wants_logits: last });
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let result = self.pipeline.forward(&batch, &ids);
+        m::step(t0.elapsed(), batch.len(), n_decode);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("engine step failed: {e}");
+                let failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
+                for i in failed {
+                    let s = &mut self.slots[i];
+                    if let Some(a) = s.active.take() {
+                        let _ = a.req.events.send(Event::Failed("the engine failed while generating".into()));
+                    }
+                    self.pipeline.clear_sequence(s.seq);
+                    s.cached.clear();
+                }
+                return;
+            }
+        };
+        // The batch is in the cache now.
+        for (r, row) in rows.iter().enumerate() {
+            let s = &mut self.slots[row.slot];
+            s.cached.push(ids[r]);
+            if let Some(a) = s.active.as_mut() {
+                if r < n_decode {
+                    a.next = None;
+                } else {
+                    a.pending.pop_front();
+                }
+            }
+        }
+        for (k, &r) in logits.rows.iter().enumerate() {
+            debug_assert!(rows[r].wants_logits);
+            self.sample(rows[r].slot, logits.row(k));
+        }
+        self.report_usage();
+    }
+
+    fn sample(&mut self, slot: usize, logits: &[f32]) {
+        let n_ctx = self.n_ctx;
+        let tokenizer = self.tokenizer.clone();
+        let s = &mut self.slots[slot];
+        let Some(a) = s.active.as_mut() else { return };
+        let now = Instant::now();
+        if a.started.is_none() {
+            a.started = Some(now);
+            m::time_to_first_token(a.req.enqueued.elapsed());
+            let _ = a.req.events.send(Event::Started { cached_tokens: a.cached_tokens });
+        } else if let Some(prev) = a.last_token {
+            m::time_per_output_token(now - prev);
+        }
+        a.last_token = Some(now);
+        let token = match a.sampler.sample(logits) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = a.req.events.send(Event::Failed(e.to_string()));
+                s.active = None;
+                return;
+            }
+        };
+        // (why it ends, whether held-back text is real output to flush)
+        let end = if tokenizer.is_eog(token) {
+            Some((Finish::Stop, true))
+        } else {
+            a.generated += 1;
+            m::generated_token();
+            let info = a.req.logprobs.map(|k| {
+                let (lp, top) = logprobs(logits, token, k);
+                let describe = |t: i32, logprob: f32| {
+                    let bytes = tokenizer.token_bytes(t);
+                    TokenLogprob { token: String::from_utf8_lossy(&bytes).into_owned(), bytes, logprob }
+                };
+                TokenInfo { logprob: describe(token, lp), top: top.into_iter().map(|(t, l)| describe(t, l)).collect() }
+            });
+            let piece = a.text.push(&tokenizer.token_bytes(token));
+            let (text, hit) = a.stop.push(&piece);
+            let _ = a.req.events.send(Event::Token { text, info });
+            if hit {
+                Some((Finish::Stop, false))
+            } else if a.generated >= a.req.max_tokens || s.cached.len() + 1 >= n_ctx {
+                Some((Finish::Length, true))
+            } else {
+                a.next = Some(token);
+                None
+            }
+        };
+        if let Some((finish, flush)) = end {
+            let mut a = s.active.take().expect("active above");
+            if flush {
+                // Text held back for a possible stop string, or bytes of a character that
+                // never completed, are real output.
+                let (mut tail, hit) = a.stop.push(&a.text.finish());
+                if !hit {
+                    tail.push_str(&a.stop.finish());
+                }
+                if !tail.is_empty() {
+                    let _ = a.req.events.send(Event::Token { text: tail, info: None });
+                }
+            }
+            let _ = a.req.events.send(Event::Done { finish, completion_tokens: a.generated });
+            tracing::info!(
+                request = %a.req.id,
+                prompt_tokens = a.prompt_tokens,
+                cached_tokens = a.cached_tokens,
+                completion_tokens = a.generated,
+                finish = ?finish,
+                ttft_ms = a.started.map_or(0, |t| (t - a.req.enqueued).as_millis() as u64),
+                total_ms = a.req.enqueued.elapsed().as_millis() as u64,
+                "sequence done"
+            );
+        }
+    }
+
+    fn report_usage(&self) {
+        let running = self.slots.iter().filter(|s| s.active.is_some()).count();
+        let cells: usize = self.slots.iter().map(|s| s.cached.len()).sum();
+        m::running(running);
+        m::kv_usage(cells as f64 / (self.slots.len() * self.n_ctx.max(1)) as f64);
+    }
+}
+
+fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

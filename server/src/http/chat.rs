@@ -1,0 +1,358 @@
+//! `POST /v1/chat/completions`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use engine::sampler::{Sampler, SamplingParams};
+use futures::StreamExt;
+use openapi::{
+    AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCall,
+    FunctionCallDelta, PromptTokensDetails, ResponseFormat, Role, ToolCall, ToolCallDelta, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
+};
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::generate::{self, finish_reason, now_secs, Choice, GenSpec};
+use super::json::ApiJson;
+use super::tools::{self, ToolUse};
+use super::{check_model, AppState};
+use crate::generation::{Event, Finish, TokenInfo};
+
+pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatCompletionRequest>) -> Result<Response, ApiError> {
+    req.validate(&state.limits)?;
+    check_model(&state, &req.model)?;
+    let tool_use = tool_use(&req);
+    let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
+    let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
+    let text = state.template.render(&messages, tools_for_template.as_ref(), true)?;
+    let prompt = state.tokenizer.tokenize(&text, true);
+
+    let grammar = match (&tool_use, &req.response_format) {
+        (Some(t), _) if t.required => Some(tools::tool_call_grammar(&t.tools, &t.names).map_err(|m| ApiError::InvalidParameter { param: Some("tools".into()), message: m })?),
+        (_, Some(ResponseFormat::JsonObject)) => Some(tools::json_grammar(None).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?),
+        (_, Some(ResponseFormat::JsonSchema { json_schema })) => {
+            Some(tools::json_grammar(json_schema.schema.as_ref()).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?)
+        }
+        _ => None,
+    };
+    let sampling = sampling_params(&req, grammar)?;
+    // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
+    // a failure inside the batching loop.
+    Sampler::new(&state.tokenizer, &sampling)?;
+
+    let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
+    let spec = GenSpec {
+        id: id.clone(),
+        prompt,
+        sampling,
+        max_tokens: req.max_new_tokens(),
+        stop: req.stop_sequences(),
+        logprobs: req.logprobs_requested().map(|k| k as usize),
+        seed: req.seed,
+    };
+    let n = req.choices() as usize;
+    let receivers = generate::start(&state, &spec, n)?;
+    let meta = Meta { id, created: now_secs(), model: state.model_id.clone(), fingerprint: state.fingerprint.clone(), prompt_tokens: spec.prompt.len() };
+    if req.stream {
+        Ok(stream(meta, receivers, tool_use, req.include_usage(), n).into_response())
+    } else {
+        let choices = generate::collect_all(receivers).await?;
+        Ok(Json(response(meta, choices, tool_use.as_ref())).into_response())
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    fingerprint: String,
+    prompt_tokens: usize,
+}
+
+fn tool_use(req: &ChatCompletionRequest) -> Option<ToolUse> {
+    let tools: Vec<Value> = req.tools.as_ref()?.iter().map(|t| serde_json::to_value(t).unwrap_or(Value::Null)).collect();
+    if tools.is_empty() {
+        return None;
+    }
+    let (required, names) = match &req.tool_choice {
+        Some(ToolChoice::Mode(ToolChoiceMode::None)) => return None,
+        None | Some(ToolChoice::Mode(ToolChoiceMode::Auto)) => (false, Vec::new()),
+        Some(ToolChoice::Mode(ToolChoiceMode::Required)) => (true, Vec::new()),
+        Some(ToolChoice::Function(f)) => (true, vec![f.function.name.clone()]),
+    };
+    Some(ToolUse { tools, required, names })
+}
+
+/// OpenAI messages as the chat template sees them. Without template support for tools,
+/// tool definitions become a system message, earlier calls are written as the model is
+/// asked to write them, and tool results are handed back as user turns.
+fn template_messages(messages: &[ChatMessage], tool_use: Option<&ToolUse>, template_knows_tools: bool) -> Vec<Value> {
+    let mut out: Vec<Value> = Vec::with_capacity(messages.len() + 1);
+    for m in messages {
+        let mut content = m.text();
+        let calls = m.tool_calls.as_deref().unwrap_or_default();
+        match (m.role, template_knows_tools) {
+            (Role::Tool, false) => {
+                out.push(json!({"role": "user", "content": format!("<tool_response>\n{content}\n</tool_response>")}));
+                continue;
+            }
+            (Role::Assistant, false) if !calls.is_empty() => {
+                for c in calls {
+                    if !content.is_empty() {
+                        content.push('\n');
+                    }
+                    content.push_str(&tools::render_tool_call(&c.function.name, &c.function.arguments));
+                }
+            }
+            _ => {}
+        }
+        let mut v = json!({"role": m.role.template_role(), "content": content});
+        if template_knows_tools {
+            if !calls.is_empty() {
+                v["tool_calls"] = json!(calls
+                    .iter()
+                    .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": serde_json::from_str::<Value>(&c.function.arguments).unwrap_or(Value::String(c.function.arguments.clone()))}}))
+                    .collect::<Vec<_>>());
+            }
+            if let Some(id) = &m.tool_call_id {
+                v["tool_call_id"] = json!(id);
+            }
+        }
+        out.push(v);
+    }
+    if let (Some(t), false) = (tool_use, template_knows_tools) {
+        let prompt = tools::tools_system_prompt(&t.tools);
+        match out.first_mut() {
+            Some(first) if first["role"] == "system" => {
+                let existing = first["content"].as_str().unwrap_or_default().to_string();
+                first["content"] = json!(format!("{existing}\n\n{prompt}"));
+            }
+            _ => out.insert(0, json!({"role": "system", "content": prompt})),
+        }
+    }
+    out
+}
+
+/// Unset OpenAI parameters take OpenAI's defaults (temperature 1, top_p 1); hearth's
+/// extensions take llama-server's (top_k 40, min_p 0.05), which keep small models on track.
+fn sampling_params(req: &ChatCompletionRequest, grammar: Option<String>) -> Result<SamplingParams, ApiError> {
+    Ok(SamplingParams {
+        temperature: req.temperature.unwrap_or(1.0),
+        top_k: req.top_k.unwrap_or(40),
+        top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p.unwrap_or(0.05),
+        repeat_penalty: req.repeat_penalty.unwrap_or(1.0),
+        repeat_last_n: 64,
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        seed: 0,
+        logit_bias: parse_logit_bias(req.logit_bias.as_ref())?,
+        grammar,
+    })
+}
+
+pub fn parse_logit_bias(bias: Option<&std::collections::BTreeMap<String, f32>>) -> Result<Vec<(i32, f32)>, ApiError> {
+    let Some(bias) = bias else { return Ok(Vec::new()) };
+    bias.iter()
+        .map(|(k, &v)| {
+            k.parse::<i32>()
+                .map(|t| (t, v))
+                .map_err(|_| ApiError::InvalidParameter { param: Some("logit_bias".into()), message: format!("logit_bias key `{k}` is not a token id") })
+        })
+        .collect()
+}
+
+fn logprobs_of(tokens: &[TokenInfo]) -> ChoiceLogprobs {
+    ChoiceLogprobs {
+        content: Some(
+            tokens
+                .iter()
+                .map(|t| openapi::TokenLogprob {
+                    token: t.logprob.token.clone(),
+                    logprob: t.logprob.logprob,
+                    bytes: Some(t.logprob.bytes.clone()),
+                    top_logprobs: t.top.iter().map(|a| TopLogprob { token: a.token.clone(), logprob: a.logprob, bytes: Some(a.bytes.clone()) }).collect(),
+                })
+                .collect(),
+        ),
+        refusal: None,
+    }
+}
+
+fn new_call_id() -> String {
+    format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24])
+}
+
+fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>) -> ChatCompletionResponse {
+    let completion: usize = choices.iter().map(|c| c.completion_tokens).sum();
+    let cached = choices.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
+    let choices = choices
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let calls = tool_use.map(|t| tools::parse_tool_calls(&c.text, &t.tools)).unwrap_or_default();
+            let logprobs = (!c.tokens.is_empty()).then(|| logprobs_of(&c.tokens));
+            let (content, tool_calls, finish) = if calls.is_empty() {
+                (Some(c.text), None, finish_reason(c.finish.unwrap_or(Finish::Stop)))
+            } else {
+                let calls = calls.into_iter().map(|p| ToolCall { id: new_call_id(), kind: Default::default(), function: FunctionCall { name: p.name, arguments: p.arguments } }).collect();
+                (None, Some(calls), FinishReason::ToolCalls)
+            };
+            ChatChoice { index: i as u32, message: AssistantMessage { role: Default::default(), content, tool_calls }, logprobs, finish_reason: finish }
+        })
+        .collect();
+    ChatCompletionResponse {
+        id: meta.id,
+        object: Default::default(),
+        created: meta.created,
+        model: meta.model,
+        choices,
+        usage: usage(meta.prompt_tokens, completion, cached),
+        system_fingerprint: meta.fingerprint,
+    }
+}
+
+fn usage(prompt: usize, completion: usize, cached: usize) -> Usage {
+    Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached as u32 }), ..Usage::new(prompt as u32, completion as u32) }
+}
+
+/// Per-choice streaming state.
+#[derive(Default)]
+struct ChoiceStream {
+    /// Text held back while it may still be a tool call.
+    held: String,
+    /// Held text turned out to be ordinary content: stream from now on.
+    plain: bool,
+    completion_tokens: usize,
+    cached_tokens: usize,
+}
+
+fn stream(meta: Meta, receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>, tool_use: Option<ToolUse>, include_usage: bool, n: usize) -> Sse<impl futures::Stream<Item = Result<SseEvent, Infallible>>> {
+    let chunk = {
+        let (id, created, model, fingerprint) = (meta.id.clone(), meta.created, meta.model.clone(), meta.fingerprint.clone());
+        move |choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>| {
+            let c = ChatCompletionChunk { id: id.clone(), object: Default::default(), created, model: model.clone(), system_fingerprint: fingerprint.clone(), choices, usage };
+            SseEvent::default().data(serde_json::to_string(&c).unwrap_or_default())
+        }
+    };
+    let usage_field = if include_usage { Some(None) } else { None };
+    let delta = |content: Option<String>, tool_calls: Option<Vec<ToolCallDelta>>| Delta { role: None, content, tool_calls };
+    let prompt_tokens = meta.prompt_tokens;
+    let events = generate::merged(receivers);
+    let body = async_stream_chat(events, n, tool_use, move |ev: Out| match ev {
+        Out::Role(i) => vec![chunk(vec![ChunkChoice { index: i as u32, delta: Delta { role: Some(Default::default()), content: Some(String::new()), tool_calls: None }, logprobs: None, finish_reason: None }], usage_field)],
+        Out::Content(i, text, info) => vec![chunk(vec![ChunkChoice { index: i as u32, delta: delta(Some(text), None), logprobs: info.map(|t| logprobs_of(&[t])), finish_reason: None }], usage_field)],
+        Out::Calls(i, calls) => {
+            let deltas = calls
+                .into_iter()
+                .enumerate()
+                .map(|(k, c)| ToolCallDelta { index: k as u32, id: Some(new_call_id()), kind: Some(Default::default()), function: FunctionCallDelta { name: Some(c.name), arguments: Some(c.arguments) } })
+                .collect();
+            vec![chunk(vec![ChunkChoice { index: i as u32, delta: delta(None, Some(deltas)), logprobs: None, finish_reason: None }], usage_field)]
+        }
+        Out::Finish(i, reason) => vec![chunk(vec![ChunkChoice { index: i as u32, delta: delta(None, None), logprobs: None, finish_reason: Some(reason) }], usage_field)],
+        Out::Usage(completion, cached) => {
+            if include_usage {
+                vec![chunk(vec![], Some(Some(usage(prompt_tokens, completion, cached))))]
+            } else {
+                vec![]
+            }
+        }
+        Out::Error(message) => {
+            let body = ApiError::Internal(message).body();
+            vec![SseEvent::default().data(serde_json::to_string(&body).unwrap_or_default())]
+        }
+        Out::Done => vec![SseEvent::default().data("[DONE]")],
+    });
+    Sse::new(body.map(Ok)).keep_alive(KeepAlive::default())
+}
+
+/// What the SSE body emits, in order, per choice.
+enum Out {
+    Role(usize),
+    Content(usize, String, Option<TokenInfo>),
+    Calls(usize, Vec<tools::ParsedCall>),
+    Finish(usize, FinishReason),
+    Usage(usize, usize),
+    Error(String),
+    Done,
+}
+
+/// Turns the merged token events of all choices into the ordered chunks of an OpenAI
+/// stream: a role chunk per choice, content (or, with tools, a tool-call chunk decided at
+/// the end), a finish chunk per choice, then usage and `[DONE]`.
+fn async_stream_chat<F>(events: impl futures::Stream<Item = (usize, Event)> + Send + 'static, n: usize, tool_use: Option<ToolUse>, render: F) -> impl futures::Stream<Item = SseEvent> + Send
+where
+    F: Fn(Out) -> Vec<SseEvent> + Send + Sync + 'static,
+{
+    let mut states: Vec<ChoiceStream> = (0..n).map(|_| ChoiceStream::default()).collect();
+    let mut finished = 0;
+    let mut failed = false;
+    let head = futures::stream::iter((0..n).flat_map(|i| render_once(&render, Out::Role(i))).collect::<Vec<_>>());
+    let render = std::sync::Arc::new(render);
+    let r2 = render.clone();
+    let body = events
+        .flat_map(move |(i, ev)| {
+            let mut out: Vec<Out> = Vec::new();
+            if failed {
+                return futures::stream::iter(Vec::new());
+            }
+            let st = &mut states[i];
+            match ev {
+                Event::Started { cached_tokens, .. } => st.cached_tokens = cached_tokens,
+                Event::Token { text, info } => match &tool_use {
+                    Some(_) if !st.plain => {
+                        st.held.push_str(&text);
+                        if !tools::may_be_tool_call(&st.held) {
+                            st.plain = true;
+                            out.push(Out::Content(i, std::mem::take(&mut st.held), info));
+                        }
+                    }
+                    _ => {
+                        if !text.is_empty() || info.is_some() {
+                            out.push(Out::Content(i, text, info));
+                        }
+                    }
+                },
+                Event::Done { finish, completion_tokens } => {
+                    st.completion_tokens = completion_tokens;
+                    let mut reason = finish_reason(finish);
+                    if let Some(t) = &tool_use {
+                        if !st.plain {
+                            let calls = tools::parse_tool_calls(&st.held, &t.tools);
+                            if calls.is_empty() {
+                                out.push(Out::Content(i, std::mem::take(&mut st.held), None));
+                            } else {
+                                out.push(Out::Calls(i, calls));
+                                reason = FinishReason::ToolCalls;
+                            }
+                        }
+                    }
+                    out.push(Out::Finish(i, reason));
+                    finished += 1;
+                    if finished == n {
+                        let completion = states.iter().map(|s| s.completion_tokens).sum();
+                        let cached = states.iter().map(|s| s.cached_tokens).max().unwrap_or(0);
+                        out.push(Out::Usage(completion, cached));
+                        out.push(Out::Done);
+                    }
+                }
+                Event::Failed(m) => {
+                    failed = true;
+                    out.push(Out::Error(m));
+                    out.push(Out::Done);
+                }
+            }
+            futures::stream::iter(out.into_iter().flat_map(|o| r2(o)).collect::<Vec<_>>())
+        })
+        .boxed();
+    head.chain(body)
+}
+
+fn render_once<F: Fn(Out) -> Vec<SseEvent>>(render: &F, out: Out) -> Vec<SseEvent> {
+    render(out)
+}

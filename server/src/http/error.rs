@@ -1,0 +1,99 @@
+//! The server's one error type and THE place where errors become HTTP responses, in
+//! OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use openapi::{ErrorBody, ErrorResponse, WireError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    InvalidParameter { param: Option<String>, message: String },
+    #[error("{0}")]
+    InvalidJson(String),
+    #[error("This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens.")]
+    ContextLengthExceeded { max: usize, prompt: usize },
+    #[error("The model `{0}` does not exist")]
+    ModelNotFound(String),
+    #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` with the key the server was started with.")]
+    Unauthorized,
+    #[error("Unknown route {method} {path}")]
+    NotFound { method: String, path: String },
+    #[error("Request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("The server is at capacity: all sequence slots are busy and the queue is full. Retry shortly.")]
+    QueueFull,
+    #[error("The server is shutting down")]
+    ShuttingDown,
+    /// The message is logged, never sent: clients see a generic 500.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Seconds a client should wait before retrying when the queue is full: about the time a
+/// short generation takes to free a slot.
+const RETRY_AFTER_SECS: &str = "1";
+
+impl From<WireError> for ApiError {
+    fn from(e: WireError) -> Self {
+        ApiError::InvalidParameter { param: Some(e.param().to_string()), message: e.to_string() }
+    }
+}
+
+impl From<engine::Error> for ApiError {
+    fn from(e: engine::Error) -> Self {
+        match e {
+            engine::Error::ChatTemplate(m) => ApiError::InvalidParameter { param: Some("messages".into()), message: format!("the model's chat template rejected the messages: {m}") },
+            engine::Error::Sampler(m) => ApiError::InvalidParameter { param: None, message: m },
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidParameter { .. } | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::ModelNotFound(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn body(&self) -> ErrorResponse {
+        let (kind, param, code) = match self {
+            ApiError::InvalidParameter { param, .. } => ("invalid_request_error", param.clone(), None),
+            ApiError::InvalidJson(_) => ("invalid_request_error", None, Some("invalid_json")),
+            ApiError::ContextLengthExceeded { .. } => ("invalid_request_error", Some("messages".to_string()), Some("context_length_exceeded")),
+            ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model".to_string()), Some("model_not_found")),
+            ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
+            ApiError::NotFound { .. } => ("invalid_request_error", None, Some("unknown_url")),
+            ApiError::PayloadTooLarge { .. } => ("invalid_request_error", None, Some("request_too_large")),
+            ApiError::QueueFull => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),
+            ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),
+            ApiError::Internal(_) => ("server_error", None, None),
+        };
+        let message = match self {
+            ApiError::Internal(_) => "The server had an error while processing your request.".to_string(),
+            other => other.to_string(),
+        };
+        ErrorResponse { error: ErrorBody { message, kind: kind.to_string(), param, code: code.map(str::to_string) } }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(detail) = &self {
+            tracing::error!("internal error: {detail}");
+        }
+        let status = self.status();
+        let mut resp = (status, axum::Json(self.body())).into_response();
+        if matches!(self, ApiError::QueueFull | ApiError::ShuttingDown) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        resp
+    }
+}

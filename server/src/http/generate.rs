@@ -1,0 +1,126 @@
+//! Shared by the chat and completions handlers: turn one prompt into `n` generation
+//! requests, then either collect their events into whole choices or merge them into one
+//! ordered stream for SSE.
+
+use std::time::Instant;
+
+use engine::sampler::SamplingParams;
+use futures::stream::{self, Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::generation::{Event, Finish, GenerationRequest, SubmitError, TokenInfo};
+
+/// What every choice of one request shares.
+pub struct GenSpec {
+    pub id: String,
+    pub prompt: Vec<i32>,
+    pub sampling: SamplingParams,
+    /// Requested limit; `None` means until the context is full.
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub logprobs: Option<usize>,
+    /// `Some` when the client fixed the seed: choice i uses seed + i.
+    pub seed: Option<i64>,
+}
+
+/// Submits `n` sequences; their events arrive on the returned receivers, in choice order.
+pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
+    let n_ctx = state.batcher.n_ctx();
+    if spec.prompt.is_empty() {
+        return Err(ApiError::InvalidParameter { param: Some("prompt".into()), message: "the prompt is empty".into() });
+    }
+    if spec.prompt.len() >= n_ctx {
+        return Err(ApiError::ContextLengthExceeded { max: n_ctx, prompt: spec.prompt.len() });
+    }
+    if n > state.batcher.parallel() {
+        return Err(ApiError::InvalidParameter {
+            param: Some("n".into()),
+            message: format!("n = {n} exceeds the {} sequences this server generates at once (--parallel)", state.batcher.parallel()),
+        });
+    }
+    let room = n_ctx - spec.prompt.len();
+    let max_tokens = spec.max_tokens.map_or(room, |m| (m as usize).min(room));
+    let mut receivers = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let seed = match spec.seed {
+            Some(s) => (s as u64).wrapping_add(i as u64) as u32,
+            None => rand_seed(),
+        };
+        let req = GenerationRequest {
+            id: if n == 1 { spec.id.clone() } else { format!("{}/{i}", spec.id) },
+            prompt: spec.prompt.clone(),
+            sampling: SamplingParams { seed, ..spec.sampling.clone() },
+            max_tokens,
+            stop: spec.stop.clone(),
+            logprobs: spec.logprobs,
+            events: tx,
+            enqueued: Instant::now(),
+        };
+        // Earlier choices already submitted are cancelled when their receivers drop.
+        state.batcher.submit(req).map_err(|e| match e {
+            SubmitError::QueueFull => ApiError::QueueFull,
+            SubmitError::ShuttingDown => ApiError::ShuttingDown,
+        })?;
+        receivers.push(rx);
+    }
+    Ok(receivers)
+}
+
+fn rand_seed() -> u32 {
+    let u = uuid::Uuid::new_v4();
+    u32::from_le_bytes(u.as_bytes()[..4].try_into().expect("4 bytes"))
+}
+
+/// One finished choice.
+#[derive(Debug, Default)]
+pub struct Choice {
+    pub text: String,
+    pub tokens: Vec<TokenInfo>,
+    pub finish: Option<Finish>,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Choice, ApiError> {
+    let mut c = Choice::default();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Started { cached_tokens, .. } => c.cached_tokens = cached_tokens,
+            Event::Token { text, info } => {
+                c.text.push_str(&text);
+                c.tokens.extend(info);
+            }
+            Event::Done { finish, completion_tokens } => {
+                c.finish = Some(finish);
+                c.completion_tokens = completion_tokens;
+                return Ok(c);
+            }
+            Event::Failed(m) => return Err(ApiError::Internal(m)),
+        }
+    }
+    Err(ApiError::Internal("the batcher dropped a sequence".into()))
+}
+
+pub async fn collect_all(receivers: Vec<mpsc::UnboundedReceiver<Event>>) -> Result<Vec<Choice>, ApiError> {
+    futures::future::try_join_all(receivers.into_iter().map(collect)).await
+}
+
+/// All choices' events as one stream of (choice index, event), in arrival order.
+pub fn merged(receivers: Vec<mpsc::UnboundedReceiver<Event>>) -> impl Stream<Item = (usize, Event)> + Send {
+    stream::select_all(receivers.into_iter().enumerate().map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |e| (i, e)).boxed()))
+}
+
+pub fn finish_reason(f: Finish) -> openapi::FinishReason {
+    match f {
+        Finish::Stop => openapi::FinishReason::Stop,
+        Finish::Length => openapi::FinishReason::Length,
+    }
+}
+
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}

@@ -1,0 +1,138 @@
+//! The HTTP face of the head node: OpenAI's routes, auth, limits, metrics, and the
+//! OpenAPI document. Handlers translate OpenAI JSON into generation requests and token
+//! events back into OpenAI JSON; they never touch the engine directly.
+
+mod chat;
+mod completions;
+mod error;
+mod generate;
+mod json;
+mod tools;
+
+pub use generate::now_secs;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use engine::chat_template::ChatTemplate;
+use engine::tokenizer::Tokenizer;
+use openapi::{HealthResponse, Limits, ModelCard, ModelList};
+
+pub use error::ApiError;
+
+use crate::generation::Batcher;
+
+pub struct AppState {
+    pub batcher: Arc<Batcher>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: ChatTemplate,
+    /// Whether the template renders `tools` itself; if not, hearth describes them in a
+    /// system message.
+    pub template_knows_tools: bool,
+    pub model_id: String,
+    pub created: u64,
+    pub fingerprint: String,
+    pub api_key: Option<String>,
+    pub limits: Limits,
+    pub body_limit: usize,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let api = Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(not_found)
+        .layer(middleware::from_fn(record_metrics))
+        .layer(axum::extract::DefaultBodyLimit::max(state.body_limit))
+        .layer(axum::Extension(json::BodyLimit(state.body_limit)))
+        .with_state(state)
+}
+
+async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares secrets without leaking through timing how much of a guess was right.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn record_metrics(req: Request, next: Next) -> Response {
+    let endpoint = match req.uri().path() {
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
+        p if p.starts_with("/v1/models") => "models",
+        "/health" => "health",
+        "/metrics" => "metrics",
+        "/openapi.json" => "openapi",
+        _ => "other",
+    };
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    // Streaming responses are counted when their headers go out; the stream's own
+    // duration shows in the generation metrics.
+    crate::metrics::request(endpoint, resp.status().as_u16(), start.elapsed());
+    resp
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::NotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {
+    let _ = &state;
+    Json(HealthResponse { status: "ok".into() })
+}
+
+fn model_card(state: &AppState) -> ModelCard {
+    ModelCard::new(state.model_id.clone(), state.created, "hearth")
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList::new(vec![model_card(&state)]))
+}
+
+async fn model(State(state): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Result<Json<ModelCard>, ApiError> {
+    if id != state.model_id {
+        return Err(ApiError::ModelNotFound(id));
+    }
+    Ok(Json(model_card(&state)))
+}
+
+async fn metrics() -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render()).into_response()
+}
+
+async fn openapi_json() -> Response {
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], Body::from(openapi::spec_json())).into_response()
+}
+
+/// The one model this server serves; OpenAI clients must name it (or an empty string).
+pub(crate) fn check_model(state: &AppState, model: &str) -> Result<(), ApiError> {
+    if model.is_empty() || model == state.model_id {
+        Ok(())
+    } else {
+        Err(ApiError::ModelNotFound(model.to_string()))
+    }
+}

@@ -1,0 +1,99 @@
+//! Prometheus metrics, all prefixed `hearth_` and described (docs/metrics.md lists them).
+//! One recorder per process; every server in the process renders from it.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Latency buckets from 1 ms to 2 minutes: a decode step on a phone-class device is tens
+/// of ms, a long prompt on the ring can take a minute.
+const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+const TOKEN_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+
+pub fn install() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_tokens".into()), TOKEN_BUCKETS))
+            .expect("static buckets are valid")
+            .install_recorder()
+            .expect("one metrics recorder per process");
+        describe();
+        handle
+    })
+}
+
+pub fn render() -> String {
+    install().render()
+}
+
+fn describe() {
+    describe_counter!("hearth_requests_total", "HTTP requests by endpoint and status code");
+    describe_histogram!("hearth_request_duration_seconds", Unit::Seconds, "HTTP request duration by endpoint, until the last byte of the response");
+    describe_histogram!("hearth_queue_time_seconds", Unit::Seconds, "Time a sequence waited in the queue for a slot");
+    describe_histogram!("hearth_time_to_first_token_seconds", Unit::Seconds, "From enqueue to the first sampled token");
+    describe_histogram!("hearth_time_per_output_token_seconds", Unit::Seconds, "Time between consecutive tokens of one sequence");
+    describe_counter!("hearth_prompt_tokens_total", "Prompt tokens computed (not counting reused cache)");
+    describe_counter!("hearth_prompt_cached_tokens_total", "Prompt tokens whose KV was reused from an earlier request");
+    describe_counter!("hearth_generated_tokens_total", "Tokens generated");
+    describe_counter!("hearth_cancelled_total", "Sequences cancelled because the client went away");
+    describe_gauge!("hearth_queue_size", "Sequences waiting for a slot");
+    describe_gauge!("hearth_running_sequences", "Sequences in a slot (prefilling or generating)");
+    describe_histogram!("hearth_step_tokens", "Tokens in one engine step (decode tokens plus prompt chunks)");
+    describe_histogram!("hearth_step_decode_tokens", "Decode tokens in one engine step (= sequences generating)");
+    describe_histogram!("hearth_step_duration_seconds", Unit::Seconds, "Engine step duration by phase: decode (only decode tokens) or prefill (with prompt tokens)");
+    describe_gauge!("hearth_kv_cache_usage_ratio", "Share of KV cache cells holding tokens (live and cached prefixes)");
+}
+
+pub fn request(endpoint: &'static str, status: u16, elapsed: Duration) {
+    counter!("hearth_requests_total", "endpoint" => endpoint, "status" => status.to_string()).increment(1);
+    histogram!("hearth_request_duration_seconds", "endpoint" => endpoint).record(elapsed.as_secs_f64());
+}
+
+pub fn queue_time(d: Duration) {
+    histogram!("hearth_queue_time_seconds").record(d.as_secs_f64());
+}
+
+pub fn time_to_first_token(d: Duration) {
+    histogram!("hearth_time_to_first_token_seconds").record(d.as_secs_f64());
+}
+
+pub fn time_per_output_token(d: Duration) {
+    histogram!("hearth_time_per_output_token_seconds").record(d.as_secs_f64());
+}
+
+pub fn prompt_tokens(cached: usize, computed: usize) {
+    counter!("hearth_prompt_cached_tokens_total").increment(cached as u64);
+    counter!("hearth_prompt_tokens_total").increment(computed as u64);
+}
+
+pub fn generated_token() {
+    counter!("hearth_generated_tokens_total").increment(1);
+}
+
+pub fn cancelled() {
+    counter!("hearth_cancelled_total").increment(1);
+}
+
+pub fn queue_size(n: usize) {
+    gauge!("hearth_queue_size").set(n as f64);
+}
+
+pub fn running(n: usize) {
+    gauge!("hearth_running_sequences").set(n as f64);
+}
+
+pub fn step(d: Duration, tokens: usize, decode_tokens: usize) {
+    histogram!("hearth_step_tokens").record(tokens as f64);
+    histogram!("hearth_step_decode_tokens").record(decode_tokens as f64);
+    let phase = if tokens == decode_tokens { "decode" } else { "prefill" };
+    histogram!("hearth_step_duration_seconds", "phase" => phase).record(d.as_secs_f64());
+}
+
+pub fn kv_usage(ratio: f64) {
+    gauge!("hearth_kv_cache_usage_ratio").set(ratio);
+}

@@ -1,0 +1,418 @@
+//! The OpenAI API in-process on port 0, driven over real HTTP as a client would: every
+//! endpoint, streaming parsed chunk by chunk, and every error status.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use engine::reference::argmax;
+use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
+use hearth::cli::{Cli, Command};
+use hearth::http::AppState;
+use serde_json::{json, Value};
+
+fn default_model() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+    engine::default_model::ensure_default_model(&dir).expect("fetch the default model")
+}
+
+struct Server {
+    base: String,
+    state: Arc<AppState>,
+    client: reqwest::Client,
+}
+
+async fn start(extra: &[&str]) -> Server {
+    let model = default_model();
+    let mut argv = vec!["hearth", "serve", "--port", "0", "--threads", "1", "--ctx-size", "1024"];
+    argv.extend_from_slice(extra);
+    if !extra.contains(&"--parallel") {
+        argv.extend_from_slice(&["--parallel", "4"]);
+    }
+    let model = model.to_string_lossy().into_owned();
+    argv.extend_from_slice(&["--model", &model]);
+    let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };
+    let (state, addr) = hearth::serve::build(&args).unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = hearth::http::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server { base, state, client: reqwest::Client::new() }
+}
+
+impl Server {
+    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        let r = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A streamed response as the list of its `data:` payloads.
+    async fn stream(&self, path: &str, body: Value) -> Vec<String> {
+        let r = self.client.post(format!("{}{path}", self.base)).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        let text = r.text().await.unwrap();
+        text.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).map(str::to_string).collect()
+    }
+
+    async fn get(&self, path: &str) -> reqwest::Response {
+        self.client.get(format!("{}{path}", self.base)).send().await.unwrap()
+    }
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": content}], "temperature": 0});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn assert_error(status: u16, body: &Value, want_status: u16, want_param: Option<&str>, want_code: Option<&str>) {
+    assert_eq!(status, want_status, "{body}");
+    let e = &body["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(e["type"].is_string(), "{body}");
+    if let Some(p) = want_param {
+        assert_eq!(e["param"], p, "{body}");
+    }
+    if let Some(c) = want_code {
+        assert_eq!(e["code"], c, "{body}");
+    }
+}
+
+/// hearth's own greedy continuation of a chat prompt, straight from the engine.
+fn engine_greedy(state: &AppState, content: &str, n: usize) -> String {
+    let text = state.template.render(&[json!({"role": "user", "content": content})], None, true).unwrap();
+    let prompt = state.tokenizer.tokenize(&text, true);
+    let file = Arc::new(ModelFile::open(default_model()).unwrap());
+    let cfg = StageConfig { windows: vec![0..30], n_seq: 1, n_ctx_seq: 1024, max_batch: 512, threads: 1, accel_layers: 0 };
+    let mut p = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
+    let mut logits = p.prefill(0, &prompt, 512).unwrap();
+    let mut out = Vec::new();
+    for i in 0..n {
+        let t = argmax(&logits);
+        if state.tokenizer.is_eog(t) {
+            break;
+        }
+        out.push(t);
+        logits = p.forward(&[engine::BatchToken { seq: 0, pos: (prompt.len() + i) as u32, logits: true }], &[t]).unwrap().row(0).to_vec();
+    }
+    state.tokenizer.detokenize(&out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_matches_the_engine_streams_the_same_text_and_reports_usage() {
+    let s = start(&[]).await;
+    let q = "What is the capital of France?";
+    let (status, body) = s.post("/v1/chat/completions", chat(q, json!({"max_tokens": 24}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert!(body["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert!(body["system_fingerprint"].is_string() && body["created"].is_u64());
+    let choice = &body["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["logprobs"].is_null());
+    let content = choice["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(content, engine_greedy(&s.state, q, 24), "HTTP greedy differs from the engine");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 24);
+    let prompt_tokens = body["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(body["usage"]["total_tokens"], prompt_tokens + 24);
+
+    let events = s.stream("/v1/chat/completions", chat(q, json!({"max_tokens": 24, "stream": true, "stream_options": {"include_usage": true}}))).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(streamed, content);
+    let finish: Vec<&Value> = chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).collect();
+    assert_eq!(finish.len(), 1);
+    assert_eq!(finish[0]["choices"][0]["finish_reason"], "length");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], 24);
+    // The repeated prompt was served from the prefix cache.
+    assert!(last["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() >= prompt_tokens - 1);
+    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["usage"].is_null() && c.get("usage").is_some()));
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+
+    // Without include_usage there is no usage field at all.
+    let events = s.stream("/v1/chat/completions", chat(q, json!({"max_tokens": 4, "stream": true}))).await;
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert!(first.get("usage").is_none(), "{first}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_never_leak_and_end_with_stop() {
+    let s = start(&[]).await;
+    let q = "Write a short poem about a cat who lives in a lighthouse.";
+    let full = engine_greedy(&s.state, q, 40);
+    // A stop string from the middle of the greedy answer.
+    let words: Vec<&str> = full.split_whitespace().collect();
+    let stop = format!(" {}", words[words.len() / 2]);
+    let cut = &full[..full.find(&stop).unwrap()];
+    let (status, body) = s.post("/v1/chat/completions", chat(q, json!({"max_tokens": 40, "stop": [stop.clone(), "zzzz"]}))).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"][0]["message"]["content"], cut);
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let events = s.stream("/v1/chat/completions", chat(q, json!({"max_tokens": 40, "stop": stop.clone(), "stream": true}))).await;
+    let streamed: String = events.iter().filter(|e| *e != "[DONE]").filter_map(|e| serde_json::from_str::<Value>(e).ok()).filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string)).collect();
+    assert_eq!(streamed, cut);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_logprobs_and_seeds() {
+    let s = start(&[]).await;
+    let (status, body) = s.post("/v1/chat/completions", chat("Tell me a joke.", json!({"n": 2, "temperature": 1.0, "seed": 7, "max_tokens": 8, "logprobs": true, "top_logprobs": 3}))).await;
+    assert_eq!(status, 200, "{body}");
+    let choices = body["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    assert_eq!((choices[0]["index"].as_u64(), choices[1]["index"].as_u64()), (Some(0), Some(1)));
+    let mut total = 0;
+    for c in choices {
+        let lp = c["logprobs"]["content"].as_array().unwrap();
+        assert!(!lp.is_empty());
+        total += lp.len();
+        for t in lp {
+            assert!(t["logprob"].as_f64().unwrap() <= 0.0);
+            let top = t["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+            assert!(t["bytes"].is_array());
+        }
+    }
+    assert_eq!(body["usage"]["completion_tokens"].as_u64().unwrap() as usize, total);
+    // The same seed gives the same choices again.
+    let (_, again) = s.post("/v1/chat/completions", chat("Tell me a joke.", json!({"n": 2, "temperature": 1.0, "seed": 7, "max_tokens": 8}))).await;
+    for i in 0..2 {
+        assert_eq!(again["choices"][i]["message"]["content"], body["choices"][i]["message"]["content"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_schema_output_always_validates() {
+    let s = start(&[]).await;
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}});
+    for seed in 0..3 {
+        let (status, body) = s.post("/v1/chat/completions", chat("Invent a person.", json!({"response_format": format, "temperature": 0.8, "seed": seed, "max_tokens": 80}))).await;
+        assert_eq!(status, 200, "{body}");
+        let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        assert!(v["name"].is_string() && v["age"].is_i64(), "{v}");
+        assert_eq!(v.as_object().unwrap().len(), 2);
+    }
+    // json_object: any object. A reply cut by max_tokens is an unfinished object (as with
+    // OpenAI); every reply that finished on its own must parse.
+    let mut finished = 0;
+    for seed in 0..4 {
+        let (status, body) = s.post("/v1/chat/completions", chat("Reply with a JSON object with the key \"answer\".", json!({"response_format": {"type": "json_object"}, "max_tokens": 120, "temperature": 0.7, "seed": seed}))).await;
+        assert_eq!(status, 200);
+        if body["choices"][0]["finish_reason"] == "stop" {
+            finished += 1;
+            let text = body["choices"][0]["message"]["content"].as_str().unwrap();
+            assert!(serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()), "{text}");
+        }
+    }
+    assert!(finished > 0, "no json_object reply finished within 120 tokens");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_round_trip() {
+    let s = start(&[]).await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let (status, body) = s.post("/v1/chat/completions", chat("What is the weather in Oslo?", json!({"tools": tools, "tool_choice": "required", "max_tokens": 60}))).await;
+    assert_eq!(status, 200, "{body}");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    assert!(choice["message"]["content"].is_null());
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{args}");
+
+    // Streaming delivers the same call as a tool_calls delta.
+    let events = s.stream("/v1/chat/completions", chat("What is the weather in Oslo?", json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "max_tokens": 60, "stream": true}))).await;
+    let chunks: Vec<Value> = events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert!(chunks.iter().any(|c| c["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "get_weather"), "{events:?}");
+    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+
+    // The result goes back in; the model answers in text.
+    let messages = json!([
+        {"role": "user", "content": "What is the weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": call["id"], "type": "function", "function": call["function"]}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21, \"sky\": \"clear\"}"}
+    ]);
+    let (status, body) = s.post("/v1/chat/completions", json!({"model": "", "messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 30})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()));
+    assert!(body["choices"][0]["message"].get("tool_calls").is_none_or(|t| t.is_null()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_endpoint() {
+    let s = start(&[]).await;
+    let (status, body) = s.post("/v1/completions", json!({"model": "", "prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "echo": true, "logprobs": 2})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "text_completion");
+    let c = &body["choices"][0];
+    assert!(c["text"].as_str().unwrap().starts_with("The capital of France is"));
+    assert_eq!(c["finish_reason"], "length");
+    let lp = &c["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 6);
+    assert_eq!(lp["text_offset"][0], "The capital of France is".len());
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2);
+
+    let (status, body) = s.post("/v1/completions", json!({"model": "", "prompt": ["One, two,", "Red, green,"], "max_tokens": 3, "n": 2, "temperature": 0})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["choices"].as_array().unwrap().len(), 4);
+    assert_eq!(body["choices"][0]["text"], body["choices"][1]["text"]);
+
+    let events = s.stream("/v1/completions", json!({"model": "", "prompt": "Once upon a time", "max_tokens": 5, "stream": true, "temperature": 0})).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let (_, whole) = s.post("/v1/completions", json!({"model": "", "prompt": "Once upon a time", "max_tokens": 5, "temperature": 0})).await;
+    let streamed: String = events.iter().filter_map(|e| serde_json::from_str::<Value>(e).ok()).filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string)).collect();
+    assert_eq!(streamed, whole["choices"][0]["text"].as_str().unwrap());
+
+    let (status, body) = s.post("/v1/completions", json!({"model": "", "prompt": "x", "suffix": "y"})).await;
+    assert_error(status, &body, 400, Some("suffix"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors() {
+    let s = start(&["--body-limit", "20000"]).await;
+    let url = format!("{}/v1/chat/completions", s.base);
+    for raw in ["{not json", "", "[]", "{\"model\": 3, \"messages\": []}"] {
+        let r = s.client.post(&url).header("content-type", "application/json").body(raw).send().await.unwrap();
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap();
+        assert_error(status, &body, 400, None, None);
+    }
+    let cases = [
+        (chat("hi", json!({"temperature": 3.5})), "temperature"),
+        (chat("hi", json!({"top_p": 0})), "top_p"),
+        (chat("hi", json!({"n": 0})), "n"),
+        (chat("hi", json!({"n": 9})), "n"),
+        (chat("hi", json!({"logprobs": true, "top_logprobs": 50})), "top_logprobs"),
+        (chat("hi", json!({"max_tokens": 0})), "max_tokens"),
+        (chat("hi", json!({"logit_bias": {"abc": 1}})), "logit_bias"),
+        (chat("hi", json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
+        (json!({"model": "", "messages": []}), "messages"),
+        (chat("hi", json!({"tool_choice": "required"})), "tool_choice"),
+    ];
+    for (body, param) in cases {
+        let (status, resp) = s.post("/v1/chat/completions", body).await;
+        assert_error(status, &resp, 400, Some(param), None);
+    }
+    let (status, body) = s.post("/v1/chat/completions", chat("hi", json!({"logit_bias": {"999999": 5}}))).await;
+    assert_error(status, &body, 400, None, None);
+    let (status, body) = s.post("/v1/chat/completions", chat("hi", json!({"model": "gpt-4"}))).await;
+    assert_error(status, &body, 400, Some("model"), Some("model_not_found"));
+    let long = "word ".repeat(1500);
+    let (status, body) = s.post("/v1/chat/completions", chat(&long, json!({}))).await;
+    assert_error(status, &body, 400, None, Some("context_length_exceeded"));
+    let huge = "x".repeat(30_000);
+    let (status, body) = s.post("/v1/chat/completions", chat(&huge, json!({}))).await;
+    assert_error(status, &body, 413, None, None);
+    let r = s.get("/v2/nothing").await;
+    assert_eq!(r.status(), 404);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["error"]["message"].as_str().unwrap().contains("/v2/nothing"));
+    // The server is still fine.
+    assert_eq!(s.get("/health").await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_guards_the_api_but_not_health() {
+    let s = start(&["--api-key", "sekrit"]).await;
+    let r = s.client.get(format!("{}/v1/models", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "invalid_api_key");
+    let r = s.client.get(format!("{}/v1/models", s.base)).bearer_auth("wrong").send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = s.client.get(format!("{}/v1/models", s.base)).bearer_auth("sekrit").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["object"], "list");
+    assert_eq!(body["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(body["data"][0]["object"], "model");
+    assert_eq!(s.get("/health").await.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_models_openapi_and_metrics() {
+    let s = start(&[]).await;
+    let h: Value = s.get("/health").await.json().await.unwrap();
+    assert_eq!(h["status"], "ok");
+    let m: Value = s.get("/v1/models/SmolLM2-135M-Instruct.Q4_1").await.json().await.unwrap();
+    assert_eq!(m["id"], "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(s.get("/v1/models/nope").await.status(), 400);
+    let spec = s.get("/openapi.json").await.text().await.unwrap();
+    assert_eq!(spec, openapi::spec_json());
+    let (status, _) = s.post("/v1/chat/completions", chat("hi", json!({"max_tokens": 3}))).await;
+    assert_eq!(status, 200);
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    for name in [
+        "hearth_requests_total",
+        "hearth_request_duration_seconds",
+        "hearth_queue_time_seconds",
+        "hearth_time_to_first_token_seconds",
+        "hearth_generated_tokens_total",
+        "hearth_prompt_tokens_total",
+        "hearth_step_duration_seconds",
+        "hearth_step_tokens",
+        "hearth_kv_cache_usage_ratio",
+        "hearth_running_sequences",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    assert!(metrics.contains("# HELP hearth_generated_tokens_total"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_steps_and_match_running_alone() {
+    let s = start(&[]).await;
+    let qs = ["Name a fruit.", "Name a colour.", "Name an animal.", "Name a country."];
+    let alone: Vec<String> = qs.iter().map(|q| engine_greedy(&s.state, q, 16)).collect();
+    let futs = qs.iter().map(|q| s.post("/v1/chat/completions", chat(q, json!({"max_tokens": 16}))));
+    let results = futures::future::join_all(futs).await;
+    for (i, (status, body)) in results.iter().enumerate() {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(body["choices"][0]["message"]["content"], alone[i], "request {i} changed when batched with others");
+    }
+    // Batches really held several sequences: some step had more than one decode token.
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    let multi = metrics.lines().filter(|l| l.starts_with("hearth_step_decode_tokens_bucket{le=\"1\"}")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).next().unwrap();
+    let count = metrics.lines().filter(|l| l.starts_with("hearth_step_decode_tokens_count")).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).next().unwrap();
+    assert!(count > multi, "no step decoded more than one sequence");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_is_429_and_a_vanished_client_frees_its_slot() {
+    let s = start(&["--parallel", "1", "--queue-size", "1"]).await;
+    let long = chat("Write a very long story about the sea.", json!({"max_tokens": 600, "stream": true, "temperature": 1.0, "seed": 1}));
+    let mut first = s.client.post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
+    assert_eq!(first.status(), 200);
+    first.chunk().await.unwrap();
+    // One waits in the queue, the next is refused.
+    let client = s.client.clone();
+    let url = format!("{}/v1/chat/completions", s.base);
+    let queued = tokio::spawn(async move { client.post(url).json(&chat("hi", json!({"max_tokens": 2}))).send().await.unwrap().status().as_u16() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = s.client.post(format!("{}/v1/chat/completions", s.base)).json(&chat("hi", json!({"max_tokens": 2}))).send().await.unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body: Value = r.json().await.unwrap();
+    assert_error(429, &body, 429, None, None);
+    // The streaming client goes away: its slot frees at once and the queued one runs.
+    drop(first);
+    let status = tokio::time::timeout(Duration::from_secs(20), queued).await.expect("the queued request ran").unwrap();
+    assert_eq!(status, 200);
+    let metrics = s.get("/metrics").await.text().await.unwrap();
+    assert!(metrics.lines().any(|l| l.starts_with("hearth_cancelled_total") && !l.ends_with(" 0")), "{metrics}");
+}
