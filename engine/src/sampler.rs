@@ -59,6 +59,10 @@ impl SamplingParams {
 pub struct Sampler {
     chain: LlamaSampler,
     n_vocab: usize,
+    /// When the chain's first step is top-k (nothing before it reads the whole
+    /// distribution), only the k best logits are handed to llama.cpp: the same result
+    /// without copying and sorting the whole vocabulary every token.
+    prefilter: Option<usize>,
 }
 
 // SAFETY: a llama sampler is plain heap state used by one thread at a time.
@@ -97,7 +101,17 @@ impl Sampler {
             chain.push(LlamaSampler::temp(p.temperature));
             chain.push(LlamaSampler::dist(p.seed));
         }
-        Ok(Sampler { chain: LlamaSampler::chain_simple(chain), n_vocab })
+        let plain = p.logit_bias.is_empty() && p.grammar.is_none() && p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
+        let prefilter = if !plain {
+            None
+        } else if p.temperature <= 0.0 {
+            Some(1)
+        } else if p.top_k > 0 {
+            Some(p.top_k as usize)
+        } else {
+            None
+        };
+        Ok(Sampler { chain: LlamaSampler::chain_simple(chain), n_vocab, prefilter })
     }
 
     /// Picks the next token from one row of logits and records it (penalties, grammar).
@@ -105,7 +119,13 @@ impl Sampler {
         if logits.len() != self.n_vocab {
             return Err(Error::Sampler(format!("{} logits for a vocabulary of {}", logits.len(), self.n_vocab)));
         }
-        let mut arr = LlamaTokenDataArray::from_iter(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false);
+        let mut arr = match self.prefilter {
+            Some(k) if k < logits.len() => {
+                let top = top_k(logits, k);
+                LlamaTokenDataArray::from_iter(top.into_iter().map(|(i, l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false)
+            }
+            _ => LlamaTokenDataArray::from_iter(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false),
+        };
         self.chain.apply(&mut arr);
         let tok = arr.selected_token().ok_or_else(|| Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()))?;
         self.chain.accept(tok);
@@ -116,4 +136,18 @@ impl Sampler {
 /// GBNF for JSON following `schema` (JSON Schema as text), by llama.cpp's converter.
 pub fn json_schema_grammar(schema: &str) -> Result<String> {
     llama_cpp_2::json_schema_to_grammar(schema).map_err(|e| Error::Sampler(format!("cannot turn the JSON schema into a grammar: {e}")))
+}
+
+/// The `k` largest logits, best first; ties keep the lower token id first, as llama.cpp's
+/// top-k (a stable sort by logit) does.
+fn top_k(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut top: Vec<(usize, f32)> = Vec::with_capacity(k + 1);
+    for (i, &l) in logits.iter().enumerate() {
+        if top.len() < k || l > top[top.len() - 1].1 {
+            let at = top.partition_point(|&(_, x)| x >= l);
+            top.insert(at, (i, l));
+            top.truncate(k);
+        }
+    }
+    top
 }

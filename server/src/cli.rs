@@ -18,8 +18,29 @@ pub enum Command {
     Serve(ServeArgs),
     /// Benchmark hearth's engine against llama.cpp on the same GGUF, side by side.
     Bench(BenchArgs),
+    /// Load-test the HTTP API: 1, 4 and 8 concurrent streaming clients against an
+    /// in-process server; prints tokens/s, TTFT and TPOT.
+    BenchServe(BenchServeArgs),
     /// Download the default model into the models folder (idempotent, SHA-256 checked).
     FetchModel(FetchArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchServeArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Engine threads (default: all cores).
+    #[arg(long, env = "HEARTH_THREADS")]
+    pub threads: Option<usize>,
+    /// Concurrent clients per level.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    pub clients: Vec<usize>,
+    /// Requests each client sends, one after another.
+    #[arg(long, default_value_t = 3)]
+    pub requests: usize,
+    /// Tokens per request.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
 }
 
 #[derive(Args, Debug, Clone)]

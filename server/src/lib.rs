@@ -5,6 +5,7 @@
 //! in-process.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod cli;
 pub mod generation;
 pub mod http;

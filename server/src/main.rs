@@ -1,7 +1,7 @@
 //! The `hearth` command: parses the CLI and runs a role (see the library for the parts).
 
 use clap::Parser;
-use hearth::{bench, cli, serve};
+use hearth::{bench, bench_serve, cli, serve};
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
@@ -12,6 +12,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(args),
         cli::Command::Bench(args) => bench::run(args),
+        cli::Command::BenchServe(args) => bench_serve::run(args),
         cli::Command::FetchModel(args) => cli::fetch_model(args),
     };
     match result {

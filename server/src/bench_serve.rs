@@ -1,0 +1,170 @@
+//! `hearth bench-serve`: load on the HTTP API. Starts the server in-process, then runs
+//! 1, 4 and 8 (by default) concurrent streaming clients and prints aggregate generated
+//! tokens/s, time to first token and time per output token (p50/p99) per level, next to
+//! the engine's own single-sequence decode time measured in the same run.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::reference::argmax;
+use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
+use futures::StreamExt;
+use serde_json::{json, Value};
+
+use crate::cli::{BenchServeArgs, ServeArgs};
+
+/// One streamed request's timings.
+struct Sample {
+    ttft: Duration,
+    tpot: Option<Duration>,
+    tokens: usize,
+}
+
+pub fn run(args: BenchServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let path = args.model.resolve()?;
+    let threads = args.threads.unwrap_or_else(engine::stage::default_threads);
+    let levels: Vec<usize> = args.clients.clone();
+    let parallel = levels.iter().copied().max().unwrap_or(1);
+    let engine_one = engine_decode_rate(&path, threads, args.max_tokens, 1)?;
+    let engine_all = engine_decode_rate(&path, threads, args.max_tokens, parallel)?;
+    let engine_tpot = Duration::from_secs_f64(1.0 / engine_one);
+    let serve = ServeArgs {
+        model: crate::cli::ModelArg { model: Some(path.clone()) },
+        host: "127.0.0.1".into(),
+        port: 0,
+        threads: Some(threads),
+        ctx_size: 1024,
+        parallel,
+        queue_size: 64,
+        max_batch: 512,
+        body_limit: 1 << 20,
+        api_key: None,
+        model_alias: None,
+    };
+    let rt = crate::serve::http_runtime()?;
+    rt.block_on(async move {
+        let (state, addr) = crate::serve::build(&serve)?;
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
+        tokio::spawn(async move { axum::serve(listener, crate::http::router(state)).await });
+        let client = reqwest::Client::new();
+        println!("model: {}, threads: {threads}, {} tokens per request, {} requests per client", path.display(), args.max_tokens, args.requests);
+        println!("engine alone (no HTTP): 1 sequence {engine_one:.1} tokens/s ({:.2} ms/token); {parallel} sequences batched {engine_all:.1} tokens/s ({:.2}x)", engine_tpot.as_secs_f64() * 1e3, engine_all / engine_one);
+        println!();
+        println!("| clients | tokens/s | x 1 client | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | TPOT p50 / engine |");
+        println!("|--------:|---------:|-----------:|------------:|------------:|------------:|------------:|------------------:|");
+        let mut single = None;
+        for &c in &levels {
+            let start = Instant::now();
+            let tasks: Vec<_> = (0..c)
+                .map(|i| {
+                    let (client, url) = (client.clone(), url.clone());
+                    let (n, max_tokens) = (args.requests, args.max_tokens);
+                    tokio::spawn(async move {
+                        let mut out = Vec::new();
+                        for r in 0..n {
+                            out.push(one_request(&client, &url, (i * 1000 + r) as u64, max_tokens).await?);
+                        }
+                        Ok::<_, String>(out)
+                    })
+                })
+                .collect();
+            let mut samples = Vec::new();
+            for t in tasks {
+                samples.extend(t.await.map_err(|e| e.to_string())??);
+            }
+            let wall = start.elapsed().as_secs_f64();
+            let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+            let tps = tokens as f64 / wall;
+            let base = *single.get_or_insert(tps);
+            let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
+            let mut tpot: Vec<f64> = samples.iter().filter_map(|s| s.tpot).map(|d| d.as_secs_f64() * 1e3).collect();
+            let tpot50 = percentile(&mut tpot, 0.5);
+            println!(
+                "| {c:>7} | {tps:>8.1} | {:>9.2}x | {:>11.1} | {:>11.1} | {:>11.2} | {:>11.2} | {:>16.3}x |",
+                tps / base,
+                percentile(&mut ttft, 0.5),
+                percentile(&mut ttft, 0.99),
+                tpot50,
+                percentile(&mut tpot, 0.99),
+                tpot50 / (engine_tpot.as_secs_f64() * 1e3)
+            );
+        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
+async fn one_request(client: &reqwest::Client, url: &str, seed: u64, max_tokens: usize) -> Result<Sample, String> {
+    let body = json!({
+        "model": "",
+        "messages": [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea."}],
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "seed": seed,
+        "stream": true,
+        "stream_options": {"include_usage": true}
+    });
+    let sent = Instant::now();
+    let resp = client.post(url).json(&body).send().await.map_err(|e| e.to_string())?;
+    if !resp.status().is_success() {
+        return Err(format!("HTTP {}", resp.status()));
+    }
+    let mut stream = resp.bytes_stream();
+    let (mut first, mut last, mut tokens, mut buf) = (None, None, 0usize, String::new());
+    while let Some(chunk) = stream.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| e.to_string())?));
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            let Some(data) = event.trim().strip_prefix("data: ") else { continue };
+            let Ok(v) = serde_json::from_str::<Value>(data) else { continue };
+            if v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty()) {
+                let now = Instant::now();
+                first.get_or_insert(now);
+                last = Some(now);
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                tokens = n as usize;
+            }
+        }
+    }
+    let first = first.ok_or("no content came back")?;
+    let tpot = match (last, tokens) {
+        (Some(l), n) if n > 1 => Some((l - first) / (n as u32 - 1)),
+        _ => None,
+    };
+    Ok(Sample { ttft: first - sent, tpot, tokens })
+}
+
+/// Decode throughput of the bare engine (no HTTP, greedy argmax) with `n_seq` sequences
+/// decoding together, one token each per step after a short prompt: tokens/s over all
+/// sequences. The best of three runs.
+fn engine_decode_rate(path: &std::path::Path, threads: usize, n: usize, n_seq: usize) -> Result<f64, engine::Error> {
+    let file = Arc::new(ModelFile::open(path)?);
+    let cfg = StageConfig { windows: vec![0..file.spec.n_layer], n_seq, n_ctx_seq: 1024, max_batch: 512, threads, accel_layers: 0 };
+    let mut p = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
+    let prompt: Vec<i32> = (0..40).map(|i| 100 + i).collect();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let mut toks = Vec::new();
+        for s in 0..n_seq as u64 {
+            p.clear_sequence(s);
+            toks.push(argmax(&p.prefill(s, &prompt, 512)?));
+        }
+        let t0 = Instant::now();
+        for i in 0..n {
+            let batch: Vec<BatchToken> = (0..n_seq as u64).map(|s| BatchToken { seq: s, pos: (prompt.len() + i) as u32, logits: true }).collect();
+            let l = p.forward(&batch, &toks)?;
+            toks = (0..n_seq).map(|k| argmax(l.row(k))).collect();
+        }
+        best = best.max((n * n_seq) as f64 / t0.elapsed().as_secs_f64());
+    }
+    Ok(best)
+}
+
+fn percentile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
