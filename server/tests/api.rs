@@ -1,7 +1,8 @@
 //! The OpenAI API in-process on port 0, driven over real HTTP as a client would: every
 //! endpoint, streaming parsed chunk by chunk, and every error status.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +13,6 @@ use hearth::cli::{Cli, Command};
 use hearth::http::AppState;
 use serde_json::{json, Value};
 
-fn default_model() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-    engine::default_model::ensure_default_model(&dir).expect("fetch the default model")
-}
-
 struct Server {
     base: String,
     state: Arc<AppState>,
@@ -24,7 +20,7 @@ struct Server {
 }
 
 async fn start(extra: &[&str]) -> Server {
-    let model = default_model();
+    let model = common::default_model();
     let mut argv = vec!["hearth", "serve", "--port", "0", "--threads", "1", "--ctx-size", "1024"];
     argv.extend_from_slice(extra);
     if !extra.contains(&"--parallel") {
@@ -87,7 +83,7 @@ fn assert_error(status: u16, body: &Value, want_status: u16, want_param: Option<
 fn engine_greedy(state: &AppState, content: &str, n: usize) -> String {
     let text = state.template.render(&[json!({"role": "user", "content": content})], None, true).unwrap();
     let prompt = state.tokenizer.tokenize(&text, true);
-    let file = Arc::new(ModelFile::open(default_model()).unwrap());
+    let file = Arc::new(ModelFile::open(common::default_model()).unwrap());
     let cfg = StageConfig { windows: vec![0..30], n_seq: 1, n_ctx_seq: 1024, max_batch: 512, threads: 1, accel_layers: 0 };
     let mut p = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
     let mut logits = p.prefill(0, &prompt, 512).unwrap();

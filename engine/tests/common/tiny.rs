@@ -64,7 +64,7 @@ pub fn write(spec: &TinySpec, dir: &Path, seed: u64) -> PathBuf {
     let e = spec.n_embd;
     let hd = e / spec.n_head as u64;
     let (q, kv, ff) = (e, hd * spec.n_head_kv as u64, spec.n_ff);
-    let mut mat = |w: &mut GgufWriter, rng: &mut StdRng, name: String, rows_in: u64, rows_out: u64| {
+    let mat = |w: &mut GgufWriter, rng: &mut StdRng, name: String, rows_in: u64, rows_out: u64| {
         let scale = 1.0 / (rows_in as f32).sqrt();
         let data = random(rng, (rows_in * rows_out) as usize, 0.0, scale * 1.7);
         w.add_tensor(name, GgmlType::F16, &[rows_in, rows_out], f16_bytes(&data)).unwrap();

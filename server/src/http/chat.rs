@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::sampler::{Sampler, SamplingParams};
+use engine::sampler::Sampler;
 use futures::StreamExt;
 use openapi::{
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCall,
@@ -16,7 +16,7 @@ use openapi::{
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, now_secs, Choice, GenSpec};
+use super::generate::{self, finish_reason, now_secs, Choice, GenSpec, SamplingFields};
 use super::json::ApiJson;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
@@ -39,7 +39,19 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
         }
         _ => None,
     };
-    let sampling = sampling_params(&req, grammar)?;
+    let sampling = generate::sampling_params(
+        SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            repeat_penalty: req.repeat_penalty,
+            frequency_penalty: req.frequency_penalty,
+            presence_penalty: req.presence_penalty,
+            logit_bias: req.logit_bias.as_ref(),
+        },
+        grammar,
+    )?;
     // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
     // a failure inside the batching loop.
     Sampler::new(&state.tokenizer, &sampling)?;
@@ -135,35 +147,6 @@ fn template_messages(messages: &[ChatMessage], tool_use: Option<&ToolUse>, templ
         }
     }
     out
-}
-
-/// Unset OpenAI parameters take OpenAI's defaults (temperature 1, top_p 1); hearth's
-/// extensions take llama-server's (top_k 40, min_p 0.05), which keep small models on track.
-fn sampling_params(req: &ChatCompletionRequest, grammar: Option<String>) -> Result<SamplingParams, ApiError> {
-    Ok(SamplingParams {
-        temperature: req.temperature.unwrap_or(1.0),
-        top_k: req.top_k.unwrap_or(40),
-        top_p: req.top_p.unwrap_or(1.0),
-        min_p: req.min_p.unwrap_or(0.05),
-        repeat_penalty: req.repeat_penalty.unwrap_or(1.0),
-        repeat_last_n: 64,
-        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-        presence_penalty: req.presence_penalty.unwrap_or(0.0),
-        seed: 0,
-        logit_bias: parse_logit_bias(req.logit_bias.as_ref())?,
-        grammar,
-    })
-}
-
-pub fn parse_logit_bias(bias: Option<&std::collections::BTreeMap<String, f32>>) -> Result<Vec<(i32, f32)>, ApiError> {
-    let Some(bias) = bias else { return Ok(Vec::new()) };
-    bias.iter()
-        .map(|(k, &v)| {
-            k.parse::<i32>()
-                .map(|t| (t, v))
-                .map_err(|_| ApiError::InvalidParameter { param: Some("logit_bias".into()), message: format!("logit_bias key `{k}` is not a token id") })
-        })
-        .collect()
 }
 
 fn logprobs_of(tokens: &[TokenInfo]) -> ChoiceLogprobs {

@@ -8,13 +8,12 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::sampler::{Sampler, SamplingParams};
+use engine::sampler::Sampler;
 use futures::StreamExt;
 use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, PromptTokensDetails, Usage};
 
-use super::chat::parse_logit_bias;
 use super::error::ApiError;
-use super::generate::{self, finish_reason, now_secs, GenSpec};
+use super::generate::{self, finish_reason, now_secs, GenSpec, SamplingFields};
 use super::json::ApiJson;
 use super::{check_model, AppState};
 use crate::generation::{Event, TokenInfo};
@@ -22,19 +21,19 @@ use crate::generation::{Event, TokenInfo};
 pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     req.validate(&state.limits)?;
     check_model(&state, &req.model)?;
-    let sampling = SamplingParams {
-        temperature: req.temperature.unwrap_or(1.0),
-        top_k: req.top_k.unwrap_or(40),
-        top_p: req.top_p.unwrap_or(1.0),
-        min_p: req.min_p.unwrap_or(0.05),
-        repeat_penalty: req.repeat_penalty.unwrap_or(1.0),
-        repeat_last_n: 64,
-        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
-        presence_penalty: req.presence_penalty.unwrap_or(0.0),
-        seed: 0,
-        logit_bias: parse_logit_bias(req.logit_bias.as_ref())?,
-        grammar: None,
-    };
+    let sampling = generate::sampling_params(
+        SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            repeat_penalty: req.repeat_penalty,
+            frequency_penalty: req.frequency_penalty,
+            presence_penalty: req.presence_penalty,
+            logit_bias: req.logit_bias.as_ref(),
+        },
+        None,
+    )?;
     Sampler::new(&state.tokenizer, &sampling)?;
     let n_vocab = state.tokenizer.n_vocab();
     let mut prompts: Vec<(Vec<i32>, String)> = Vec::new();

@@ -13,6 +13,41 @@ use super::error::ApiError;
 use super::AppState;
 use crate::generation::{Event, Finish, GenerationRequest, SubmitError, TokenInfo};
 
+/// The sampling fields chat and text completions share, as sent.
+pub struct SamplingFields<'a> {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub logit_bias: Option<&'a std::collections::BTreeMap<String, f32>>,
+}
+
+/// Unset OpenAI parameters take OpenAI's defaults (temperature 1, top_p 1); hearth's
+/// extensions take llama-server's (top_k 40, min_p 0.05), which keep small models on
+/// track. The seed is set per choice.
+pub fn sampling_params(f: SamplingFields, grammar: Option<String>) -> Result<SamplingParams, ApiError> {
+    let logit_bias = match f.logit_bias {
+        Some(b) => openapi::parse_logit_bias(b)?.into_iter().map(|(t, v)| (t.min(i32::MAX as u32) as i32, v)).collect(),
+        None => Vec::new(),
+    };
+    Ok(SamplingParams {
+        temperature: f.temperature.unwrap_or(1.0),
+        top_k: f.top_k.unwrap_or(40),
+        top_p: f.top_p.unwrap_or(1.0),
+        min_p: f.min_p.unwrap_or(0.05),
+        repeat_penalty: f.repeat_penalty.unwrap_or(1.0),
+        repeat_last_n: 64,
+        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        seed: 0,
+        logit_bias,
+        grammar,
+    })
+}
+
 /// What every choice of one request shares.
 pub struct GenSpec {
     pub id: String,

@@ -1,0 +1,66 @@
+//! Shared by the server's process-level tests: the default model, and `hearth serve`
+//! started as a child process on a free port.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+pub fn default_model() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+    engine::default_model::ensure_default_model(&dir).expect("fetch the default model")
+}
+
+/// A running `hearth serve`; killed if the test fails before stopping it.
+pub struct Served {
+    pub child: Child,
+    /// host:port
+    pub addr: String,
+}
+
+impl Served {
+    /// Starts `hearth serve --port 0 ARGS --model <default>` and waits for its address.
+    pub fn start(args: &[&str]) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .arg("--model")
+            .arg(default_model())
+            .env("HEARTH_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = loop {
+            let Some(line) = lines.next() else {
+                let _ = child.kill();
+                panic!("hearth serve exited before listening");
+            };
+            if let Some(rest) = line.unwrap().split("listening on http://").nth(1) {
+                break rest.trim().to_string();
+            }
+        };
+        // Keep draining the log so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Served { child, addr }
+    }
+
+    /// Sends SIGTERM (a user's Ctrl-C or `docker stop`).
+    pub fn terminate(&self) {
+        // SAFETY: plain kill(2) on our own child.
+        assert_eq!(unsafe { kill(self.child.id() as i32, SIGTERM) }, 0);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const SIGTERM: i32 = 15;
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
