@@ -7,6 +7,39 @@ use crate::reference::argmax;
 use crate::stage::{BatchToken, Logits, Stage, StageInput, StageOutput};
 use crate::{Error, Result};
 
+/// All layers of the model behind one call: what the batching loop drives. The local
+/// pipeline runs every window on this machine; the ring coordinator (a later issue)
+/// implements the same trait with some windows on other devices.
+pub trait Pipeline: Send {
+    /// Runs `batch` (token ids in `tokens`) through every layer; returns the logits of the
+    /// tokens that asked for them. On error no window keeps any of the batch.
+    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits>;
+    /// Forgets a sequence everywhere.
+    fn clear_sequence(&mut self, seq: SeqId);
+    /// Keeps positions [0, len) of a sequence everywhere.
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize);
+    /// Context cells per sequence.
+    fn n_ctx_seq(&self) -> usize;
+}
+
+impl Pipeline for LocalPipeline {
+    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
+        LocalPipeline::forward(self, batch, tokens)
+    }
+
+    fn clear_sequence(&mut self, seq: SeqId) {
+        LocalPipeline::clear_sequence(self, seq)
+    }
+
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+        LocalPipeline::truncate_sequence(self, seq, len)
+    }
+
+    fn n_ctx_seq(&self) -> usize {
+        self.stages.first().map_or(0, |s| s.n_ctx_seq())
+    }
+}
+
 pub struct LocalPipeline {
     stages: Vec<Stage>,
     /// (stage, window) in layer order.

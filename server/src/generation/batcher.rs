@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use engine::sampler::Sampler;
 use engine::tokenizer::{TextStream, Tokenizer};
-use engine::{BatchToken, LocalPipeline};
+use engine::{BatchToken, Pipeline};
 
 use super::logprobs::logprobs;
 use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
@@ -48,11 +48,11 @@ pub struct Batcher {
 const IDLE_POLL: Duration = Duration::from_millis(100);
 
 impl Batcher {
-    pub fn start(pipeline: LocalPipeline, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig) -> Batcher {
+    pub fn start(pipeline: Box<dyn Pipeline>, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig) -> Batcher {
         let (tx, rx) = sync_channel(cfg.queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let shutting_down = Arc::new(AtomicBool::new(false));
-        let n_ctx = pipeline.stages().first().map_or(0, |s| s.n_ctx_seq());
+        let n_ctx = pipeline.n_ctx_seq();
         let parallel = cfg.parallel;
         let mut lp = Loop {
             pipeline,
@@ -131,7 +131,7 @@ struct Active {
 }
 
 struct Loop {
-    pipeline: LocalPipeline,
+    pipeline: Box<dyn Pipeline>,
     tokenizer: Arc<Tokenizer>,
     slots: Vec<Slot>,
     rx: Receiver<GenerationRequest>,
