@@ -19,6 +19,7 @@ pub mod model;
 pub mod model_file;
 pub mod pipeline;
 pub mod reference;
+pub mod residency;
 pub mod sampler;
 pub mod stage;
 pub mod tokenizer;

@@ -164,3 +164,28 @@ fn accelerator_layers_need_an_accelerator_build() {
     let err = Stage::new(file, cfg).err().expect("no GPU backend in the default build");
     assert!(err.to_string().contains("--features cuda"), "{err}");
 }
+
+#[test]
+fn windows_can_be_released_measured_and_prefetched() {
+    use engine::residency::Prefetch;
+    // A private copy, so no other test's mapping keeps its pages in the page cache.
+    let dir = std::env::temp_dir().join(format!("hearth-resident-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.gguf");
+    std::fs::copy(common::default_model(), &path).unwrap();
+    // Freshly written pages are dirty and the kernel will not drop them until written back.
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let ranges = file.layer_byte_ranges(10..20);
+    let total: usize = ranges.iter().map(|r| r.len()).sum();
+    // Ten of thirty layers of ~2.2 MB each, page-rounded.
+    assert!((21_000_000..23_500_000).contains(&total), "{total}");
+    file.release(&ranges);
+    let after_release = file.resident_bytes(&ranges);
+    Prefetch::start(file.clone(), ranges.clone()).wait();
+    let after_prefetch = file.resident_bytes(&ranges);
+    eprintln!("window 10..20: {total} bytes, resident after release {after_release}, after prefetch {after_prefetch}");
+    assert!(after_release < total / 2, "release left {after_release} of {total} bytes resident");
+    assert_eq!(after_prefetch, total, "prefetch left pages out");
+    std::fs::remove_dir_all(&dir).ok();
+}
