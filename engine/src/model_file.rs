@@ -19,3 +19,28 @@ impl ModelFile {
         Ok(ModelFile { gguf, spec })
     }
 }
+
+/// Bytes sampled from each end of every tensor for the fingerprint: enough to tell two
+/// files with equal headers apart (a re-quantisation, other random weights) while reading
+/// only two pages per tensor.
+const FINGERPRINT_SAMPLE: usize = 4096;
+
+impl ModelFile {
+    /// A content fingerprint (SHA-256, hex) that ring members compare at the handshake so
+    /// every device runs the same model: the file length, the whole header and the first
+    /// and last bytes of each tensor.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let bytes = self.gguf.bytes();
+        let mut h = Sha256::new();
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes[..(self.gguf.data_offset() as usize).min(bytes.len())]);
+        for t in self.gguf.meta().tensors() {
+            let data = self.gguf.tensor_bytes(t);
+            let n = data.len().min(FINGERPRINT_SAMPLE);
+            h.update(&data[..n]);
+            h.update(&data[data.len() - n..]);
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    }
+}

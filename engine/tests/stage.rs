@@ -189,3 +189,28 @@ fn windows_can_be_released_measured_and_prefetched() {
     assert_eq!(after_prefetch, total, "prefetch left pages out");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn fingerprints_tell_models_apart() {
+    use engine::gguf::{GgufFile, GgufWriter};
+    let real = ModelFile::open(common::default_model()).unwrap();
+    let fp = real.fingerprint();
+    assert_eq!(fp.len(), 64);
+    assert_eq!(fp, ModelFile::open(common::default_model()).unwrap().fingerprint(), "deterministic");
+    // Same header, one tensor's first byte changed: a different model.
+    let dir = std::env::temp_dir().join(format!("hearth-fp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = GgufFile::open(common::default_model()).unwrap();
+    let mut w = GgufWriter::from_meta(src.meta());
+    for (i, t) in src.tensors().iter().enumerate() {
+        let mut data = src.tensor_bytes(t).to_vec();
+        if i == 100 {
+            data[0] ^= 1;
+        }
+        w.add_tensor(t.name.clone(), t.ty, &t.dims, data).unwrap();
+    }
+    let p = dir.join("changed.gguf");
+    w.write_to(&p).unwrap();
+    assert_ne!(ModelFile::open(&p).unwrap().fingerprint(), fp);
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -3,4 +3,9 @@
 //! out), by solving integer programs with HiGHS over prima.cpp's latency model.
 //!
 //! Pure and synchronous: plain data in, plan out; no I/O, no engine, no network.
-//! (Filled in by the scheduler issue.)
+//! So far it holds the plan itself and the hand-made plans (`--windows`); the profiles,
+//! the cost model and the solver come with the scheduler issue.
+
+mod plan;
+
+pub use plan::{DevicePlan, Plan, PlanError};
