@@ -77,7 +77,7 @@ pub struct StageConfig {
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: vec![0..spec.n_layer], n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0 }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0 }
     }
 }
 

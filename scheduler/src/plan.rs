@@ -60,7 +60,7 @@ impl Plan {
             return Err(PlanError::NoDevices);
         }
         let window_sum = self.window_sum();
-        if window_sum == 0 || self.n_layer % window_sum != 0 {
+        if window_sum == 0 || !self.n_layer.is_multiple_of(window_sum) {
             return Err(PlanError::NotWholeRounds { window_sum, n_layer: self.n_layer });
         }
         for (i, d) in self.devices.iter().enumerate() {

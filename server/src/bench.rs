@@ -25,14 +25,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     let file = Arc::new(ModelFile::open(&path)?);
     let spec = file.spec.clone();
-    let cfg = StageConfig {
-        windows: vec![0..spec.n_layer],
-        n_seq: 1,
-        n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train),
-        max_batch: prompt.len(),
-        threads: args.threads,
-        accel_layers: 0,
-    };
+    let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, ..StageConfig::whole(&spec) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
     let reference = Reference::load(&path, args.threads)?;
 

@@ -140,7 +140,7 @@ async fn one_request(client: &reqwest::Client, url: &str, seed: u64, max_tokens:
 /// sequences. The best of three runs.
 fn engine_decode_rate(path: &std::path::Path, threads: usize, n: usize, n_seq: usize) -> Result<f64, engine::Error> {
     let file = Arc::new(ModelFile::open(path)?);
-    let cfg = StageConfig { windows: vec![0..file.spec.n_layer], n_seq, n_ctx_seq: 1024, max_batch: 512, threads, accel_layers: 0 };
+    let cfg = StageConfig { n_seq, n_ctx_seq: 1024, threads, ..StageConfig::whole(&file.spec) };
     let mut p = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
     let prompt: Vec<i32> = (0..40).map(|i| 100 + i).collect();
     let mut best = 0f64;

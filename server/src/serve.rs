@@ -36,12 +36,11 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let parallel = args.parallel.max(1);
     let max_batch = args.max_batch.max(parallel);
     let cfg = StageConfig {
-        windows: vec![0..spec.n_layer],
         n_seq: parallel,
         n_ctx_seq: args.ctx_size.max(16),
         max_batch,
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
-        accel_layers: 0,
+        ..StageConfig::whole(&spec)
     };
     let pipeline = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
     let tokenizer = Arc::new(Tokenizer::load(&path)?);

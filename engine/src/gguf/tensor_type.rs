@@ -90,7 +90,7 @@ impl GgmlType {
     /// Bytes of a row of `n` elements; None if `n` is not a whole number of blocks
     /// (ggml cannot address a partial block) or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.type_size())
