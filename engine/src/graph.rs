@@ -29,6 +29,10 @@ pub struct GroupPlan {
 
 pub struct GraphShape<'a> {
     pub layers: Range<usize>,
+    /// The input is token ids (embedding lookup first), not hidden states.
+    pub embed: bool,
+    /// The window ends with output norm + LM head and returns logits.
+    pub logits: bool,
     pub n_tokens: usize,
     pub groups: &'a [GroupPlan],
     /// Rows whose logits are wanted; only read when the window ends the model.
@@ -40,8 +44,9 @@ pub struct BuiltGraph {
     pub graph: *mut sys::ggml_cgraph,
     pub tokens: Option<T>,
     pub embd: Option<T>,
-    pub pos: T,
-    pub cells: T,
+    /// Positions and KV cells; absent in a window without layers.
+    pub pos: Option<T>,
+    pub cells: Option<T>,
     pub masks: Vec<T>,
     pub out_ids: Option<T>,
     pub attn_scale: Option<T>,
@@ -61,8 +66,9 @@ pub fn max_nodes(n_layers: usize, n_groups: usize) -> usize {
 /// by `w` and `cache` is alive and allocated.
 pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, cache: &KvCache, shape: &GraphShape, graph_size: usize) -> BuiltGraph {
     let n_tok = shape.n_tokens as i64;
-    let first = shape.layers.start == 0;
-    let last = shape.layers.end == spec.n_layer;
+    let first = shape.embed;
+    let last = shape.logits;
+    let has_layers = !shape.layers.is_empty();
     let (hd, n_head, n_head_kv) = (spec.head_dim as i64, spec.n_head as i64, spec.n_head_kv as i64);
     let n_embd_kv = spec.n_embd_kv() as i64;
     let rope = spec.rope;
@@ -74,8 +80,10 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         t
     };
 
-    let pos = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok));
-    let cells = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tok));
+    // Inputs no node reads are never allocated, so a window without layers has none.
+    let pos_t = has_layers.then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok)));
+    let cells_t = has_layers.then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tok)));
+    let (pos, cells) = (pos_t.unwrap_or(std::ptr::null_mut()), cells_t.unwrap_or(std::ptr::null_mut()));
     let (tokens, embd, mut x) = if first {
         let ids = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok));
         let tok_embd = w.tok_embd.expect("the first window binds the embeddings");
@@ -87,9 +95,10 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let masks: Vec<T> = shape
         .groups
         .iter()
+        .filter(|_| has_layers)
         .map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, g.n_kv as i64, g.n_rows as i64, 1, 1)))
         .collect();
-    let attn_scale = spec.attn_temperature.map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
+    let attn_scale = spec.attn_temperature.filter(|_| has_layers).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
 
     let norm = |t: T, weight: T| sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, t, eps), weight);
@@ -185,7 +194,11 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     }
 
     let output = if last {
-        out_ids.map(|_| {
+        out_ids.map(|ids| {
+            if !has_layers {
+                // The trim the last layer would have done before its FFN.
+                x = sys::ggml_get_rows(ctx, x, ids);
+            }
             let normed = norm(x, w.output_norm.expect("the last window binds output_norm"));
             add_opt(sys::ggml_mul_mat(ctx, w.output.expect("the last window binds the LM head"), normed), w.output_b)
         })
@@ -196,5 +209,5 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         sys::ggml_set_output(o);
         sys::ggml_build_forward_expand(gf, o);
     }
-    BuiltGraph { graph: gf, tokens, embd, pos, cells, masks, out_ids, attn_scale, output }
+    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, out_ids, attn_scale, output }
 }

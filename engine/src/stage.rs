@@ -72,12 +72,15 @@ pub struct StageConfig {
     pub threads: usize,
     /// The first this-many layers of every window run on the accelerator.
     pub accel_layers: usize,
+    /// A window that ends the model ends with the output norm and LM head and returns
+    /// logits. Off on ring workers: the head owns the output layer (its window `L..L`).
+    pub owns_output: bool,
 }
 
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0 }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true }
     }
 }
 
@@ -105,6 +108,7 @@ pub struct Stage {
     cached: Option<CachedGraph>,
     graph_size: usize,
     max_batch: usize,
+    owns_output: bool,
 }
 
 // SAFETY: all ggml objects are owned by the stage and used only through &mut self.
@@ -114,6 +118,7 @@ unsafe impl Send for Stage {}
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct ShapeKey {
     window: usize,
+    embed: bool,
     n_tokens: usize,
     /// (rows, first cell, attended cells) per sequence.
     groups: Vec<(usize, usize, usize)>,
@@ -151,7 +156,7 @@ impl Stage {
         let plan = WeightPlan {
             layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| (il, device_of(w, il)))).collect(),
             embedding: cfg.windows.iter().any(|w| w.start == 0),
-            output: cfg.windows.iter().any(|w| w.end == spec.n_layer),
+            output: cfg.owns_output && cfg.windows.iter().any(|w| w.end == spec.n_layer),
         };
         let weights = Weights::bind(file.clone(), &plan, accel.as_ref())?;
         let n_ctx_seq = cfg.n_ctx_seq.min(spec.n_ctx_train.max(1));
@@ -184,7 +189,7 @@ impl Stage {
             unsafe { sys::ggml_backend_free(cpu) };
             return Err(Error::Ggml("could not create the ggml scheduler".into()));
         }
-        let mut stage = Stage { file, weights, windows, cpu, accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch };
+        let mut stage = Stage { file, weights, windows, cpu, accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output };
         stage.reserve()?;
         Ok(stage)
     }
@@ -242,21 +247,24 @@ impl Stage {
         if n == 0 || n > self.max_batch {
             return Err(Error::InvalidBatch(format!("{n} tokens; a batch holds 1 to {}", self.max_batch)));
         }
-        match (layers.start == 0, input) {
+        // A window at layer 0 embeds token ids; any window also takes hidden states (a ring
+        // worker's first window gets them from the head, which did the embedding).
+        let embed = match (layers.start == 0, input) {
             (true, StageInput::Tokens(t)) if t.len() == n => {
                 if let Some(bad) = t.iter().find(|&&id| id < 0 || id as usize >= spec.n_vocab) {
                     return Err(Error::InvalidBatch(format!("token id {bad} is outside the vocabulary of {}", spec.n_vocab)));
                 }
+                true
             }
-            (false, StageInput::Hidden(h)) if h.len() == n * spec.n_embd => {}
-            (true, _) => return Err(Error::InvalidBatch(format!("window {layers:?} starts the model and takes {n} token ids"))),
-            (false, _) => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
-        }
+            (_, StageInput::Hidden(h)) if h.len() == n * spec.n_embd && layers != (0..0) => false,
+            (true, StageInput::Tokens(_)) => return Err(Error::InvalidBatch(format!("window {layers:?} starts the model and takes {n} token ids"))),
+            _ => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
+        };
         let plan = plan_batch(&win.cache, batch)?;
-        let last = layers.end == spec.n_layer;
+        let last = self.owns_output && layers.end == spec.n_layer;
         let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
 
-        let key = ShapeKey { window, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv)).collect(), n_out: out_rows.len() };
+        let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv)).collect(), n_out: out_rows.len() };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
         // tensor the graph references is owned by this stage; input sizes match the
         // tensors `graph::build` created for this shape.
@@ -268,7 +276,7 @@ impl Stage {
                 if ctx.is_null() {
                     return Err(Error::Ggml("ggml_init failed".into()));
                 }
-                let shape = GraphShape { layers: layers.clone(), n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
+                let shape = GraphShape { layers: layers.clone(), embed, logits: last, n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
                 let graph = graph::build(ctx, spec, &self.weights, &self.windows[window].cache, &shape, self.graph_size);
                 sys::ggml_backend_sched_reset(self.sched);
                 if !sys::ggml_backend_sched_alloc_graph(self.sched, graph.graph) {
@@ -328,7 +336,14 @@ impl Stage {
         let Some(widx) = (0..self.windows.len()).max_by_key(|&i| self.windows[i].layers.len()) else { return Ok(()) };
         let w = &self.windows[widx];
         let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, cell0: 0, n_kv: w.cache.slot_cells }];
-        let shape = GraphShape { layers: w.layers.clone(), n_tokens: self.max_batch, groups: &groups, n_out: self.max_batch };
+        let shape = GraphShape {
+            layers: w.layers.clone(),
+            embed: w.layers.start == 0,
+            logits: self.owns_output && w.layers.end == spec.n_layer,
+            n_tokens: self.max_batch,
+            groups: &groups,
+            n_out: self.max_batch,
+        };
         // SAFETY: as in `forward`; the graph is only measured, never computed.
         unsafe {
             let ctx = sys::ggml_init(sys::ggml_init_params { mem_size: self.meta.len(), mem_buffer: self.meta.as_mut_ptr().cast(), no_alloc: true });
@@ -366,8 +381,10 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
         }
     }
     let pos: Vec<i32> = plan.order.iter().map(|&o| batch[o].pos as i32).collect();
-    set(g.pos, as_bytes(&pos));
-    set(g.cells, as_bytes(&plan.cells));
+    if let (Some(p), Some(c)) = (g.pos, g.cells) {
+        set(p, as_bytes(&pos));
+        set(c, as_bytes(&plan.cells));
+    }
     for (t, m) in g.masks.iter().zip(&plan.masks) {
         set(*t, as_bytes(m));
     }
@@ -397,10 +414,12 @@ fn validate_windows(windows: &[Range<usize>], n_layer: usize) -> Result<()> {
         return Err(Error::InvalidWindow("a stage needs at least one window".into()));
     }
     for (i, w) in windows.iter().enumerate() {
-        if w.start >= w.end || w.end > n_layer {
-            return Err(Error::InvalidWindow(format!("{w:?} is not a non-empty range inside the model's {n_layer} layers")));
+        // Empty windows exist only at the edges: 0..0 embeds, L..L is the output layer.
+        let edge = w.is_empty() && (w.start == 0 || w.start == n_layer);
+        if (w.start >= w.end && !edge) || w.end > n_layer {
+            return Err(Error::InvalidWindow(format!("{w:?} is not a non-empty range inside the model's {n_layer} layers (or 0..0 / {n_layer}..{n_layer})")));
         }
-        if let Some(o) = windows[..i].iter().find(|o| o.start < w.end && w.start < o.end) {
+        if let Some(o) = windows[..i].iter().find(|o| *o == w || (o.start < w.end && w.start < o.end)) {
             return Err(Error::InvalidWindow(format!("{w:?} overlaps {o:?}")));
         }
     }

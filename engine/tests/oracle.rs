@@ -134,3 +134,42 @@ fn tiny_mistral_with_attention_temperature_matches_llama_cpp() {
 fn tiny_llama_untied_matches_llama_cpp() {
     tiny("llama", false, false, false, vec![]);
 }
+
+/// The ring's shape in one process: the head embeds (window 0..0) and owns the output
+/// layer (30..30); "workers" run every layer and hand back hidden states only. Greedy
+/// tokens equal llama.cpp's.
+#[test]
+fn head_owned_embedding_and_output_with_worker_windows_match_llama_cpp() {
+    use engine::{ModelFile, Stage, StageConfig, StageInput, StageOutput};
+    use std::sync::Arc;
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompt = chat_prompt(&tok, PROMPTS[2]);
+    let expected = Reference::load(&path, THREADS).unwrap().greedy(&prompt, 48).unwrap();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let cfg = |windows: Vec<Range<usize>>, owns_output: bool| StageConfig { owns_output, ..common::stage_config(windows, 1) };
+    let mut head = Stage::new(file.clone(), cfg(vec![0..0, 30..30], true)).unwrap();
+    let mut w1 = Stage::new(file.clone(), cfg(vec![0..11], false)).unwrap();
+    let mut w2 = Stage::new(file, cfg(vec![11..30], false)).unwrap();
+    let hidden = |o: StageOutput| match o {
+        StageOutput::Hidden(h) => h,
+        StageOutput::Logits(_) => panic!("a worker returned logits"),
+    };
+    let mut step = |batch: &[BatchToken], ids: &[i32]| {
+        let h = hidden(head.forward(0, batch, StageInput::Tokens(ids)).unwrap());
+        let h = hidden(w1.forward(0, batch, StageInput::Hidden(&h)).unwrap());
+        let h = hidden(w2.forward(0, batch, StageInput::Hidden(&h)).unwrap());
+        match head.forward(1, batch, StageInput::Hidden(&h)).unwrap() {
+            StageOutput::Logits(l) => argmax(l.row(l.rows.len() - 1)),
+            StageOutput::Hidden(_) => panic!("the head's output window returned hidden states"),
+        }
+    };
+    let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 0, pos: i as u32, logits: i + 1 == prompt.len() }).collect();
+    let mut got = vec![step(&batch, &prompt)];
+    while got.len() < 48 {
+        let pos = (prompt.len() + got.len() - 1) as u32;
+        let next = step(&[BatchToken { seq: 0, pos, logits: true }], &[*got.last().unwrap()]);
+        got.push(next);
+    }
+    assert_eq!(got, expected);
+}

@@ -84,7 +84,7 @@ fn engine_greedy(state: &AppState, content: &str, n: usize) -> String {
     let text = state.template.render(&[json!({"role": "user", "content": content})], None, true).unwrap();
     let prompt = state.tokenizer.tokenize(&text, true);
     let file = Arc::new(ModelFile::open(common::default_model()).unwrap());
-    let cfg = StageConfig { windows: vec![0..30], n_seq: 1, n_ctx_seq: 1024, max_batch: 512, threads: 1, accel_layers: 0 };
+    let cfg = StageConfig { n_seq: 1, n_ctx_seq: 1024, threads: 1, ..StageConfig::whole(&ModelFile::open(common::default_model()).unwrap().spec) };
     let mut p = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
     let mut logits = p.prefill(0, &prompt, 512).unwrap();
     let mut out = Vec::new();

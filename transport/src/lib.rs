@@ -1,6 +1,25 @@
-//! Moves activations and control messages between ring neighbours: persistent HTTP/2
-//! streams, a frame codec for hidden states, and the control RPCs (clear/truncate a
-//! sequence, load a plan), all authenticated by the cluster secret.
+//! Moves activations and control messages between ring neighbours: one persistent HTTP/2
+//! connection per hop carrying length-prefixed binary frames (hidden states, in-band KV
+//! operations, per-step errors), plus JSON control RPCs (health, load plan, profile) on the
+//! same server, all authenticated by the cluster secret.
 //!
-//! It moves bytes and frames only: it must not depend on the engine or the server.
-//! (Filled in by the ring issue.)
+//! It moves bytes and frames only: it must not depend on the engine or the server. Frames
+//! hold plain f32 data and sequence ids; what they mean is the caller's business.
+//!
+//! - [`frame`]: the wire format and its codec; nothing a peer sends can make it panic or
+//!   allocate beyond the configured frame limit.
+//! - [`auth`]: the cluster secret and the HMAC challenge-response every link starts with.
+//! - [`link`]: the persistent HTTP/2 link, client ([`Link::connect`]) and server ([`LinkServer`]).
+//! - [`control`]: signed JSON control calls ([`ControlClient`], [`ControlHandler`]).
+
+pub mod auth;
+pub mod control;
+pub mod error;
+pub mod frame;
+pub mod link;
+
+pub use auth::ClusterSecret;
+pub use control::{methods, ControlClient, ControlFailure, ControlHandler};
+pub use error::{Error, Result};
+pub use frame::{encode, Activations, Dtype, Frame, FrameDecoder, KvOp, TokenMeta};
+pub use link::{FrameSink, FrameStream, Link, LinkConfig, LinkServer};
