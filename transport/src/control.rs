@@ -143,7 +143,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
@@ -188,7 +188,10 @@ pub(crate) async fn serve(
     };
     let skew = unix_ms().abs_diff(sent_at);
     if skew > MAX_CLOCK_SKEW_MS {
-        return refuse(format!("timestamp is {} s off this node's clock (stale request, or clocks out of sync)", skew / 1000));
+        return refuse(format!(
+            "timestamp is {} s off this node's clock (stale request, or clocks out of sync)",
+            skew / 1000
+        ));
     }
     let http_method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
@@ -292,7 +295,12 @@ impl ControlClient {
             .map_err(|_| Error::timeout(&self.peer, "control call", self.timeout))??;
 
         let envelope = serde_json::from_slice::<Envelope>(&bytes);
-        let failure = |message: String| Error::Control { peer: self.peer.to_string(), method: method.to_owned(), status, message };
+        let failure = |message: String| Error::Control {
+            peer: self.peer.to_string(),
+            method: method.to_owned(),
+            status,
+            message,
+        };
         // A 401 cannot be signed: the peer could not tell which secret we used.
         if status == 401 {
             return Err(failure(match envelope {
@@ -300,8 +308,8 @@ impl ControlClient {
                 _ => "unauthorized".into(),
             }));
         }
-        let signed = signature
-            .is_some_and(|sig| response_mac(&self.secret, &tag, status, &bytes).verify_slice(&sig).is_ok());
+        let signed =
+            signature.is_some_and(|sig| response_mac(&self.secret, &tag, status, &bytes).verify_slice(&sig).is_ok());
         if !signed {
             return Err(Error::auth(&self.peer, "control answer not signed with the cluster secret"));
         }

@@ -75,8 +75,21 @@ impl Error {
         Error::Timeout { peer: peer.to_owned(), what, after }
     }
 
-    pub(crate) fn http(peer: &str, what: &'static str, error: impl std::fmt::Display) -> Self {
-        Error::Http { peer: peer.to_owned(), what, message: error.to_string() }
+    /// Keeps the whole source chain: hyper's own message ("error reading a body from
+    /// connection") hides the cause ("keep-alive timed out") in its source.
+    pub(crate) fn http(
+        peer: &str,
+        what: &'static str,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        let error = error.into();
+        let mut message = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            message = format!("{message}: {cause}");
+            source = cause.source();
+        }
+        Error::Http { peer: peer.to_owned(), what, message }
     }
 
     pub(crate) fn closed(peer: &str) -> Self {

@@ -19,7 +19,7 @@
 //! announced and the limit allowed.
 
 use bytes::{Buf, BufMut, BytesMut};
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 
 use crate::auth::{Nonce, Proof};
 use crate::error::{Error, Result};
@@ -112,29 +112,48 @@ pub struct Activations {
 /// in the step order as the head.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvOp {
-    Clear { seq: u64 },
+    Clear {
+        seq: u64,
+    },
     /// Keep positions `0..len` of the sequence, drop the rest.
-    Truncate { seq: u64, len: u32 },
+    Truncate {
+        seq: u64,
+        len: u32,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Frame {
     Activations(Activations),
-    KvOps { step: u64, ops: Vec<KvOp> },
+    KvOps {
+        step: u64,
+        ops: Vec<KvOp>,
+    },
     /// A member failed this step; the link stays up for the next one.
-    Error { step: u64, message: String },
+    Error {
+        step: u64,
+        message: String,
+    },
     Ping(u64),
     Pong(u64),
     /// The link's handshake (`auth` says what each carries); never shown to link users.
-    AuthHello { nonce: Nonce },
-    AuthChallenge { nonce: Nonce },
-    AuthProof { proof: Proof },
-    AuthWelcome { proof: Proof },
+    AuthHello {
+        nonce: Nonce,
+    },
+    AuthChallenge {
+        nonce: Nonce,
+    },
+    AuthProof {
+        proof: Proof,
+    },
+    AuthWelcome {
+        proof: Proof,
+    },
 }
 
 impl Frame {
     pub fn kind_name(&self) -> &'static str {
-        kind_name(self.kind())
+        kind_name(self.kind()).unwrap_or("unknown")
     }
 
     pub(crate) fn is_handshake(&self) -> bool {
@@ -156,8 +175,8 @@ impl Frame {
     }
 }
 
-fn kind_name(kind: u8) -> &'static str {
-    match kind {
+fn kind_name(kind: u8) -> Option<&'static str> {
+    Some(match kind {
         KIND_ACTIVATIONS => "activations",
         KIND_KV_OPS => "kv-ops",
         KIND_ERROR => "error",
@@ -167,8 +186,8 @@ fn kind_name(kind: u8) -> &'static str {
         KIND_AUTH_CHALLENGE => "auth-challenge",
         KIND_AUTH_PROOF => "auth-proof",
         KIND_AUTH_WELCOME => "auth-welcome",
-        _ => "unknown",
-    }
+        _ => return None,
+    })
 }
 
 /// Appends `frame` to `buf`. Writes nothing when the frame cannot be encoded, so a caller's
@@ -249,10 +268,9 @@ fn body_len(frame: &Frame) -> Result<u32> {
         }
         Frame::Error { message, .. } => 8 + message.len() as u64,
         Frame::Ping(_) | Frame::Pong(_) => 8,
-        Frame::AuthHello { .. }
-        | Frame::AuthChallenge { .. }
-        | Frame::AuthProof { .. }
-        | Frame::AuthWelcome { .. } => 32,
+        Frame::AuthHello { .. } | Frame::AuthChallenge { .. } | Frame::AuthProof { .. } | Frame::AuthWelcome { .. } => {
+            32
+        }
     };
     u32::try_from(len).map_err(|_| Error::Encode(format!("a {}-byte body does not fit a frame", len)))
 }
@@ -270,8 +288,37 @@ fn put_hidden(buf: &mut BytesMut, hidden: &[f32], dtype: Dtype) {
             }
         }
         Dtype::F16 => {
-            for (dst, v) in out.chunks_exact_mut(2).zip(hidden) {
-                dst.copy_from_slice(&to_f16(*v).to_le_bytes());
+            // Batches through stack buffers so `half` can use the CPU's conversion
+            // instructions (F16C, NEON) instead of converting one value at a time.
+            let mut clamped = [0f32; F16_BATCH];
+            let mut halves = [f16::ZERO; F16_BATCH];
+            for (src, dst) in hidden.chunks(F16_BATCH).zip(out.chunks_mut(F16_BATCH * 2)) {
+                let n = src.len();
+                for (c, v) in clamped.iter_mut().zip(src) {
+                    *c = v.clamp(-F16_MAX, F16_MAX);
+                }
+                halves[..n].convert_from_f32_slice(&clamped[..n]);
+                for (d, h) in dst.chunks_exact_mut(2).zip(&halves[..n]) {
+                    d.copy_from_slice(&h.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+fn get_hidden(hidden: &mut Vec<f32>, raw: &[u8], dtype: Dtype) {
+    match dtype {
+        Dtype::F32 => hidden.extend(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+        Dtype::F16 => {
+            let start = hidden.len();
+            hidden.resize(start + raw.len() / 2, 0.0);
+            let mut halves = [f16::ZERO; F16_BATCH];
+            for (src, dst) in raw.chunks(F16_BATCH * 2).zip(hidden[start..].chunks_mut(F16_BATCH)) {
+                let n = dst.len();
+                for (h, c) in halves.iter_mut().zip(src.chunks_exact(2)) {
+                    *h = f16::from_le_bytes([c[0], c[1]]);
+                }
+                halves[..n].convert_to_f32_slice(dst);
             }
         }
     }
@@ -279,13 +326,14 @@ fn put_hidden(buf: &mut BytesMut, hidden: &[f32], dtype: Dtype) {
 
 /// f16 tops out at 65504; a rare outlier activation becomes the largest finite value rather
 /// than infinity, which the next layer's normalisation would turn into NaN.
-fn to_f16(v: f32) -> f16 {
-    f16::from_f32(v.clamp(-f16::MAX.to_f32(), f16::MAX.to_f32()))
-}
+const F16_MAX: f32 = 65504.0;
+/// Values converted per batch: big enough for the SIMD conversion to pay off, small enough
+/// for the stack.
+const F16_BATCH: usize = 256;
 
 /// The value a receiver sees for `v` sent as f16; exposed for precision checks.
 pub fn f16_round_trip(v: f32) -> f32 {
-    to_f16(v).to_f32()
+    f16::from_f32(v.clamp(-F16_MAX, F16_MAX)).to_f32()
 }
 
 struct Header {
@@ -351,7 +399,7 @@ impl FrameDecoder {
                 return Err(Error::VersionMismatch { ours: VERSION, theirs });
             }
         }
-        if buf.len() >= 7 && kind_name(buf[6]) == "unknown" {
+        if buf.len() >= 7 && kind_name(buf[6]).is_none() {
             return Err(Error::UnknownKind(buf[6]));
         }
         if buf.len() >= 8 && buf[7] != 0 {
@@ -369,7 +417,7 @@ impl FrameDecoder {
     }
 
     fn body(&mut self, kind: u8, body: &[u8]) -> Result<Frame> {
-        let mut r = Reader { rest: body, kind: kind_name(kind) };
+        let mut r = Reader { rest: body, kind: kind_name(kind).unwrap_or("unknown") };
         let frame = match kind {
             KIND_ACTIVATIONS => Frame::Activations(self.activations(&mut r)?),
             KIND_KV_OPS => {
@@ -447,10 +495,7 @@ impl FrameDecoder {
             tokens.push(TokenMeta { seq, pos, wants_logits: flags & WANTS_LOGITS != 0 });
         }
         let raw = r.take(values as usize * dtype.size())?;
-        match dtype {
-            Dtype::F32 => hidden.extend(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-            Dtype::F16 => hidden.extend(raw.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
-        }
+        get_hidden(&mut hidden, raw, dtype);
         Ok(Activations { step, round, n_embd, dtype, tokens, hidden })
     }
 }
@@ -637,8 +682,11 @@ mod tests {
     }
 
     fn arb_frame() -> impl Strategy<Value = Frame> {
-        let token = (any::<u64>(), any::<u32>(), any::<bool>())
-            .prop_map(|(seq, pos, wants_logits)| TokenMeta { seq, pos, wants_logits });
+        let token = (any::<u64>(), any::<u32>(), any::<bool>()).prop_map(|(seq, pos, wants_logits)| TokenMeta {
+            seq,
+            pos,
+            wants_logits,
+        });
         let acts = (1usize..6, 1u32..40, any::<u64>(), any::<u32>(), any::<bool>()).prop_flat_map(
             move |(n, e, step, round, half)| {
                 (

@@ -99,20 +99,36 @@ impl Default for LinkConfig {
 }
 
 /// A second handle on a connection's socket, so the connection can be shut down from
-/// outside hyper (which owns the socket) the moment a peer misbehaves.
+/// outside hyper (which owns the socket) the moment a peer misbehaves, and a record of
+/// whether the connection is gone, so senders fail fast instead of queueing into the void.
 #[derive(Clone)]
-pub(crate) struct Killer(Arc<std::net::TcpStream>);
+pub(crate) struct Killer(Arc<ConnState>);
+
+struct ConnState {
+    socket: std::net::TcpStream,
+    closed: AtomicBool,
+}
 
 impl Killer {
     fn new(tcp: TcpStream) -> std::io::Result<(TcpStream, Killer)> {
         let std = tcp.into_std()?;
-        let handle = std.try_clone()?;
-        Ok((TcpStream::from_std(std)?, Killer(Arc::new(handle))))
+        let socket = std.try_clone()?;
+        let state = ConnState { socket, closed: AtomicBool::new(false) };
+        Ok((TcpStream::from_std(std)?, Killer(Arc::new(state))))
     }
 
     pub(crate) fn kill(&self) {
+        self.mark_closed();
         // Both directions: hyper sees EOF and ends the connection, the peer sees FIN.
-        let _ = self.0.shutdown(std::net::Shutdown::Both);
+        let _ = self.0.socket.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn mark_closed(&self) {
+        self.0.closed.store(true, Ordering::Release);
+    }
+
+    fn is_closed(&self) -> bool {
+        self.0.closed.load(Ordering::Acquire)
     }
 }
 
@@ -143,7 +159,10 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = Infallible;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<BodyFrame<Bytes>, Infallible>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<BodyFrame<Bytes>, Infallible>>> {
         self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(BodyFrame::data(bytes))))
     }
 }
@@ -160,9 +179,13 @@ pub struct FrameSink {
 }
 
 impl FrameSink {
-    /// Queues one frame. An error means the link is broken (a timed-out frame is lost, so
-    /// the connection is shut down): drop both halves and reconnect.
+    /// Queues one frame; success means queued, not delivered (a peer that dies is noticed
+    /// by the next send or by the stream). An error means the link is broken (a timed-out
+    /// frame is lost, so the connection is shut down): drop both halves and reconnect.
     pub async fn send(&mut self, frame: &Frame) -> Result<()> {
+        if self.guard.killer.is_closed() {
+            return Err(Error::closed(&self.peer));
+        }
         encode(frame, &mut self.buf)?;
         let bytes = self.buf.split().freeze();
         match timeout(self.send_timeout, self.tx.send(bytes)).await {
@@ -243,7 +266,10 @@ impl FrameStream {
                         self.buf.extend_from_slice(&data);
                     }
                 }
-                Some(Err(e)) => return Err(Error::http(&self.peer, "receiving", e)),
+                Some(Err(e)) => {
+                    self.guard.killer.mark_closed();
+                    return Err(Error::http(&self.peer, "receiving", e));
+                }
                 None if self.buf.is_empty() => return Ok(None),
                 None => {
                     let reason = format!("the stream ended {} bytes into a frame", self.buf.len());
@@ -274,6 +300,8 @@ impl Link {
     pub async fn connect(peer: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<Link> {
         let (mut send, addr, killer) = open_h2::<ChannelBody>(peer, config).await?;
         let label: Arc<str> = peer.into();
+        // Until the link exists nothing else shuts the connection down on failure.
+        let on_failure = killer.clone();
         let opening = async {
             let (tx, rx) = mpsc::channel(SEND_QUEUE_FRAMES);
             let request = Request::post(format!("http://{addr}{LINK_PATH}"))
@@ -290,9 +318,10 @@ impl Link {
             client_handshake(&mut link, secret).await?;
             Ok(link)
         };
-        let mut link = timeout(config.handshake_timeout, opening)
-            .await
-            .map_err(|_| Error::timeout(peer, "opening and authenticating the link", config.handshake_timeout))??;
+        let opened = timeout(config.handshake_timeout, opening).await.unwrap_or_else(|_| {
+            Err(Error::timeout(peer, "opening and authenticating the link", config.handshake_timeout))
+        });
+        let mut link = opened.inspect_err(|_| on_failure.kill())?;
         link.stream.decoder.set_max_frame_bytes(config.max_frame_bytes);
         debug!(%peer, "ring link open");
         Ok(link)
@@ -302,7 +331,13 @@ impl Link {
         self.sink.peer()
     }
 
-    fn new(peer: Arc<str>, body: Incoming, tx: mpsc::Sender<Bytes>, config: &LinkConfig, guard: Arc<ConnGuard>) -> Link {
+    fn new(
+        peer: Arc<str>,
+        body: Incoming,
+        tx: mpsc::Sender<Bytes>,
+        config: &LinkConfig,
+        guard: Arc<ConnGuard>,
+    ) -> Link {
         Link {
             sink: FrameSink {
                 tx,
@@ -425,10 +460,12 @@ where
         .map_err(|_| Error::timeout(peer, "HTTP/2 setup", config.handshake_timeout))?
         .map_err(|e| Error::http(peer, "setup", e))?;
     let label = peer.to_owned();
+    let state = killer.clone();
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             debug!(peer = %label, "ring connection ended: {e}");
         }
+        state.mark_closed();
     });
     Ok((send, addr, killer))
 }
@@ -561,6 +598,7 @@ async fn serve_connection(
                 if let Err(e) = result {
                     debug!(%peer, "ring connection ended: {e}");
                 }
+                killer.mark_closed();
                 return;
             }
             _ = &mut deadline, if !deadline_checked => {

@@ -1,0 +1,279 @@
+//! End-to-end over loopback: a real server and client, authenticated, echoing frames.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use common::{config, echo_server, secret, Raw};
+use transport::frame::{f16_round_trip, MAGIC, VERSION};
+use transport::{Activations, Dtype, Error, Frame, KvOp, Link, TokenMeta};
+
+/// SmolLM2's hidden size: one decode token of the default model.
+const SMALL_EMBD: u32 = 576;
+/// 256 tokens × 4096 in f32 = 4 MiB, a prompt chunk of a 7B-class model.
+const BIG_TOKENS: usize = 256;
+const BIG_EMBD: u32 = 4096;
+
+fn activations(step: u64, n_tokens: usize, n_embd: u32, dtype: Dtype) -> Frame {
+    Frame::Activations(Activations {
+        step,
+        round: (step % 3) as u32,
+        n_embd,
+        dtype,
+        tokens: (0..n_tokens)
+            .map(|i| TokenMeta { seq: i as u64 % 4, pos: i as u32, wants_logits: i + 1 == n_tokens })
+            .collect(),
+        hidden: (0..n_tokens * n_embd as usize).map(|i| ((i as u64 + step) as f32 * 0.001).sin() * 8.0).collect(),
+    })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_round_trips_in_order() {
+    let s = secret("correct horse battery staple");
+    let echo = echo_server(s.clone(), None).await;
+    let Link { mut sink, mut stream } = Link::connect(&format!("http://{}", echo.addr), &s, &config()).await.unwrap();
+
+    // KV ops and errors travel in step order with the activations.
+    let kv = Frame::KvOps { step: 0, ops: vec![KvOp::Clear { seq: 3 }, KvOp::Truncate { seq: 1, len: 17 }] };
+    sink.send(&kv).await.unwrap();
+    assert_eq!(stream.recv().await.unwrap(), Some(kv));
+    let err = Frame::Error { step: 1, message: "window 2 failed: out of memory".into() };
+    sink.send(&err).await.unwrap();
+    assert_eq!(stream.recv().await.unwrap(), Some(err));
+
+    const SMALL_FRAMES: u64 = 2000;
+    let mut rtts = Vec::with_capacity(SMALL_FRAMES as usize);
+    let started = Instant::now();
+    for step in 0..SMALL_FRAMES {
+        let frame = activations(step, 1, SMALL_EMBD, Dtype::F32);
+        let sent = Instant::now();
+        sink.send(&frame).await.unwrap();
+        let back = stream.recv().await.unwrap().unwrap();
+        rtts.push(sent.elapsed());
+        assert_eq!(back, frame, "step {step}");
+        stream.recycle(back);
+    }
+    let total = started.elapsed();
+    rtts.sort();
+    eprintln!(
+        "small frame ({} B hidden) round trip over {SMALL_FRAMES} frames: mean {:?}, median {:?}, p99 {:?}, max {:?}",
+        SMALL_EMBD * 4,
+        total / SMALL_FRAMES as u32,
+        percentile(&rtts, 0.5),
+        percentile(&rtts, 0.99),
+        rtts[rtts.len() - 1]
+    );
+
+    for (i, dtype) in [Dtype::F32, Dtype::F16, Dtype::F32, Dtype::F16].into_iter().enumerate() {
+        let frame = activations(10_000 + i as u64, BIG_TOKENS, BIG_EMBD, dtype);
+        let sent = Instant::now();
+        sink.send(&frame).await.unwrap();
+        let back = stream.recv().await.unwrap().unwrap();
+        let rtt = sent.elapsed();
+        let (Frame::Activations(a), Frame::Activations(b)) = (&frame, &back) else { panic!("{back:?}") };
+        assert_eq!((a.step, a.round, a.n_embd, a.dtype, &a.tokens), (b.step, b.round, b.n_embd, b.dtype, &b.tokens));
+        match dtype {
+            Dtype::F32 => assert!(a.hidden == b.hidden, "f32 must be exact"),
+            Dtype::F16 => assert!(a.hidden.iter().zip(&b.hidden).all(|(x, y)| f16_round_trip(*x) == *y)),
+        }
+        let wire_mib = (BIG_TOKENS * BIG_EMBD as usize * dtype.size()) as f64 / (1 << 20) as f64;
+        eprintln!("{wire_mib:.0} MiB {dtype:?} frame round trip: {rtt:?}");
+        stream.recycle(back);
+    }
+    assert_eq!(echo.links.load(Ordering::SeqCst), 1, "one connection for every step");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_secret_is_refused_and_cannot_inject() {
+    let echo = echo_server(secret("right"), None).await;
+
+    let err = Link::connect(&echo.addr.to_string(), &secret("wrong"), &config()).await.err().unwrap();
+    assert!(matches!(err, Error::Auth { .. }), "{err}");
+    assert!(err.to_string().contains(&echo.addr.to_string()), "error names the peer: {err}");
+
+    // A client that ignores its failed proof and pushes activations anyway.
+    let mut raw = Raw::open(echo.addr).await;
+    let mut handshake = transport::auth::ClientHandshake::new(&secret("wrong"));
+    raw.send(&Frame::AuthHello { nonce: handshake.hello() }).await;
+    let Some(Frame::AuthChallenge { nonce }) = raw.recv().await else { panic!("no challenge") };
+    raw.send(&Frame::AuthProof { proof: handshake.on_challenge(nonce) }).await;
+    raw.send(&activations(1, 1, SMALL_EMBD, Dtype::F32)).await;
+    assert!(raw.closed_within(Duration::from_secs(3)).await, "connection closed");
+
+    // One that skips the handshake altogether.
+    let mut raw = Raw::open(echo.addr).await;
+    raw.send(&activations(1, 1, SMALL_EMBD, Dtype::F32)).await;
+    assert!(raw.closed_within(Duration::from_secs(3)).await, "connection closed");
+
+    // One that opens a connection and says nothing.
+    let mut idle = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        use tokio::io::AsyncReadExt;
+        loop {
+            // The server's HTTP/2 preface arrives first; EOF comes when it gives up on us.
+            match idle.read(&mut byte).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    });
+    assert!(read.await.is_ok(), "unauthenticated idle connection closed");
+
+    assert_eq!(echo.links.load(Ordering::SeqCst), 0, "the handler never saw a link");
+    assert_eq!(echo.frames.load(Ordering::SeqCst), 0, "the handler never saw a frame");
+
+    // And the server still serves the right secret.
+    let mut link = Link::connect(&echo.addr.to_string(), &secret("right"), &config()).await.unwrap();
+    link.sink.send(&Frame::Ping(7)).await.unwrap();
+    assert_eq!(link.stream.recv().await.unwrap(), Some(Frame::Ping(7)));
+}
+
+fn header(version: u16, body_len: u32) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_slice(&MAGIC);
+    b.put_u16_le(version);
+    b.put_u8(1);
+    b.put_u8(0);
+    b.put_u32_le(body_len);
+    b.freeze()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misbehaving_peer_is_disconnected_while_others_keep_working() {
+    let s = secret("right");
+    let echo = echo_server(s.clone(), None).await;
+    let mut good = Link::connect(&echo.addr.to_string(), &s, &config()).await.unwrap();
+
+    let attacks: [(&str, Bytes); 4] = [
+        ("garbage", Bytes::from_static(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")),
+        ("a 3 GiB length", header(VERSION, 3 << 30)),
+        ("a wrong version", header(VERSION + 1, 8)),
+        ("a handshake frame after authentication", {
+            let mut b = BytesMut::new();
+            transport::encode(&Frame::AuthHello { nonce: [0; 32] }, &mut b).unwrap();
+            b.freeze()
+        }),
+    ];
+    for (step, (what, bytes)) in attacks.into_iter().enumerate() {
+        let mut bad = Raw::authenticated(echo.addr, &s).await;
+        bad.send(&Frame::Ping(1)).await;
+        assert_eq!(bad.recv().await, Some(Frame::Ping(1)), "{what}: link works before the attack");
+        bad.send_bytes(bytes).await;
+        assert!(bad.closed_within(Duration::from_secs(3)).await, "{what}: connection closed");
+
+        let frame = activations(step as u64, 2, SMALL_EMBD, Dtype::F16);
+        good.sink.send(&frame).await.unwrap();
+        let Some(Frame::Activations(back)) = good.stream.recv().await.unwrap() else { panic!("{what}: no echo") };
+        assert_eq!(back.step, step as u64, "{what}: the good link keeps working");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_sees_the_link_end_when_the_client_goes() {
+    let s = secret("right");
+    let mut server =
+        transport::LinkServer::bind("127.0.0.1:0".parse().unwrap(), s.clone(), config(), None).await.unwrap();
+    let client = Link::connect(&server.local_addr().to_string(), &s, &config()).await.unwrap();
+    let mut link = server.accept().await.unwrap();
+    drop(client);
+    let end = tokio::time::timeout(Duration::from_secs(3), link.stream.recv()).await.expect("noticed within 3 s");
+    assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
+    // Sends are queued, so the first may still be accepted; they must start failing soon.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while link.sink.send(&Frame::Ping(1)).await.is_ok() {
+        assert!(Instant::now() < deadline, "sends keep succeeding to a gone peer");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failures_name_the_peer_and_time_out() {
+    // Nothing listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let err = Link::connect(&format!("127.0.0.1:{port}"), &secret("s"), &config()).await.err().unwrap();
+    assert!(err.to_string().contains(&format!("127.0.0.1:{port}")), "{err}");
+
+    // A listener that accepts and never speaks.
+    let mute = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = mute.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = mute.accept().await {
+            held.push(tcp);
+        }
+    });
+    let cfg = transport::LinkConfig { handshake_timeout: Duration::from_millis(500), ..config() };
+    let started = Instant::now();
+    let err = Link::connect(&addr.to_string(), &secret("s"), &cfg).await.err().unwrap();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    let err = Link::connect("https://10.0.0.1:9000", &secret("s"), &config()).await.err().unwrap();
+    assert!(matches!(err, Error::Address { .. }), "{err}");
+}
+
+/// Forwards one TCP connection to `upstream` until `frozen` is set, then goes silent in
+/// both directions, like a worker stopped mid-step (SIGSTOP, a hung machine, a cut cable).
+async fn freezable_proxy(upstream: std::net::SocketAddr) -> (std::net::SocketAddr, std::sync::Arc<AtomicBool>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let frozen = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = frozen.clone();
+    tokio::spawn(async move {
+        let (client, _) = listener.accept().await.unwrap();
+        let server = tokio::net::TcpStream::connect(upstream).await.unwrap();
+        let (cr, cw) = client.into_split();
+        let (sr, sw) = server.into_split();
+        let pump = |mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf| {
+            let frozen = flag.clone();
+            async move {
+                let mut buf = vec![0u8; 64 << 10];
+                while let Ok(n) = from.read(&mut buf).await {
+                    if n == 0 || frozen.load(Ordering::SeqCst) {
+                        // Hold both halves open and say nothing.
+                        std::future::pending::<()>().await;
+                    }
+                    if to.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        };
+        tokio::spawn(pump(cr, sw));
+        pump(sr, cw).await;
+    });
+    (addr, frozen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_peer_is_detected_by_keep_alive() {
+    let s = secret("right");
+    let echo = echo_server(s.clone(), None).await;
+    let (via, frozen) = freezable_proxy(echo.addr).await;
+    let cfg = transport::LinkConfig {
+        keep_alive_interval: Duration::from_millis(200),
+        keep_alive_timeout: Duration::from_millis(300),
+        ..config()
+    };
+    let mut link = Link::connect(&via.to_string(), &s, &cfg).await.unwrap();
+    link.sink.send(&Frame::Ping(1)).await.unwrap();
+    assert_eq!(link.stream.recv().await.unwrap(), Some(Frame::Ping(1)));
+
+    frozen.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    link.sink.send(&Frame::Ping(2)).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(5), link.stream.recv()).await.expect("noticed within 5 s");
+    let err = outcome.expect_err("a stalled peer is an error, not a clean end");
+    eprintln!("stalled peer noticed after {:?}: {err}", started.elapsed());
+    assert!(err.to_string().contains(&via.to_string()), "{err}");
+    assert!(link.sink.send(&Frame::Ping(3)).await.is_err(), "sending to a dead link fails");
+}
