@@ -40,6 +40,11 @@ pub fn run(args: BenchServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         body_limit: 1 << 20,
         api_key: None,
         model_alias: None,
+        workers: Vec::new(),
+        cluster_secret: None,
+        windows: Vec::new(),
+        ring_listen: "127.0.0.1:0".into(),
+        f16_activations: false,
     };
     let rt = crate::serve::http_runtime()?;
     rt.block_on(async move {

@@ -16,6 +16,8 @@ pub struct Cli {
 pub enum Command {
     /// Start the head node: the HTTP API and this machine's share of the model.
     Serve(ServeArgs),
+    /// Join a ring as a worker: wait for a head and run the layer windows it assigns.
+    Worker(WorkerArgs),
     /// Benchmark hearth's engine against llama.cpp on the same GGUF, side by side.
     Bench(BenchArgs),
     /// Load-test the HTTP API: 1, 4 and 8 concurrent streaming clients against an
@@ -98,6 +100,40 @@ pub struct ServeArgs {
     /// Name clients use for the model (default: the file name without .gguf).
     #[arg(long, env = "HEARTH_MODEL_ALIAS")]
     pub model_alias: Option<String>,
+    /// Ring workers, in ring order (host:port of each `hearth worker --listen`).
+    #[arg(long, env = "HEARTH_WORKERS", value_delimiter = ',')]
+    pub workers: Vec<String>,
+    /// Shared secret of the ring; required unless every address is loopback.
+    #[arg(long, env = "HEARTH_CLUSTER_SECRET")]
+    pub cluster_secret: Option<String>,
+    /// Layers per window for the head and each worker, e.g. 4,3,3 (repeated each round
+    /// until all layers are placed). Default: an even split in one round.
+    #[arg(long, env = "HEARTH_WINDOWS", value_delimiter = ',')]
+    pub windows: Vec<usize>,
+    /// Where the last worker connects back to the head.
+    #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
+    pub ring_listen: String,
+    /// Send activations between ring members as f16 (half the bytes, not bit-exact).
+    #[arg(long, env = "HEARTH_F16_ACTIVATIONS")]
+    pub f16_activations: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// Address to listen on for the head and the previous ring member.
+    #[arg(long, env = "HEARTH_LISTEN", default_value = "127.0.0.1:9090")]
+    pub listen: String,
+    /// Shared secret of the ring; required on non-loopback addresses.
+    #[arg(long, env = "HEARTH_CLUSTER_SECRET")]
+    pub cluster_secret: Option<String>,
+    /// Accept unauthenticated heads on a non-loopback address.
+    #[arg(long, env = "HEARTH_INSECURE")]
+    pub insecure: bool,
+    /// Compute threads (default: all cores).
+    #[arg(long, env = "HEARTH_THREADS")]
+    pub threads: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -10,4 +10,5 @@ pub mod cli;
 pub mod generation;
 pub mod http;
 pub mod metrics;
+pub mod ring;
 pub mod serve;

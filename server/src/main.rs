@@ -11,6 +11,7 @@ fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Serve(args) => serve::run(args),
+        cli::Command::Worker(args) => hearth::ring::run_worker(args),
         cli::Command::Bench(args) => bench::run(args),
         cli::Command::BenchServe(args) => bench_serve::run(args),
         cli::Command::FetchModel(args) => cli::fetch_model(args),

@@ -14,9 +14,10 @@ use crate::generation::{Batcher, BatcherConfig};
 use crate::http::{self, AppState};
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Built before the runtime runs: forming a ring blocks on its own runtime.
+    let (state, addr) = build(&args)?;
     let rt = http_runtime()?;
     rt.block_on(async move {
-        let (state, addr) = build(&args)?;
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
         tracing::info!("hearth listening on http://{}", listener.local_addr()?);
         let batcher = state.batcher.clone();
@@ -42,12 +43,37 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
         ..StageConfig::whole(&spec)
     };
-    let pipeline = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
+    let pipeline: Box<dyn engine::Pipeline> = if args.workers.is_empty() {
+        Box::new(LocalPipeline::new(vec![Stage::new(file, cfg)?])?)
+    } else {
+        let plan = if args.windows.is_empty() {
+            scheduler::Plan::even(spec.n_layer, args.workers.len() + 1)?
+        } else {
+            scheduler::Plan::from_windows(spec.n_layer, &args.windows)?
+        };
+        let listen = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
+        let mut secret = None;
+        for w in args.workers.iter().chain(std::iter::once(&args.ring_listen)) {
+            secret = Some(crate::ring::cluster_secret(args.cluster_secret.as_deref(), w, false)?);
+        }
+        let ring = crate::ring::head::RingConfig {
+            workers: args.workers.clone(),
+            secret: secret.expect("at least one worker"),
+            plan,
+            listen,
+            n_seq: cfg.n_seq,
+            n_ctx_seq: cfg.n_ctx_seq,
+            max_batch: cfg.max_batch,
+            threads: cfg.threads,
+            f16: args.f16_activations,
+        };
+        Box::new(crate::ring::RingPipeline::connect(file, ring)?)
+    };
     let tokenizer = Arc::new(Tokenizer::load(&path)?);
     let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
-    let batcher = Arc::new(Batcher::start(Box::new(pipeline), tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch }));
+    let batcher = Arc::new(Batcher::start(pipeline, tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch }));
     let limits = openapi::Limits { max_n: parallel as u32, ..Default::default() };
     let state = Arc::new(AppState {
         batcher,

@@ -21,8 +21,46 @@ pub struct Served {
 impl Served {
     /// Starts `hearth serve --port 0 ARGS --model <default>` and waits for its address.
     pub fn start(args: &[&str]) -> Served {
+        Served::spawn(&["serve", "--port", "0"], args, "listening on http://")
+    }
+
+    /// Starts `hearth worker --listen 127.0.0.1:0 ARGS --model <default>`.
+    pub fn worker(args: &[&str]) -> Served {
+        Served::spawn(&["worker", "--listen", "127.0.0.1:0"], args, "worker listening on ")
+    }
+
+    /// Like `start`, but returns the server's error output if it exits instead.
+    pub fn try_start(args: &[&str]) -> Result<Served, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args(["serve", "--port", "0"])
+            .args(args)
+            .arg("--model")
+            .arg(default_model())
+            .env("HEARTH_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = String::new();
+        loop {
+            let Some(line) = lines.next() else {
+                let _ = child.wait();
+                return Err(log);
+            };
+            let line = line.unwrap();
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.trim().to_string();
+                std::thread::spawn(move || for _ in lines {});
+                return Ok(Served { child, addr });
+            }
+            log.push_str(&line);
+            log.push('\n');
+        }
+    }
+
+    fn spawn(role: &[&str], args: &[&str], marker: &str) -> Served {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(role)
             .args(args)
             .arg("--model")
             .arg(default_model())
@@ -36,7 +74,7 @@ impl Served {
                 let _ = child.kill();
                 panic!("hearth serve exited before listening");
             };
-            if let Some(rest) = line.unwrap().split("listening on http://").nth(1) {
+            if let Some(rest) = line.unwrap().split(marker).nth(1) {
                 break rest.trim().to_string();
             }
         };
