@@ -77,3 +77,32 @@ fn a_wrong_cluster_secret_is_refused() {
     };
     assert!(err.contains(&w.addr), "the error should name the worker: {err}");
 }
+
+fn raw(addr: &str, method_path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "{method_path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    (status, resp[resp.find("\r\n\r\n").unwrap() + 4..].to_string())
+}
+
+#[test]
+fn a_worker_killed_mid_request_gives_503_and_degraded_health() {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let mut w2 = Served::worker(&["--threads", "1"]);
+    let head = Served::start(&["--threads", "1", "--workers", &format!("{},{}", w1.addr, w2.addr)]);
+    let addr = head.addr.clone();
+    let long = r#"{"model":"","messages":[{"role":"user","content":"Write a very long story."}],"max_tokens":900,"temperature":0}"#;
+    let pending = std::thread::spawn(move || raw(&addr, "POST /v1/chat/completions", long));
+    std::thread::sleep(Duration::from_millis(800));
+    w2.child.kill().unwrap(); // SIGKILL: no goodbye on the link
+    let (status, body) = pending.join().unwrap();
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "ring_unavailable", "{body}");
+    let (status, body) = raw(&head.addr, "GET /health", "");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"degraded\""), "{body}");
+}

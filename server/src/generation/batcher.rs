@@ -40,6 +40,7 @@ pub struct Batcher {
     queued: Arc<AtomicUsize>,
     shutting_down: Arc<AtomicBool>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
+    degraded: Arc<AtomicBool>,
     n_ctx: usize,
     parallel: usize,
 }
@@ -52,6 +53,7 @@ impl Batcher {
         let (tx, rx) = sync_channel(cfg.queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let shutting_down = Arc::new(AtomicBool::new(false));
+        let degraded = Arc::new(AtomicBool::new(false));
         let n_ctx = pipeline.n_ctx_seq();
         let parallel = cfg.parallel;
         let mut lp = Loop {
@@ -61,16 +63,22 @@ impl Batcher {
             rx,
             queued: queued.clone(),
             shutting_down: shutting_down.clone(),
+            degraded: degraded.clone(),
             max_batch: cfg.max_batch,
             n_ctx,
         };
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
-        Batcher { tx, queued, shutting_down, thread: std::sync::Mutex::new(Some(thread)), n_ctx, parallel }
+        Batcher { tx, queued, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
     }
 
     /// Context cells per sequence: prompt plus generated tokens must fit.
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+
+    /// The last step failed because a ring member did; cleared by the next good step.
+    pub fn degraded(&self) -> bool {
+        self.degraded.load(Ordering::Acquire)
     }
 
     pub fn parallel(&self) -> usize {
@@ -137,6 +145,7 @@ struct Loop {
     rx: Receiver<GenerationRequest>,
     queued: Arc<AtomicUsize>,
     shutting_down: Arc<AtomicBool>,
+    degraded: Arc<AtomicBool>,
     max_batch: usize,
     n_ctx: usize,
 }
@@ -267,11 +276,14 @@ impl Loop {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
+                let remote = matches!(e, engine::Error::Pipeline(_));
+                self.degraded.store(remote, Ordering::Release);
                 let failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
                 for i in failed {
                     let s = &mut self.slots[i];
                     if let Some(a) = s.active.take() {
-                        let _ = a.req.events.send(Event::Failed("the engine failed while generating".into()));
+                        let event = if remote { Event::Unavailable(e.to_string()) } else { Event::Failed("the engine failed while generating".into()) };
+                        let _ = a.req.events.send(event);
                     }
                     self.pipeline.clear_sequence(s.seq);
                     s.cached.clear();
@@ -279,6 +291,7 @@ impl Loop {
                 return;
             }
         };
+        self.degraded.store(false, Ordering::Release);
         // The batch is in the cache now.
         for (r, row) in rows.iter().enumerate() {
             let s = &mut self.slots[row.slot];

@@ -52,4 +52,6 @@ pub enum Event {
     Done { finish: Finish, completion_tokens: usize },
     /// The engine failed for this sequence; the message is safe to show a client.
     Failed(String),
+    /// A ring member failed or could not be reached; retrying later may work.
+    Unavailable(String),
 }

@@ -245,8 +245,11 @@ fn stream(meta: Meta, receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>
                 vec![]
             }
         }
-        Out::Error(message) => {
-            let body = ApiError::Internal(message).body();
+        Out::Error(e) => {
+            if let ApiError::Internal(detail) = &e {
+                tracing::error!("generation failed: {detail}");
+            }
+            let body = e.body();
             vec![SseEvent::default().data(serde_json::to_string(&body).unwrap_or_default())]
         }
         Out::Done => vec![SseEvent::default().data("[DONE]")],
@@ -261,7 +264,7 @@ enum Out {
     Calls(usize, Vec<tools::ParsedCall>),
     Finish(usize, FinishReason),
     Usage(usize, usize),
-    Error(String),
+    Error(ApiError),
     Done,
 }
 
@@ -326,7 +329,12 @@ where
                 }
                 Event::Failed(m) => {
                     failed = true;
-                    out.push(Out::Error(m));
+                    out.push(Out::Error(ApiError::Internal(m)));
+                    out.push(Out::Done);
+                }
+                Event::Unavailable(m) => {
+                    failed = true;
+                    out.push(Out::Error(ApiError::Unavailable(m)));
                     out.push(Out::Done);
                 }
             }

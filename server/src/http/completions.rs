@@ -129,6 +129,11 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
                 out.push(SseEvent::default().data(serde_json::to_string(&ApiError::Internal(m).body()).unwrap_or_default()));
                 out.push(SseEvent::default().data("[DONE]"));
             }
+            Event::Unavailable(m) => {
+                failed = true;
+                out.push(SseEvent::default().data(serde_json::to_string(&ApiError::Unavailable(m).body()).unwrap_or_default()));
+                out.push(SseEvent::default().data("[DONE]"));
+            }
         }
         futures::stream::iter(out)
     });

@@ -25,6 +25,9 @@ pub enum ApiError {
     QueueFull,
     #[error("The server is shutting down")]
     ShuttingDown,
+    /// A ring member failed; the message names it.
+    #[error("A device of the ring is unavailable: {0}")]
+    Unavailable(String),
     /// The message is logged, never sent: clients see a generic 500.
     #[error("internal error: {0}")]
     Internal(String),
@@ -58,7 +61,7 @@ impl ApiError {
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -74,6 +77,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", None, Some("request_too_large")),
             ApiError::QueueFull => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),
             ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),
+            ApiError::Unavailable(_) => ("server_error", None, Some("ring_unavailable")),
             ApiError::Internal(_) => ("server_error", None, None),
         };
         let message = match self {
@@ -91,7 +95,7 @@ impl IntoResponse for ApiError {
         }
         let status = self.status();
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::QueueFull | ApiError::ShuttingDown) {
+        if matches!(self, ApiError::QueueFull | ApiError::ShuttingDown | ApiError::Unavailable(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
         }
         resp

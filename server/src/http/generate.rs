@@ -135,6 +135,7 @@ pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Choice, A
                 return Ok(c);
             }
             Event::Failed(m) => return Err(ApiError::Internal(m)),
+            Event::Unavailable(m) => return Err(ApiError::Unavailable(m)),
         }
     }
     Err(ApiError::Internal("the batcher dropped a sequence".into()))

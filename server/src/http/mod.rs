@@ -101,8 +101,9 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {
-    let _ = &state;
-    Json(HealthResponse { status: "ok".into() })
+    // `degraded`: the last engine step failed because a ring member did.
+    let status = if state.batcher.degraded() { "degraded" } else { "ok" };
+    Json(HealthResponse { status: status.into() })
 }
 
 fn model_card(state: &AppState) -> ModelCard {
