@@ -19,9 +19,10 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let rt = http_runtime()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let shutdown = shutdown_signal()?;
         tracing::info!("hearth listening on http://{}", listener.local_addr()?);
         let batcher = state.batcher.clone();
-        axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown_signal()).await?;
+        axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await?;
         tokio::task::spawn_blocking(move || batcher.shutdown()).await?;
         Ok::<(), Box<dyn std::error::Error>>(())
     })
@@ -118,21 +119,23 @@ fn lower_thread_priority(nice: i32) {
     let _ = nice;
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on SIGTERM or Ctrl-C. The handlers are registered when this is called, not
+/// when the future is first polled: a signal that arrives right after "listening" (a
+/// supervisor stopping us at once) must shut down gracefully, not kill the process.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        Ok(async move {
+            tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+            tracing::info!("shutting down: finishing running requests");
+        })
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down: finishing running requests");
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing running requests");
+    })
 }
