@@ -16,7 +16,7 @@ use openapi::{
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, now_secs, Choice, GenSpec, SamplingFields};
+use super::generate::{self, finish_reason, now_secs, sampling_fields, Choice, GenSpec};
 use super::json::ApiJson;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
@@ -40,16 +40,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
         _ => None,
     };
     let sampling = generate::sampling_params(
-        SamplingFields {
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
-            min_p: req.min_p,
-            repeat_penalty: req.repeat_penalty,
-            frequency_penalty: req.frequency_penalty,
-            presence_penalty: req.presence_penalty,
-            logit_bias: req.logit_bias.as_ref(),
-        },
+        sampling_fields!(req),
         grammar,
     )?;
     // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, PromptTokensDetails, Usage};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, now_secs, GenSpec, SamplingFields};
+use super::generate::{self, finish_reason, now_secs, sampling_fields, GenSpec};
 use super::json::ApiJson;
 use super::{check_model, AppState};
 use crate::generation::{Event, TokenInfo};
@@ -22,16 +22,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
     req.validate(&state.limits)?;
     check_model(&state, &req.model)?;
     let sampling = generate::sampling_params(
-        SamplingFields {
-            temperature: req.temperature,
-            top_p: req.top_p,
-            top_k: req.top_k,
-            min_p: req.min_p,
-            repeat_penalty: req.repeat_penalty,
-            frequency_penalty: req.frequency_penalty,
-            presence_penalty: req.presence_penalty,
-            logit_bias: req.logit_bias.as_ref(),
-        },
+        sampling_fields!(req),
         None,
     )?;
     Sampler::new(&state.tokenizer, &sampling)?;

@@ -25,6 +25,23 @@ pub struct SamplingFields<'a> {
     pub logit_bias: Option<&'a std::collections::BTreeMap<String, f32>>,
 }
 
+/// The shared sampling fields of a chat or text completion request (their names match).
+macro_rules! sampling_fields {
+    ($req:expr) => {
+        $crate::http::generate::SamplingFields {
+            temperature: $req.temperature,
+            top_p: $req.top_p,
+            top_k: $req.top_k,
+            min_p: $req.min_p,
+            repeat_penalty: $req.repeat_penalty,
+            frequency_penalty: $req.frequency_penalty,
+            presence_penalty: $req.presence_penalty,
+            logit_bias: $req.logit_bias.as_ref(),
+        }
+    };
+}
+pub(crate) use sampling_fields;
+
 /// Unset OpenAI parameters take OpenAI's defaults (temperature 1, top_p 1); hearth's
 /// extensions take llama-server's (top_k 40, min_p 0.05), which keep small models on
 /// track. The seed is set per choice.

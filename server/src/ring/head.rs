@@ -130,16 +130,20 @@ impl RingPipeline {
 
     fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
         self.step += 1;
-        let metas: Vec<TokenMeta> = batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect();
+        let mut metas: Vec<TokenMeta> = batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect();
         let mut h = Self::hidden(self.stage.forward(0, batch, StageInput::Tokens(tokens))?)?;
         for round in 0..self.own.len() {
             if let Some(w) = self.own[round] {
                 h = Self::hidden(self.stage.forward(w, batch, StageInput::Hidden(&h))?)?;
             }
             if self.workers_compute {
-                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: metas.clone(), hidden: h };
+                // The token list travels round and comes back: reuse it, no copy per round.
+                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden: h };
                 h = match self.round_trip(Frame::Activations(a))? {
-                    Frame::Activations(back) if back.step == self.step && back.round == round as u32 => back.hidden,
+                    Frame::Activations(back) if back.step == self.step && back.round == round as u32 => {
+                        metas = back.tokens;
+                        back.hidden
+                    }
                     other => return Err(ring_err(format!("out-of-order {} frame from the ring", other.kind_name()))),
                 };
             }

@@ -21,44 +21,20 @@ pub struct Served {
 impl Served {
     /// Starts `hearth serve --port 0 ARGS --model <default>` and waits for its address.
     pub fn start(args: &[&str]) -> Served {
-        Served::spawn(&["serve", "--port", "0"], args, "listening on http://")
+        Served::spawn(&["serve", "--port", "0"], args, "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
     }
 
     /// Starts `hearth worker --listen 127.0.0.1:0 ARGS --model <default>`.
     pub fn worker(args: &[&str]) -> Served {
-        Served::spawn(&["worker", "--listen", "127.0.0.1:0"], args, "worker listening on ")
+        Served::spawn(&["worker", "--listen", "127.0.0.1:0"], args, "worker listening on ").unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))
     }
 
-    /// Like `start`, but returns the server's error output if it exits instead.
+    /// Like `start`, but returns the server's log if it exits instead of listening.
     pub fn try_start(args: &[&str]) -> Result<Served, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
-            .args(["serve", "--port", "0"])
-            .args(args)
-            .arg("--model")
-            .arg(default_model())
-            .env("HEARTH_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut log = String::new();
-        loop {
-            let Some(line) = lines.next() else {
-                let _ = child.wait();
-                return Err(log);
-            };
-            let line = line.unwrap();
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.trim().to_string();
-                std::thread::spawn(move || for _ in lines {});
-                return Ok(Served { child, addr });
-            }
-            log.push_str(&line);
-            log.push('\n');
-        }
+        Served::spawn(&["serve", "--port", "0"], args, "listening on http://")
     }
 
-    fn spawn(role: &[&str], args: &[&str], marker: &str) -> Served {
+    fn spawn(role: &[&str], args: &[&str], marker: &str) -> Result<Served, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args(role)
             .args(args)
@@ -69,18 +45,22 @@ impl Served {
             .spawn()
             .unwrap();
         let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = String::new();
         let addr = loop {
             let Some(line) = lines.next() else {
-                let _ = child.kill();
-                panic!("hearth serve exited before listening");
+                let _ = child.wait();
+                return Err(log);
             };
-            if let Some(rest) = line.unwrap().split(marker).nth(1) {
+            let line = line.unwrap();
+            if let Some(rest) = line.split(marker).nth(1) {
                 break rest.trim().to_string();
             }
+            log.push_str(&line);
+            log.push('\n');
         };
-        // Keep draining the log so the server never blocks on a full pipe.
+        // Keep draining the log so the process never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Served { child, addr }
+        Ok(Served { child, addr })
     }
 
     /// Sends SIGTERM (a user's Ctrl-C or `docker stop`).
