@@ -7,7 +7,8 @@ set -euo pipefail
 
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
-ldconfig -p 2>/dev/null | grep -q 'libclang' || compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null || missing+=(libclang-dev)
+# bindgen loads libclang.so / libclang-N.so; libclang-cpp (often preinstalled) is not it.
+{ ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9.]+)?\.so'; } || { ls /usr/lib/llvm-*/lib/ 2>/dev/null | grep -Eq '^libclang(-[0-9.]+)?\.so'; } || missing+=(libclang-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -20,6 +20,21 @@ pub trait Pipeline: Send {
     fn truncate_sequence(&mut self, seq: SeqId, len: usize);
     /// Context cells per sequence.
     fn n_ctx_seq(&self) -> usize;
+    /// Tries to make a pipeline whole again after a step failed because a part of it
+    /// (a ring member) did. `Ok(true)`: it was broken and is whole now, and every
+    /// sequence's cache is empty. `Ok(false)`: nothing was broken. An error says why it is
+    /// still broken. A pipeline on one machine never breaks this way.
+    fn recover(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Called by the batching loop while no sequence runs and nothing is queued, about
+    /// every 100 ms, with how long that has lasted: the moment for maintenance that would
+    /// stall a step (a ring re-plans then). `Ok(true)`: every sequence's cache was emptied.
+    /// An error says the pipeline is broken now (as a failed step would).
+    fn idle(&mut self, idle_for: std::time::Duration) -> Result<bool> {
+        let _ = idle_for;
+        Ok(false)
+    }
 }
 
 impl Pipeline for LocalPipeline {

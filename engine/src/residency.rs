@@ -9,6 +9,7 @@
 //! in only when touched (DESIGN.md), so prefetching really reads the pages, on a thread.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -47,16 +48,23 @@ impl ModelFile {
 
     /// Bytes of `ranges` resident in memory now (mincore).
     pub fn resident_bytes(&self, ranges: &[Range<usize>]) -> usize {
+        self.resident_bytes_with(ranges, &mut Vec::new())
+    }
+
+    /// [`resident_bytes`](Self::resident_bytes) reusing `buf` (one byte per page), so a
+    /// caller that asks every step does not allocate once the buffer has grown.
+    pub fn resident_bytes_with(&self, ranges: &[Range<usize>], buf: &mut Vec<u8>) -> usize {
         let base = self.gguf.bytes().as_ptr();
         let mut total = 0;
         for r in ranges {
             let pages = r.len().div_ceil(PAGE);
-            let mut vec = vec![0u8; pages];
+            buf.clear();
+            buf.resize(pages, 0);
             // SAFETY: the range lies inside the mapping and starts on a page boundary of
-            // it (the mapping itself is page-aligned); `vec` has one byte per page.
-            let rc = unsafe { libc::mincore(base.add(r.start) as *mut libc::c_void, r.len(), vec.as_mut_ptr()) };
+            // it (the mapping itself is page-aligned); `buf` has one byte per page.
+            let rc = unsafe { libc::mincore(base.add(r.start) as *mut libc::c_void, r.len(), buf.as_mut_ptr()) };
             if rc == 0 {
-                total += vec.iter().filter(|&&v| v & 1 == 1).count() * PAGE;
+                total += buf.iter().filter(|&&v| v & 1 == 1).count() * PAGE;
             }
         }
         total
@@ -82,16 +90,33 @@ impl ModelFile {
 }
 
 /// A running prefetch: a thread that advises WILLNEED and then touches one byte per page
-/// of the ranges. Join it (or drop it) to wait for the pages to be in.
+/// of the ranges. `wait` joins it; `cancel` stops it at the next 1 MiB and joins it
+/// (dropping it cancels too, so a replaced prefetch never keeps reading behind a newer one).
 pub struct Prefetch {
     thread: Option<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
 }
+
+/// Pages touched between checks of the stop flag (1 MiB).
+const PAGES_PER_CHECK: usize = 256;
 
 impl Prefetch {
     pub fn start(file: Arc<ModelFile>, ranges: Vec<Range<usize>>) -> Prefetch {
+        Self::start_after_release(file, Vec::new(), ranges)
+    }
+
+    /// Releases `release` (see [`ModelFile::release`]) and then reads `ranges` ahead, on
+    /// the background thread, so neither delays the caller: a ring device hands its
+    /// output on at once and pages out the window it just ran while others compute.
+    pub fn start_after_release(file: Arc<ModelFile>, release: Vec<Range<usize>>, ranges: Vec<Range<usize>>) -> Prefetch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop_flag = stop.clone();
         let thread = std::thread::Builder::new()
             .name("hearth-prefetch".into())
             .spawn(move || {
+                if !release.is_empty() {
+                    file.release(&release);
+                }
                 let bytes = file.gguf.bytes();
                 for r in &ranges {
                     // SAFETY: advice on a range inside the read-only mapping.
@@ -99,7 +124,10 @@ impl Prefetch {
                 }
                 let mut sink = 0u8;
                 for r in &ranges {
-                    for off in (r.start..r.end).step_by(PAGE) {
+                    for (i, off) in (r.start..r.end).step_by(PAGE).enumerate() {
+                        if i % PAGES_PER_CHECK == 0 && stop_flag.load(Ordering::Relaxed) {
+                            return;
+                        }
                         // A volatile read so the touch is not optimised away.
                         // SAFETY: `off` is inside the mapping.
                         sink ^= unsafe { std::ptr::read_volatile(bytes.as_ptr().add(off)) };
@@ -108,7 +136,7 @@ impl Prefetch {
                 std::hint::black_box(sink);
             })
             .ok();
-        Prefetch { thread }
+        Prefetch { thread, stop }
     }
 
     /// Waits until every page has been touched.
@@ -117,8 +145,192 @@ impl Prefetch {
             let _ = t.join();
         }
     }
+
+    /// Whether the thread is done (or never started).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Stops reading ahead and waits for the thread (at most one page fault plus 1 MiB).
+    pub fn cancel(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Prefetch {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// This process's storage reads, from /proc/self/io, opened once: a device reads it twice
+/// per window per step, and each read is then one `pread` into a stack buffer.
+pub struct ProcessIo(std::fs::File);
+
+impl ProcessIo {
+    /// None where /proc is missing.
+    pub fn open() -> Option<ProcessIo> {
+        std::fs::File::open("/proc/self/io").ok().map(ProcessIo)
+    }
+
+    /// Bytes this process (all its threads) has caused to be read from storage so far:
+    /// `read_bytes`, which counts block I/O (page-cache hits are free).
+    pub fn read_bytes(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 512];
+        let mut n = 0;
+        // Reading from offset 0 makes the kernel produce the file afresh.
+        while n < buf.len() {
+            match self.0.read_at(&mut buf[n..], n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(_) => return None,
+            }
+        }
+        field_u64(std::str::from_utf8(&buf[..n]).ok()?, "read_bytes:")
+    }
+}
+
+/// The value of the `key` line (`key  123`, optionally followed by a unit) of a /proc file.
+pub(crate) fn field_u64(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| l.strip_prefix(key)).and_then(|v| v.split_whitespace().next()).and_then(|v| v.parse().ok())
+}
+
+/// Where the memory a process may use comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemorySource {
+    /// `memory.limit_in_bytes` of the process's cgroup (v1).
+    CgroupV1,
+    /// `memory.max` of the process's cgroup (v2).
+    CgroupV2,
+    /// `MemAvailable` of /proc/meminfo: no cgroup limit applies.
+    MemAvailable,
+}
+
+/// How many bytes this process may fill, and where the figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    pub bytes: u64,
+    pub source: MemorySource,
+}
+
+/// Limits at or above this are "no limit" (cgroup v1 writes 2^63 rounded to a page).
+const UNLIMITED: u64 = 1 << 60;
+
+/// The memory this process may use: its cgroup's limit (v1 or v2) where one is set,
+/// else MemAvailable. File-backed pages (the model's mmap) count towards a cgroup's limit.
+pub fn memory_budget() -> Option<MemoryBudget> {
+    let read = |p: &str| std::fs::read_to_string(p).ok();
+    let cgroup = read("/proc/self/cgroup").unwrap_or_default();
+    memory_budget_from(&cgroup, |p| read(p))
+}
+
+/// [`memory_budget`] over a file reader, for tests.
+pub fn memory_budget_from(proc_self_cgroup: &str, read: impl Fn(&str) -> Option<String>) -> Option<MemoryBudget> {
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let path = path.trim_end_matches('/');
+        let limit = if controllers.split(',').any(|c| c == "memory") {
+            read(&format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")).and_then(|t| parse_limit(&t)).map(|b| (b, MemorySource::CgroupV1))
+        } else if controllers.is_empty() {
+            read(&format!("/sys/fs/cgroup{path}/memory.max")).and_then(|t| parse_limit(&t)).map(|b| (b, MemorySource::CgroupV2))
+        } else {
+            None
+        };
+        if let Some((bytes, source)) = limit {
+            return Some(MemoryBudget { bytes, source });
+        }
+    }
+    let meminfo = read("/proc/meminfo")?;
+    Some(MemoryBudget { bytes: field_u64(&meminfo, "MemAvailable:")? * 1024, source: MemorySource::MemAvailable })
+}
+
+/// A cgroup limit file's value; None for "max" (v2) or a v1 "unlimited" figure.
+fn parse_limit(text: &str) -> Option<u64> {
+    let v: u64 = text.trim().parse().ok()?;
+    (v < UNLIMITED).then_some(v)
+}
+
+/// Anonymous memory this process holds now (KV caches, compute buffers): RssAnon of
+/// /proc/self/status. It shares the budget with the model's pages.
+pub fn anon_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    Some(field_u64(&status, "RssAnon:")? * 1024)
+}
+
+/// Whether windows needing `need` bytes overflow a `budget` of which `reserved` is taken
+/// by other memory: then a device releases each window after running it, so the next
+/// window's prefetch does not evict pages it will need (prima.cpp's prefetch-release conflict).
+pub fn overloaded(need: u64, budget: u64, reserved: u64) -> bool {
+    need.saturating_add(reserved) > budget
 }
 
 fn layer_of(name: &str) -> Option<usize> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(entries: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |p| entries.iter().find(|(k, _)| *k == p).map(|(_, v)| v.to_string())
+    }
+
+    const MEMINFO: &str = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n";
+
+    #[test]
+    fn cgroup_v1_limit_is_read_from_the_process_cgroup() {
+        let cg = "5:devices:/\n4:memory:/hearth/w1\n0::/\n";
+        let read = files(&[("/sys/fs/cgroup/memory/hearth/w1/memory.limit_in_bytes", "536870912\n"), ("/proc/meminfo", MEMINFO)]);
+        assert_eq!(memory_budget_from(cg, read), Some(MemoryBudget { bytes: 512 << 20, source: MemorySource::CgroupV1 }));
+    }
+
+    #[test]
+    fn unlimited_cgroups_fall_back_to_mem_available() {
+        let cg = "4:memory:/\n0::/\n";
+        let read = files(&[("/sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"), ("/sys/fs/cgroup/memory.max", "max\n"), ("/proc/meminfo", MEMINFO)]);
+        assert_eq!(memory_budget_from(cg, read), Some(MemoryBudget { bytes: 20_000_000 * 1024, source: MemorySource::MemAvailable }));
+    }
+
+    #[test]
+    fn cgroup_v2_memory_max_is_read() {
+        let cg = "0::/user.slice/hearth.scope\n";
+        let read = files(&[("/sys/fs/cgroup/user.slice/hearth.scope/memory.max", "1073741824\n"), ("/proc/meminfo", MEMINFO)]);
+        assert_eq!(memory_budget_from(cg, read), Some(MemoryBudget { bytes: 1 << 30, source: MemorySource::CgroupV2 }));
+    }
+
+    #[test]
+    fn missing_files_give_none_and_junk_is_ignored() {
+        assert_eq!(memory_budget_from("", files(&[])), None);
+        let read = files(&[("/sys/fs/cgroup/memory/x/memory.limit_in_bytes", "lots"), ("/proc/meminfo", MEMINFO)]);
+        assert_eq!(memory_budget_from("4:memory:/x", read).map(|b| b.source), Some(MemorySource::MemAvailable));
+    }
+
+    #[test]
+    fn overload_counts_the_reserved_memory() {
+        assert!(!overloaded(400, 1000, 500));
+        assert!(overloaded(400, 1000, 700));
+        assert!(overloaded(2000, 1000, 0));
+        assert!(!overloaded(1000, 1000, 0));
+        assert!(!overloaded(u64::MAX, u64::MAX, 0));
+    }
+
+    #[test]
+    fn this_process_has_a_budget_and_read_counter() {
+        assert!(memory_budget().is_some_and(|b| b.bytes > 0));
+        let io = ProcessIo::open().unwrap();
+        let first = io.read_bytes().unwrap();
+        assert!(io.read_bytes().unwrap() >= first, "the counter only grows");
+        assert!(anon_bytes().is_some_and(|b| b > 0));
+    }
+}
+

@@ -18,9 +18,14 @@ use crate::models::ModelList;
 /// The answer of `GET /health`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HealthResponse {
-    /// `ok` when the model is loaded and requests are served.
+    /// `ok` when the model is loaded and requests are served; `degraded` while a ring
+    /// member is lost.
     #[schema(example = "ok")]
     pub status: String,
+    /// Why the server is `degraded` (a ring member is lost, named here); new requests get
+    /// 503 until the ring is whole again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl HealthResponse {
@@ -28,6 +33,7 @@ impl HealthResponse {
     pub fn ok() -> Self {
         HealthResponse {
             status: "ok".to_string(),
+            reason: None,
         }
     }
 }

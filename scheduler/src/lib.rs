@@ -3,9 +3,26 @@
 //! out), by solving integer programs with HiGHS over prima.cpp's latency model.
 //!
 //! Pure and synchronous: plain data in, plan out; no I/O, no engine, no network.
-//! So far it holds the plan itself and the hand-made plans (`--windows`); the profiles,
-//! the cost model and the solver come with the scheduler issue.
+//!
+//! - [`profile`]: what the profiler measures (`DeviceProfile`) and what the model
+//!   profiler reads (`ModelProfile`), in the paper's symbols.
+//! - [`cost`]: the LDA latency model; [`predict`] gives any plan's TPOT with a
+//!   per-device breakdown (compute, memory, disk, network).
+//! - [`halda`]: Algorithm 1 (one ILP per divisor k of L, set iteration, calibration,
+//!   device selection) and the baselines, chosen by [`Strategy`]; entry point [`schedule`].
+//! - [`replan`]: the online part: whether fresh profiles [`drift`]ed, and whether a new
+//!   schedule predicts enough gain to [`decide`] on re-forming a running ring.
+//!
+//! The decisions the paper leaves open are in docs/scheduler.md.
 
+pub mod cost;
+pub mod halda;
 mod plan;
+pub mod profile;
+pub mod replan;
 
+pub use cost::{predict, Breakdown, DeviceCost, DeviceSet, Prediction};
+pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DISK_THRESHOLD};
 pub use plan::{DevicePlan, Plan, PlanError};
+pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, Os, PerQuant};
+pub use replan::{decide, drift, Current, Decision, ReplanPolicy};

@@ -6,6 +6,8 @@
 
 use std::ops::Range;
 
+use serde::{Deserialize, Serialize};
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     #[error("a plan needs at least one device")]
@@ -18,7 +20,7 @@ pub enum PlanError {
     TooManyDevices { devices: usize, n_layer: usize },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DevicePlan {
     /// Layers per window (w_m); 0 for a device that only relays.
     pub window: usize,
@@ -26,7 +28,7 @@ pub struct DevicePlan {
     pub gpu_layers: usize,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub n_layer: usize,
     /// In ring order; device 0 is the head.

@@ -11,7 +11,9 @@ use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use crate::cli::{BenchServeArgs, ServeArgs};
+use clap::Parser;
+
+use crate::cli::BenchServeArgs;
 
 /// One streamed request's timings.
 struct Sample {
@@ -28,23 +30,13 @@ pub fn run(args: BenchServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let engine_one = engine_decode_rate(&path, threads, args.max_tokens, 1)?;
     let engine_all = engine_decode_rate(&path, threads, args.max_tokens, parallel)?;
     let engine_tpot = Duration::from_secs_f64(1.0 / engine_one);
-    let serve = ServeArgs {
-        model: crate::cli::ModelArg { model: Some(path.clone()) },
-        host: "127.0.0.1".into(),
-        port: 0,
-        threads: Some(threads),
-        ctx_size: 1024,
-        parallel,
-        queue_size: 64,
-        max_batch: 512,
-        body_limit: 1 << 20,
-        api_key: None,
-        model_alias: None,
-        workers: Vec::new(),
-        cluster_secret: None,
-        windows: Vec::new(),
-        ring_listen: "127.0.0.1:0".into(),
-        f16_activations: false,
+    // The flags a user would pass, so every other setting keeps its real default.
+    let (threads_flag, parallel_flag) = (threads.to_string(), parallel.to_string());
+    let path_flag = path.to_string_lossy().into_owned();
+    let flags = ["hearth", "serve", "--model", &path_flag, "--port", "0", "--threads", &threads_flag, "--ctx-size", "1024", "--parallel", &parallel_flag];
+    let serve = match crate::cli::Cli::try_parse_from(flags)?.command {
+        crate::cli::Command::Serve(serve) => serve,
+        _ => unreachable!("parsed a serve command"),
     };
     let rt = crate::serve::http_runtime()?;
     rt.block_on(async move {

@@ -25,6 +25,103 @@ pub enum Command {
     BenchServe(BenchServeArgs),
     /// Download the default model into the models folder (idempotent, SHA-256 checked).
     FetchModel(FetchArgs),
+    /// Measure this device for the scheduler (kernels per weight format, memory, disk,
+    /// RAM); a table, or with --json a device profile for `hearth plan --devices`.
+    Profile(ProfileArgs),
+    /// Plan a ring offline: Halda (or a baseline) on device profiles (JSON) and a model
+    /// (GGUF, or a model-profile JSON); prints the windows per device and the predicted TPOT.
+    Plan(PlanArgs),
+    /// Write a random-weight llama GGUF of any size (for memory experiments).
+    #[command(hide = true)]
+    MakeModel(MakeModelArgs),
+    /// Print a worker's per-window statistics (the `profile` control method) as JSON.
+    #[command(hide = true)]
+    WorkerProfile(WorkerProfileArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ProfileArgs {
+    /// The model to profile for: the disk it is on, its KV size. Default: the models folder
+    /// and a typical KV size.
+    #[command(flatten)]
+    pub model: OptionalModelArg,
+    /// Compute threads (default: all cores).
+    #[arg(long, env = "HEARTH_THREADS")]
+    pub threads: Option<usize>,
+    /// The device's name in the profile (default: the host name).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Mark the profile as the head's (the first device of `hearth plan --devices`).
+    #[arg(long)]
+    pub head: bool,
+    /// Measure again instead of using the cached profile.
+    #[arg(long)]
+    pub fresh: bool,
+    /// Print the device profile as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A model path that stays unset when not given (nothing is fetched).
+#[derive(Args, Debug, Clone)]
+pub struct OptionalModelArg {
+    /// GGUF model file.
+    #[arg(long, env = "HEARTH_MODEL")]
+    pub model: Option<PathBuf>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PlanArgs {
+    /// JSON list of device profiles, the head first (see docs/scheduler.md).
+    #[arg(long)]
+    pub devices: PathBuf,
+    /// The model: a GGUF, or a model-profile JSON for what-if planning.
+    #[command(flatten)]
+    pub model: ModelArg,
+    /// halda, or a baseline to compare: memory (exo-style), compute (Galaxy-style), even.
+    #[arg(long, env = "HEARTH_PLAN_STRATEGY", default_value = "halda")]
+    pub plan_strategy: String,
+    /// Context (cached tokens) to plan for: KV-cache memory and attention time grow with it.
+    #[arg(long, env = "HEARTH_CTX_SIZE", default_value_t = 4096)]
+    pub ctx_size: usize,
+    /// Print the whole schedule as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MakeModelArgs {
+    #[arg(long)]
+    pub layers: u32,
+    #[arg(long, default_value_t = 2048)]
+    pub embd: u64,
+    #[arg(long, default_value_t = 8192)]
+    pub ff: u64,
+    #[arg(long, default_value_t = 16)]
+    pub heads: u32,
+    #[arg(long, default_value_t = 4)]
+    pub kv_heads: u32,
+    /// Weight type: q8_0, q4_0 or f16.
+    #[arg(long, default_value = "q8_0")]
+    pub r#type: String,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The GGUF whose tokenizer the new model gets (default: the default model).
+    #[command(flatten)]
+    pub tokenizer_from: ModelArg,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WorkerProfileArgs {
+    /// The worker's --listen address.
+    #[arg(long)]
+    pub worker: String,
+    #[arg(long, env = "HEARTH_CLUSTER_SECRET")]
+    pub cluster_secret: Option<String>,
+    #[arg(long, env = "HEARTH_INSECURE")]
+    pub insecure: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -106,16 +203,40 @@ pub struct ServeArgs {
     /// Shared secret of the ring; required unless every address is loopback.
     #[arg(long, env = "HEARTH_CLUSTER_SECRET")]
     pub cluster_secret: Option<String>,
+    /// How the scheduler chooses the windows and the workers to use, from every device's
+    /// measured profile: halda, or a baseline (memory, compute, even). --windows overrides it.
+    #[arg(long, env = "HEARTH_PLAN_STRATEGY", default_value = "halda")]
+    pub plan_strategy: String,
     /// Layers per window for the head and each worker, e.g. 4,3,3 (repeated each round
-    /// until all layers are placed). Default: an even split in one round.
+    /// until all layers are placed), instead of the scheduler's choice.
     #[arg(long, env = "HEARTH_WINDOWS", value_delimiter = ',')]
     pub windows: Vec<usize>,
+    /// Seconds the queue must be idle before the head looks at the cluster again and
+    /// re-plans if a device's profile drifted and a new plan predicts a real gain; 0 turns
+    /// it off. Off by default with --windows.
+    #[arg(long, env = "HEARTH_REPLAN_IDLE", default_value_t = 60)]
+    pub replan_idle: u64,
+    /// Bearer token for /admin/* (plan, replan, cluster); without it they are off.
+    #[arg(long, env = "HEARTH_ADMIN_KEY")]
+    pub admin_key: Option<String>,
     /// Where the last worker connects back to the head.
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,
     /// Send activations between ring members as f16 (half the bytes, not bit-exact).
     #[arg(long, env = "HEARTH_F16_ACTIVATIONS")]
     pub f16_activations: bool,
+    /// Seconds a step's frame may take to come round the ring before the ring counts as
+    /// broken. A dead or frozen device is noticed sooner, by keep-alive pings (~15 s);
+    /// this catches one that is alive but stuck. Allow for long prompt chunks on slow devices.
+    #[arg(long, env = "HEARTH_RING_TIMEOUT", default_value_t = 120)]
+    pub ring_timeout: u64,
+    /// Seconds to wait at start for workers that cannot be reached yet (started in any
+    /// order); a worker that refuses (wrong secret, other model) fails the start at once.
+    #[arg(long, env = "HEARTH_RING_WAIT", default_value_t = 60)]
+    pub ring_wait: u64,
+    /// Do not read the head's next window ahead while the workers compute (for comparison).
+    #[arg(long, env = "HEARTH_NO_PREFETCH")]
+    pub no_prefetch: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -134,6 +255,9 @@ pub struct WorkerArgs {
     /// Compute threads (default: all cores).
     #[arg(long, env = "HEARTH_THREADS")]
     pub threads: Option<usize>,
+    /// Do not read the next window ahead while other devices compute (for comparison).
+    #[arg(long, env = "HEARTH_NO_PREFETCH")]
+    pub no_prefetch: bool,
 }
 
 #[derive(Args, Debug, Clone)]

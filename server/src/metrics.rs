@@ -47,6 +47,62 @@ fn describe() {
     describe_histogram!("hearth_step_decode_tokens", "Decode tokens in one engine step (= sequences generating)");
     describe_histogram!("hearth_step_duration_seconds", Unit::Seconds, "Engine step duration by phase: decode (only decode tokens) or prefill (with prompt tokens)");
     describe_gauge!("hearth_kv_cache_usage_ratio", "Share of KV cache cells holding tokens (live and cached prefixes)");
+    describe_histogram!("hearth_ring_round_trip_seconds", Unit::Seconds, "One round of one step around the ring: from sending the activations to the first worker until they are back (workers' compute plus every hop)");
+    describe_gauge!("hearth_ring_up", "1 while the ring is whole, 0 while a member is lost (requests get 503)");
+    describe_counter!("hearth_ring_breaks_total", "Times the ring broke (a member died, froze or failed a step)");
+    describe_counter!("hearth_ring_recoveries_total", "Times a broken ring was formed again");
+    describe_gauge!("hearth_plan_predicted_tpot_seconds", Unit::Seconds, "TPOT the scheduler's cost model predicts for the running plan (absent for a plan it did not judge)");
+    describe_gauge!("hearth_plan_measured_tpot_seconds", Unit::Seconds, "Mean time of the last 64 single-token decode steps under the running plan");
+    describe_gauge!("hearth_plan_rounds", "k: rounds each token makes around the ring under the running plan");
+    describe_counter!("hearth_replans_total", "Plans adopted after the first (idle re-planning or POST /admin/replan)");
+    describe_gauge!("hearth_device_layers", "Layers per token a device runs under the running plan (0: left out or relay)");
+    describe_gauge!("hearth_device_gpu_layers", "Of hearth_device_layers, those on the device's GPU");
+}
+
+pub fn replanned() {
+    counter!("hearth_replans_total").increment(1);
+}
+
+pub fn measured_tpot(seconds: f64) {
+    gauge!("hearth_plan_measured_tpot_seconds").set(seconds);
+}
+
+/// The running plan: its predicted TPOT, k, and per device (by name) the layers per token
+/// and GPU layers per token; devices left out show 0.
+pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<Item = (&'a str, usize, usize)>, dropped: impl Iterator<Item = &'a str>) {
+    match predicted_s {
+        Some(t) => gauge!("hearth_plan_predicted_tpot_seconds").set(t),
+        None => gauge!("hearth_plan_predicted_tpot_seconds").set(f64::NAN),
+    }
+    gauge!("hearth_plan_rounds").set(rounds as f64);
+    counter!("hearth_replans_total").increment(0);
+    for (device, layers, gpu) in members {
+        gauge!("hearth_device_layers", "device" => device.to_string()).set(layers as f64);
+        gauge!("hearth_device_gpu_layers", "device" => device.to_string()).set(gpu as f64);
+    }
+    for device in dropped {
+        gauge!("hearth_device_layers", "device" => device.to_string()).set(0.0);
+        gauge!("hearth_device_gpu_layers", "device" => device.to_string()).set(0.0);
+    }
+}
+
+pub fn ring_round_trip(d: Duration) {
+    histogram!("hearth_ring_round_trip_seconds").record(d.as_secs_f64());
+}
+
+/// The ring was formed at start.
+pub fn ring_formed() {
+    gauge!("hearth_ring_up").set(1.0);
+}
+
+pub fn ring_broke() {
+    gauge!("hearth_ring_up").set(0.0);
+    counter!("hearth_ring_breaks_total").increment(1);
+}
+
+pub fn ring_recovered() {
+    gauge!("hearth_ring_up").set(1.0);
+    counter!("hearth_ring_recoveries_total").increment(1);
 }
 
 pub fn request(endpoint: &'static str, status: u16, elapsed: Duration) {

@@ -12,6 +12,7 @@ use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 use crate::cli::ServeArgs;
 use crate::generation::{Batcher, BatcherConfig};
 use crate::http::{self, AppState};
+use crate::ring::board::PlanBoard;
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     // Built before the runtime runs: forming a ring blocks on its own runtime.
@@ -44,31 +45,40 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
         ..StageConfig::whole(&spec)
     };
-    let pipeline: Box<dyn engine::Pipeline> = if args.workers.is_empty() {
-        Box::new(LocalPipeline::new(vec![Stage::new(file, cfg)?])?)
-    } else {
-        let plan = if args.windows.is_empty() {
-            scheduler::Plan::even(spec.n_layer, args.workers.len() + 1)?
-        } else {
-            scheduler::Plan::from_windows(spec.n_layer, &args.windows)?
-        };
-        let listen = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
-        let mut secret = None;
+    // A ring's secret (or loopback-only without one); no ring, no secret needed.
+    let mut secret = None;
+    if !args.workers.is_empty() {
         for w in args.workers.iter().chain(std::iter::once(&args.ring_listen)) {
             secret = Some(crate::ring::cluster_secret(args.cluster_secret.as_deref(), w, false)?);
         }
-        let ring = crate::ring::head::RingConfig {
-            workers: args.workers.clone(),
-            secret: secret.expect("at least one worker"),
-            plan,
-            listen,
-            n_seq: cfg.n_seq,
-            n_ctx_seq: cfg.n_ctx_seq,
-            max_batch: cfg.max_batch,
-            threads: cfg.threads,
-            f16: args.f16_activations,
-        };
-        Box::new(crate::ring::RingPipeline::connect(file, ring)?)
+    }
+    let strategy: scheduler::Strategy = args.plan_strategy.parse()?;
+    let (pipeline, board): (Box<dyn engine::Pipeline>, Arc<PlanBoard>) = match secret {
+        Some(secret) => {
+            let listen = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
+            let windows = (!args.windows.is_empty()).then(|| scheduler::Plan::from_windows(spec.n_layer, &args.windows)).transpose()?;
+            // A plan the user pinned stays unless they ask for another (POST /admin/replan).
+            let replan_idle = (args.replan_idle > 0 && windows.is_none()).then(|| std::time::Duration::from_secs(args.replan_idle));
+            let ring = crate::ring::head::RingConfig {
+                workers: Vec::new(),
+                secret: secret.clone(),
+                plan: windows,
+                listen,
+                n_seq: cfg.n_seq,
+                n_ctx_seq: cfg.n_ctx_seq,
+                max_batch: cfg.max_batch,
+                threads: cfg.threads,
+                f16: args.f16_activations,
+                step_timeout: std::time::Duration::from_secs(args.ring_timeout.max(1)),
+                prefetch: !args.no_prefetch,
+                startup_wait: std::time::Duration::from_secs(args.ring_wait),
+                replan_idle,
+            };
+            let planner = crate::ring::planning::Planner::new(file.clone(), path.clone(), args.workers.clone(), secret, cfg.threads, cfg.n_ctx_seq, strategy);
+            let board = Arc::new(PlanBoard::ring());
+            (Box::new(crate::ring::RingPipeline::connect(file, ring, planner, board.clone())?), board)
+        }
+        None => (Box::new(LocalPipeline::new(vec![Stage::new(file, cfg)?])?), Arc::new(PlanBoard::single(spec.n_layer))),
     };
     let tokenizer = Arc::new(Tokenizer::load(&path)?);
     let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
@@ -85,6 +95,8 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         model_id,
         created: crate::http::now_secs(),
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        admin_key: args.admin_key.clone().filter(|k| !k.is_empty()),
+        board,
         limits,
         body_limit: args.body_limit,
     });
@@ -102,6 +114,14 @@ pub fn http_runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .enable_all()
         .on_thread_start(|| lower_thread_priority(HTTP_NICE))
         .build()
+}
+
+/// The runtime that moves ring frames (the head's links, a worker's links and control
+/// calls): normal priority, unlike `http_runtime`. A frame waiting to be written is the
+/// whole ring waiting; at nice 10 its thread lost the cores for up to a millisecond to
+/// the compute threads still spinning after a step.
+pub fn ring_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("hearth-ring-io").build()
 }
 
 /// nice value of HTTP threads (0 is normal, 19 lowest): low enough to yield to the engine

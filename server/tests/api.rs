@@ -399,7 +399,12 @@ async fn a_full_queue_is_429_and_a_vanished_client_frees_its_slot() {
     let client = s.client.clone();
     let url = format!("{}/v1/chat/completions", s.base);
     let queued = tokio::spawn(async move { client.post(url).json(&chat("hi", json!({"max_tokens": 2}))).send().await.unwrap().status().as_u16() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Wait until it really waits in the queue (a fixed sleep is not enough on a busy machine).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !s.get("/metrics").await.text().await.unwrap().lines().any(|l| l == "hearth_queue_size 1") {
+        assert!(std::time::Instant::now() < deadline, "the second request never reached the queue");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = s.client.post(format!("{}/v1/chat/completions", s.base)).json(&chat("hi", json!({"max_tokens": 2}))).send().await.unwrap();
     assert_eq!(r.status(), 429);
     assert_eq!(r.headers()["retry-after"], "1");

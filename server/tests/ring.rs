@@ -5,7 +5,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::Served;
 use serde_json::Value;
@@ -41,8 +41,8 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    // k = 1, 2, 3, uneven, and a head that only embeds, samples and relays.
-    for windows in ["10,10,10", "5,5,5", "4,3,3", "6,12,12", "0,15,15"] {
+    // k = 1, 2, 3, uneven, a head that only embeds, samples and relays, a relaying worker.
+    for windows in ["10,10,10", "5,5,5", "4,3,3", "6,12,12", "0,15,15", "15,0,15"] {
         let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &workers, "--windows", windows]);
         assert_eq!(chat(&head.addr, false), expected, "windows {windows}");
         assert_eq!(chat(&head.addr, true), expected, "windows {windows}, streamed");
@@ -59,7 +59,7 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
 fn two_concurrent_streams_across_the_ring() {
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
-    let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &format!("{},{}", w1.addr, w2.addr)]);
+    let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &format!("{},{}", w1.addr, w2.addr), "--plan-strategy", "even"]);
     let alone = chat(&head.addr, true);
     let addr = head.addr.clone();
     let other = std::thread::spawn(move || chat(&addr, true));
@@ -79,30 +79,272 @@ fn a_wrong_cluster_secret_is_refused() {
 }
 
 fn raw(addr: &str, method_path: &str, body: &str) -> (u16, String) {
+    raw_with(addr, method_path, "", body)
+}
+
+/// `headers`: extra header lines, each ending in `\r\n`.
+fn raw_with(addr: &str, method_path: &str, headers: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(s, "{method_path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(s, "{method_path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
     let mut resp = String::new();
     s.read_to_string(&mut resp).unwrap();
     let status = resp[9..12].parse().unwrap();
     (status, resp[resp.find("\r\n\r\n").unwrap() + 4..].to_string())
 }
 
+const LONG: &str = r#"{"model":"","messages":[{"role":"user","content":"Write a very long story."}],"max_tokens":900,"temperature":0}"#;
+
+fn health(addr: &str) -> Value {
+    let (status, body) = raw(addr, "GET /health", "");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Polls /health until it says `ok`; panics with the last answer after `limit`.
+fn wait_healthy(addr: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let h = health(addr);
+        if h["status"] == "ok" {
+            return;
+        }
+        assert!(start.elapsed() < limit, "the ring did not recover within {limit:?}: {h}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Checks that a request fails with 503 `ring_unavailable` whose message contains `names`.
+fn assert_ring_unavailable(status: u16, body: &str, names: &str) {
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(v["error"]["code"], "ring_unavailable", "{body}");
+    assert!(v["error"]["message"].as_str().unwrap().contains(names), "the error should name {names}: {body}");
+}
+
+/// A copy of the default model with one weight byte changed: same shape, other content.
+fn different_model(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("other.gguf");
+    std::fs::copy(common::default_model(), &path).unwrap();
+    let g = engine::gguf::GgufFile::open(&path).unwrap();
+    let at = g.data_offset() + g.meta().tensors()[0].offset;
+    drop(g);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at as usize] ^= 0x5a;
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
 #[test]
-fn a_worker_killed_mid_request_gives_503_and_degraded_health() {
+fn a_worker_killed_mid_stream_ends_it_with_an_error_then_503_until_it_returns_and_serving_resumes() {
     let w1 = Served::worker(&["--threads", "1"]);
     let mut w2 = Served::worker(&["--threads", "1"]);
-    let head = Served::start(&["--threads", "1", "--workers", &format!("{},{}", w1.addr, w2.addr)]);
+    let w2_addr = w2.addr.clone();
+    let head = Served::start(&["--threads", "1", "--workers", &format!("{},{}", w1.addr, w2.addr), "--plan-strategy", "even"]);
+    let expected = chat(&head.addr, false);
+
+    // kill -9 mid-stream: the stream in flight ends with a ring_unavailable error event.
     let addr = head.addr.clone();
-    let long = r#"{"model":"","messages":[{"role":"user","content":"Write a very long story."}],"max_tokens":900,"temperature":0}"#;
-    let pending = std::thread::spawn(move || raw(&addr, "POST /v1/chat/completions", long));
+    let streamed = LONG.replace(r#""temperature":0"#, r#""temperature":0,"stream":true"#);
+    let pending = std::thread::spawn(move || raw(&addr, "POST /v1/chat/completions", &streamed));
     std::thread::sleep(Duration::from_millis(800));
     w2.child.kill().unwrap(); // SIGKILL: no goodbye on the link
     let (status, body) = pending.join().unwrap();
-    assert_eq!(status, 503, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["error"]["code"], "ring_unavailable", "{body}");
-    let (status, body) = raw(&head.addr, "GET /health", "");
-    assert_eq!(status, 200);
-    assert!(body.contains("\"degraded\""), "{body}");
+    assert_eq!(status, 200, "{body}");
+    let events: Vec<&str> = body.split("\n\n").filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: "))).collect();
+    assert!(events.len() > 2, "the stream should have run before the kill: {body}");
+    let error: Value = serde_json::from_str(events[events.len() - 2]).unwrap();
+    assert_eq!(error["error"]["code"], "ring_unavailable", "{body}");
+    assert_eq!(events[events.len() - 1], "[DONE]");
+
+    // The head keeps answering /health, degraded, and refuses new requests at once.
+    let h = health(&head.addr);
+    assert_eq!(h["status"], "degraded", "{h}");
+    let started = Instant::now();
+    let (status, body) = raw(&head.addr, "POST /v1/chat/completions", LONG);
+    assert_ring_unavailable(status, &body, "");
+    assert!(started.elapsed() < Duration::from_secs(5), "a broken ring must refuse at once, took {:?}", started.elapsed());
+    // Once the head has tried to re-form the ring, the reason names the lost worker.
+    std::thread::sleep(Duration::from_millis(2500));
+    let h = health(&head.addr);
+    assert!(h["reason"].as_str().unwrap().contains(&w2_addr), "{h}");
+
+    // The worker comes back with another model file: refused, with the reason.
+    let dir = std::env::temp_dir().join(format!("hearth-ring-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wrong = Served::worker_at(&w2_addr, &different_model(&dir), &["--threads", "1"]).unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    let h = health(&head.addr);
+    assert_eq!(h["status"], "degraded", "{h}");
+    assert!(h["reason"].as_str().unwrap().contains("different model"), "{h}");
+    drop(wrong);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    // The right worker comes back: the head reconnects by itself, output as before.
+    let _w2 = Served::worker_at(&w2_addr, &common::default_model(), &["--threads", "1"]).unwrap();
+    wait_healthy(&head.addr, Duration::from_secs(30));
+    assert_eq!(chat(&head.addr, false), expected);
+    assert_eq!(chat(&head.addr, true), expected);
+    let (_, metrics) = raw(&head.addr, "GET /metrics", "");
+    for line in ["hearth_ring_up 1", "hearth_ring_breaks_total 1", "hearth_ring_recoveries_total 1"] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(metrics.contains("hearth_ring_round_trip_seconds_count"), "{metrics}");
+}
+
+#[test]
+fn a_frozen_worker_breaks_the_ring_and_it_recovers_when_it_thaws() {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let head = Served::start(&["--threads", "1", "--workers", &format!("{},{}", w1.addr, w2.addr), "--plan-strategy", "even"]);
+    let expected = chat(&head.addr, false);
+    let addr = head.addr.clone();
+    let pending = std::thread::spawn(move || raw(&addr, "POST /v1/chat/completions", LONG));
+    std::thread::sleep(Duration::from_millis(800));
+    // SIGSTOP: the process is alive, its sockets open, but it answers nothing.
+    w1.signal(common::SIGSTOP);
+    let started = Instant::now();
+    let (status, body) = pending.join().unwrap();
+    eprintln!("a frozen worker was noticed after {:?}", started.elapsed());
+    assert_ring_unavailable(status, &body, "");
+    assert_eq!(health(&head.addr)["status"], "degraded");
+    w1.signal(common::SIGCONT);
+    wait_healthy(&head.addr, Duration::from_secs(30));
+    assert_eq!(chat(&head.addr, false), expected);
+}
+
+#[test]
+fn a_second_head_is_refused_while_the_first_serves_and_takes_over_when_it_stops() {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let first = Served::start(&["--threads", "1", "--workers", &workers, "--windows", "4,3,3"]);
+    let expected = chat(&first.addr, false);
+    let err = match Served::try_start(&["--threads", "1", "--workers", &workers, "--windows", "4,3,3"]) {
+        Ok(_) => panic!("a second head took over workers that serve a running head"),
+        Err(log) => log,
+    };
+    assert!(err.contains("another head"), "{err}");
+    assert_eq!(chat(&first.addr, false), expected);
+    // A head that is stopped (or restarted) frees its workers for the next one.
+    drop(first);
+    let second = Served::start(&["--threads", "1", "--workers", &workers, "--windows", "4,3,3"]);
+    assert_eq!(chat(&second.addr, true), expected);
+}
+
+#[test]
+fn a_head_started_before_its_workers_waits_for_them() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (a1, a2) = (free(), free());
+    let model = common::default_model();
+    let (b1, b2) = (a1.clone(), a2.clone());
+    // The workers come up a few seconds after the head, as compose files on two machines might.
+    let late = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(3));
+        (Served::worker_at(&b1, &model, &["--threads", "1"]).unwrap(), Served::worker_at(&b2, &model, &["--threads", "1"]).unwrap())
+    });
+    let head = Served::start(&["--threads", "1", "--workers", &format!("{a1},{a2}"), "--ring-wait", "60", "--plan-strategy", "even"]);
+    let _workers = late.join().unwrap();
+    assert_eq!(health(&head.addr)["status"], "ok");
+    assert!(!chat(&head.addr, false).is_empty());
+}
+
+#[test]
+fn the_scheduler_plans_the_ring_from_the_devices_measured_profiles() {
+    let single = Served::start(&["--threads", "1"]);
+    let expected = chat(&single.addr, false);
+    drop(single);
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    // `even` keeps every worker (the profile RPC, the planning and the ring all run);
+    // `halda` may keep fewer, even none on one machine: the answer must not change.
+    for strategy in ["even", "halda"] {
+        let head = Served::start(&["--threads", "1", "--workers", &workers, "--plan-strategy", strategy]);
+        assert_eq!(chat(&head.addr, false), expected, "--plan-strategy {strategy}");
+    }
+    let bad = Served::try_start(&["--threads", "1", "--workers", &workers, "--plan-strategy", "fastest"]);
+    assert!(bad.is_err_and(|log| log.contains("unknown plan strategy")));
+}
+
+/// An admin call with the key the test heads get; the answer must be 200 JSON.
+fn admin(addr: &str, method_path: &str, body: &str) -> Value {
+    let (status, text) = raw_with(addr, method_path, "Authorization: Bearer admin-key\r\n", body);
+    assert_eq!(status, 200, "{method_path}: {text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn windows(plan: &Value) -> Vec<u64> {
+    plan["members"].as_array().unwrap().iter().map(|m| m["window"].as_u64().unwrap()).collect()
+}
+
+#[test]
+fn the_admin_api_shows_the_plan_and_replans_on_demand_without_changing_the_answer() {
+    let single = Served::start(&["--threads", "1"]);
+    let expected = chat(&single.addr, false);
+    // Off without --admin-key; a single node's plan is the head alone.
+    let (status, body) = raw(&single.addr, "GET /admin/plan", "");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("admin_disabled"), "{body}");
+    drop(single);
+
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start(&["--threads", "1", "--workers", &workers, "--plan-strategy", "even", "--admin-key", "admin-key"]);
+    let (status, body) = raw_with(&head.addr, "GET /admin/plan", "Authorization: Bearer wrong\r\n", "");
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("invalid_admin_key"), "{body}");
+
+    let plan = admin(&head.addr, "GET /admin/plan", "");
+    assert_eq!(plan["source"], "even", "{plan}");
+    assert_eq!(windows(&plan), vec![10, 10, 10], "{plan}");
+    assert_eq!(plan["members"][1]["layers"], serde_json::json!([[10, 20]]), "{plan}");
+    assert!(plan["predicted_tpot_ms"].as_f64().unwrap() > 0.0, "{plan}");
+    assert_eq!(plan["replans"], 0);
+    let cluster = admin(&head.addr, "GET /admin/cluster", "");
+    let devices = cluster["devices"].as_array().unwrap();
+    assert_eq!(devices.len(), 3, "{cluster}");
+    assert_eq!(devices[0]["name"], "head");
+    assert_eq!(devices[1]["name"], w1.addr.as_str());
+    assert!(devices[1]["comm_s"].as_f64().unwrap() > 0.0, "the hop latency is measured: {cluster}");
+    assert!(devices[2]["ram_available"].as_f64().unwrap() > 0.0, "{cluster}");
+
+    assert_eq!(chat(&head.addr, false), expected);
+    let plan = admin(&head.addr, "GET /admin/plan", "");
+    assert!(plan["measured_steps"].as_u64().unwrap() > 0 && plan["measured_tpot_ms"].as_f64().unwrap() > 0.0, "{plan}");
+
+    // Bad requests are refused with the reason.
+    let (status, body) = raw_with(&head.addr, "POST /admin/replan", "Authorization: Bearer admin-key\r\n", r#"{"strategy":"fastest"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("unknown plan strategy"), "{body}");
+    let (status, body) = raw_with(&head.addr, "POST /admin/replan", "Authorization: Bearer admin-key\r\n", "{not json");
+    assert_eq!(status, 400, "{body}");
+
+    // Halda on one machine: the plan changes (extra hops buy nothing here), the answer does not.
+    let halda = admin(&head.addr, "POST /admin/replan", r#"{"strategy":"halda"}"#);
+    assert_eq!(halda["source"], "halda", "{halda}");
+    assert_eq!(halda["replans"], 1, "{halda}");
+    assert!(halda["last_check"]["applied"].as_bool().unwrap(), "{halda}");
+    assert!(windows(&halda) != vec![10, 10, 10], "{halda}");
+    assert_eq!(windows(&halda).iter().sum::<u64>() * halda["rounds"].as_u64().unwrap(), 30, "{halda}");
+    assert_eq!(chat(&head.addr, false), expected, "after re-planning to {halda}");
+    assert_eq!(chat(&head.addr, true), expected);
+
+    // A forced re-plan with the running strategy finds nothing better: nothing changes.
+    let again = admin(&head.addr, "POST /admin/replan", "");
+    assert_eq!(again["replans"], 1, "{again}");
+    assert!(!again["last_check"]["applied"].as_bool().unwrap(), "{again}");
+
+    // Back to every worker: the ring forms again with both and still answers the same.
+    let even = admin(&head.addr, "POST /admin/replan", r#"{"strategy":"even"}"#);
+    assert_eq!(windows(&even), vec![10, 10, 10], "{even}");
+    assert_eq!(even["replans"], 2);
+    assert_eq!(chat(&head.addr, false), expected);
+    let (_, metrics) = raw(&head.addr, "GET /metrics", "");
+    for needle in ["hearth_replans_total 2", "hearth_plan_rounds 1", "hearth_device_layers{device=\"head\"} 10"] {
+        assert!(metrics.lines().any(|l| l == needle), "missing {needle:?} in\n{metrics}");
+    }
+    assert!(metrics.lines().any(|l| l.starts_with("hearth_plan_predicted_tpot_seconds ")), "{metrics}");
+    assert!(metrics.lines().any(|l| l.starts_with("hearth_plan_measured_tpot_seconds ")), "{metrics}");
 }

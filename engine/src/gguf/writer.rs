@@ -24,7 +24,9 @@ struct PendingTensor {
     name: String,
     ty: GgmlType,
     dims: Vec<u64>,
+    /// Empty for a tensor whose bytes come at write time ([`GgufWriter::add_tensor_later`]).
     data: Vec<u8>,
+    len: u64,
 }
 
 impl GgufWriter {
@@ -107,8 +109,53 @@ impl GgufWriter {
             ty,
             dims: dims.to_vec(),
             data,
+            len: expected,
         });
         Ok(())
+    }
+
+    /// Declares a tensor whose bytes [`write_streaming`](Self::write_streaming) asks for
+    /// when it writes it, so a file larger than memory can be written one tensor at a time.
+    pub fn add_tensor_later(&mut self, name: impl Into<String>, ty: GgmlType, dims: &[u64]) -> Result<()> {
+        let name = name.into();
+        let refuse = |reason: String| Err(Error::Tensor { name: name.clone(), reason });
+        if self.tensors.iter().any(|t| t.name == name) {
+            return refuse("duplicate tensor name".into());
+        }
+        let len = match ty.tensor_bytes(dims) {
+            Ok(n) => n,
+            Err(why) => return refuse(why),
+        };
+        self.tensors.push(PendingTensor { name, ty, dims: dims.to_vec(), data: Vec::new(), len });
+        Ok(())
+    }
+
+    /// Writes the file; `fill(name, ty, dims, buf)` gets a zeroed buffer of the tensor's
+    /// exact size for each tensor added with [`add_tensor_later`](Self::add_tensor_later)
+    /// and writes its bytes into it. One such buffer is alive at a time.
+    pub fn write_streaming(&self, path: impl AsRef<Path>, mut fill: impl FnMut(&str, GgmlType, &[u64], &mut [u8])) -> Result<()> {
+        let path = path.as_ref();
+        let io = |source| Error::Io { path: path.to_path_buf(), source };
+        let mut w = BufWriter::with_capacity(1 << 20, File::create(path).map_err(io)?);
+        let header = self.header();
+        w.write_all(&header).map_err(io)?;
+        let mut written = header.len() as u64;
+        let mut buf = Vec::new();
+        for t in &self.tensors {
+            if t.data.len() as u64 == t.len {
+                w.write_all(&t.data).map_err(io)?;
+            } else {
+                buf.clear();
+                buf.resize(t.len as usize, 0);
+                fill(&t.name, t.ty, &t.dims, &mut buf);
+                w.write_all(&buf).map_err(io)?;
+            }
+            written += t.len;
+            let pad = padded(written, self.alignment()) - written;
+            w.write_all(&vec![0; pad as usize]).map_err(io)?;
+            written += pad;
+        }
+        w.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)
     }
 
     /// `general.alignment` if set, else the GGUF default.
@@ -123,32 +170,16 @@ impl GgufWriter {
         let mut out = self.header();
         for t in &self.tensors {
             out.extend_from_slice(&t.data);
+            // A tensor added for later writing is zeros here.
+            out.resize(out.len() + (t.len as usize - t.data.len()), 0);
             out.resize(padded(out.len() as u64, self.alignment()) as usize, 0);
         }
         out
     }
 
+    /// Writes the file (tensors added for later writing are zeros).
     pub fn write_to(&self, path: impl AsRef<Path>) -> Result<()> {
-        let path = path.as_ref();
-        let io = |source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut w = BufWriter::new(File::create(path).map_err(io)?);
-        let header = self.header();
-        w.write_all(&header).map_err(io)?;
-        let mut written = header.len() as u64;
-        for t in &self.tensors {
-            w.write_all(&t.data).map_err(io)?;
-            written += t.data.len() as u64;
-            let pad = padded(written, self.alignment()) - written;
-            w.write_all(&vec![0; pad as usize]).map_err(io)?;
-            written += pad;
-        }
-        w.into_inner()
-            .map_err(|e| io(e.into_error()))?
-            .sync_all()
-            .map_err(io)
+        self.write_streaming(path, |_, _, _, _| {})
     }
 
     /// Everything before the tensor data, padded to the start of the data section.
@@ -170,7 +201,7 @@ impl GgufWriter {
             t.dims.iter().for_each(|&d| put_u64(&mut out, d));
             put_u32(&mut out, t.ty.id());
             put_u64(&mut out, offset);
-            offset = padded(offset + t.data.len() as u64, align);
+            offset = padded(offset + t.len, align);
         }
         out.resize(padded(out.len() as u64, align) as usize, 0);
         out
@@ -386,6 +417,27 @@ mod tests {
         let b = file.tensor("b").expect("tensor b");
         assert_eq!(file.tensor_bytes(b), &[2; 80][..]);
         assert_eq!(file.get_str("str"), Some("héllo ✓"));
+        std::fs::remove_file(&path).ok();
+    }
+
+    #[test]
+    fn tensors_added_for_later_are_filled_at_write_time() {
+        let mut w = tiny_model();
+        w.add_tensor_later("d", GgmlType::Q8_0, &[64, 3]).expect("q8_0 [64, 3]");
+        assert!(w.add_tensor_later("a", GgmlType::F32, &[3]).is_err(), "duplicate");
+        assert!(w.add_tensor_later("e", GgmlType::Q8_0, &[33]).is_err(), "not a whole block");
+        let path = std::env::temp_dir().join(format!("gguf-writer-later-{}.gguf", std::process::id()));
+        let mut asked = Vec::new();
+        w.write_streaming(&path, |name, ty, dims, buf| {
+            asked.push((name.to_owned(), ty, dims.to_vec(), buf.len()));
+            buf.fill(7);
+        })
+        .expect("write");
+        assert_eq!(asked, vec![("d".to_owned(), GgmlType::Q8_0, vec![64, 3], 204)]);
+        let file = GgufFile::open(&path).expect("open written file");
+        assert_eq!(file.tensor_bytes(file.tensor("d").unwrap()), &[7; 204][..]);
+        assert_eq!(file.tensor_bytes(file.tensor("b").unwrap()), &[2; 80][..]);
+        assert_eq!(file.bytes().len(), w.to_bytes().len());
         std::fs::remove_file(&path).ok();
     }
 }

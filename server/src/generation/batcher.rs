@@ -6,7 +6,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -29,10 +29,13 @@ pub struct BatcherConfig {
     pub max_batch: usize,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubmitError {
     QueueFull,
     ShuttingDown,
+    /// A ring member is lost; the message names it. New requests are refused until the
+    /// ring is whole again.
+    Unavailable(String),
 }
 
 pub struct Batcher {
@@ -40,20 +43,27 @@ pub struct Batcher {
     queued: Arc<AtomicUsize>,
     shutting_down: Arc<AtomicBool>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
-    degraded: Arc<AtomicBool>,
+    degraded: Degraded,
     n_ctx: usize,
     parallel: usize,
 }
 
+/// Why the pipeline cannot serve (a ring member is lost), shared with the HTTP side.
+type Degraded = Arc<Mutex<Option<String>>>;
+
 /// How long the idle loop sleeps before looking at the shutdown flag again.
 const IDLE_POLL: Duration = Duration::from_millis(100);
+/// How often a broken ring is tried again: often enough that serving resumes about a
+/// second after a worker comes back, rarely enough that a device that stays down costs
+/// nothing (a refused connection returns at once).
+const RECOVER_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Batcher {
     pub fn start(pipeline: Box<dyn Pipeline>, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig) -> Batcher {
         let (tx, rx) = sync_channel(cfg.queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let shutting_down = Arc::new(AtomicBool::new(false));
-        let degraded = Arc::new(AtomicBool::new(false));
+        let degraded: Degraded = Arc::new(Mutex::new(None));
         let n_ctx = pipeline.n_ctx_seq();
         let parallel = cfg.parallel;
         let mut lp = Loop {
@@ -66,6 +76,8 @@ impl Batcher {
             degraded: degraded.clone(),
             max_batch: cfg.max_batch,
             n_ctx,
+            last_recovery: Instant::now(),
+            idle_since: Instant::now(),
         };
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
         Batcher { tx, queued, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
@@ -76,9 +88,10 @@ impl Batcher {
         self.n_ctx
     }
 
-    /// The last step failed because a ring member did; cleared by the next good step.
-    pub fn degraded(&self) -> bool {
-        self.degraded.load(Ordering::Acquire)
+    /// Why the pipeline cannot serve now (a ring member is lost); `None` when it can.
+    /// Cleared when the ring is whole again.
+    pub fn degraded(&self) -> Option<String> {
+        self.degraded.lock().expect("degraded lock").clone()
     }
 
     pub fn parallel(&self) -> usize {
@@ -88,6 +101,9 @@ impl Batcher {
     pub fn submit(&self, req: GenerationRequest) -> Result<(), SubmitError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
+        }
+        if let Some(why) = self.degraded() {
+            return Err(SubmitError::Unavailable(why));
         }
         self.queued.fetch_add(1, Ordering::AcqRel);
         match self.tx.try_send(req) {
@@ -145,9 +161,12 @@ struct Loop {
     rx: Receiver<GenerationRequest>,
     queued: Arc<AtomicUsize>,
     shutting_down: Arc<AtomicBool>,
-    degraded: Arc<AtomicBool>,
+    degraded: Degraded,
     max_batch: usize,
     n_ctx: usize,
+    last_recovery: Instant,
+    /// When the last step ended.
+    idle_since: Instant,
 }
 
 /// What a batch row belongs to.
@@ -159,6 +178,7 @@ struct Row {
 impl Loop {
     fn run(&mut self) {
         loop {
+            self.recover_if_due();
             let running = self.slots.iter().filter(|s| s.active.is_some()).count();
             if running == 0 {
                 if self.shutting_down.load(Ordering::Acquire) && self.queued.load(Ordering::Acquire) == 0 {
@@ -166,7 +186,10 @@ impl Loop {
                 }
                 match self.rx.recv_timeout(IDLE_POLL) {
                     Ok(req) => self.admit(req),
-                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.idle();
+                        continue;
+                    }
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
@@ -178,6 +201,53 @@ impl Loop {
             }
             self.drop_cancelled();
             self.step();
+            self.idle_since = Instant::now();
+        }
+    }
+
+    /// Nothing runs and nothing waits: the pipeline may do its maintenance (a ring
+    /// re-plans then).
+    fn idle(&mut self) {
+        if self.degraded.lock().expect("degraded lock").is_some() {
+            return;
+        }
+        match self.pipeline.idle(self.idle_since.elapsed()) {
+            Ok(false) => {}
+            Ok(true) => self.forget_caches(),
+            Err(e) => {
+                self.forget_caches();
+                self.set_degraded(Some(e.to_string()));
+                self.last_recovery = Instant::now();
+            }
+        }
+    }
+
+    /// Every cache of the pipeline was emptied: nothing cached is reusable any more.
+    fn forget_caches(&mut self) {
+        for s in &mut self.slots {
+            s.cached.clear();
+        }
+    }
+
+    fn set_degraded(&self, why: Option<String>) {
+        *self.degraded.lock().expect("degraded lock") = why;
+    }
+
+    /// While degraded, tries to make the pipeline whole again every `RECOVER_INTERVAL`.
+    fn recover_if_due(&mut self) {
+        if self.degraded.lock().expect("degraded lock").is_none() || self.last_recovery.elapsed() < RECOVER_INTERVAL {
+            return;
+        }
+        self.last_recovery = Instant::now();
+        match self.pipeline.recover() {
+            Ok(reset) => {
+                if reset {
+                    self.forget_caches();
+                }
+                tracing::info!("serving again");
+                self.set_degraded(None);
+            }
+            Err(e) => self.set_degraded(Some(e.to_string())),
         }
     }
 
@@ -277,7 +347,10 @@ impl Loop {
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 let remote = matches!(e, engine::Error::Pipeline(_));
-                self.degraded.store(remote, Ordering::Release);
+                if remote {
+                    self.set_degraded(Some(e.to_string()));
+                    self.last_recovery = Instant::now();
+                }
                 let failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
                 for i in failed {
                     let s = &mut self.slots[i];
@@ -291,7 +364,6 @@ impl Loop {
                 return;
             }
         };
-        self.degraded.store(false, Ordering::Release);
         // The batch is in the cache now.
         for (r, row) in rows.iter().enumerate() {
             let s = &mut self.slots[row.slot];

@@ -17,6 +17,13 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` with the key the server was started with.")]
     Unauthorized,
+    #[error("The admin endpoints are off: start hearth serve with --admin-key (or HEARTH_ADMIN_KEY) to use them")]
+    AdminDisabled,
+    #[error("Incorrect admin key provided. Send `Authorization: Bearer <key>` with the --admin-key the server was started with.")]
+    AdminUnauthorized,
+    /// The request is valid but cannot be done in this state; the message says why.
+    #[error("{0}")]
+    Conflict(String),
     #[error("Unknown route {method} {path}")]
     NotFound { method: String, path: String },
     #[error("Request body is larger than the limit of {limit} bytes")]
@@ -57,7 +64,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidParameter { .. } | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::ModelNotFound(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::AdminDisabled => StatusCode::FORBIDDEN,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull => StatusCode::TOO_MANY_REQUESTS,
@@ -73,6 +82,9 @@ impl ApiError {
             ApiError::ContextLengthExceeded { .. } => ("invalid_request_error", Some("messages".to_string()), Some("context_length_exceeded")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model".to_string()), Some("model_not_found")),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
+            ApiError::AdminUnauthorized => ("invalid_request_error", None, Some("invalid_admin_key")),
+            ApiError::AdminDisabled => ("invalid_request_error", None, Some("admin_disabled")),
+            ApiError::Conflict(_) => ("invalid_request_error", None, Some("conflict")),
             ApiError::NotFound { .. } => ("invalid_request_error", None, Some("unknown_url")),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", None, Some("request_too_large")),
             ApiError::QueueFull => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),

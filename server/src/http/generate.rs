@@ -116,6 +116,7 @@ pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::Unb
         state.batcher.submit(req).map_err(|e| match e {
             SubmitError::QueueFull => ApiError::QueueFull,
             SubmitError::ShuttingDown => ApiError::ShuttingDown,
+            SubmitError::Unavailable(why) => ApiError::Unavailable(why),
         })?;
         receivers.push(rx);
     }

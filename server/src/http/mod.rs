@@ -2,6 +2,7 @@
 //! OpenAPI document. Handlers translate OpenAI JSON into generation requests and token
 //! events back into OpenAI JSON; they never touch the engine directly.
 
+mod admin;
 mod chat;
 mod completions;
 mod error;
@@ -40,6 +41,10 @@ pub struct AppState {
     pub created: u64,
     pub fingerprint: String,
     pub api_key: Option<String>,
+    /// Bearer token for /admin/*; `None`: those routes are off.
+    pub admin_key: Option<String>,
+    /// The running plan and the re-plan requests (`ring::board`).
+    pub board: Arc<crate::ring::board::PlanBoard>,
     pub limits: Limits,
     pub body_limit: usize,
 }
@@ -51,8 +56,14 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let admin = Router::new()
+        .route("/admin/plan", get(admin::plan))
+        .route("/admin/replan", post(admin::replan))
+        .route("/admin/cluster", get(admin::cluster))
+        .route_layer(middleware::from_fn_with_state(state.clone(), admin::require_admin_key));
     Router::new()
         .merge(api)
+        .merge(admin)
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
@@ -65,12 +76,17 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+        if !bearer_is(&req, key) {
             return ApiError::Unauthorized.into_response();
         }
     }
     next.run(req).await
+}
+
+/// Whether the request carries `Authorization: Bearer <key>`.
+fn bearer_is(req: &Request, key: &str) -> bool {
+    let given = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
 }
 
 /// Compares secrets without leaking through timing how much of a guess was right.
@@ -86,6 +102,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         "/health" => "health",
         "/metrics" => "metrics",
         "/openapi.json" => "openapi",
+        p if p.starts_with("/admin/") => "admin",
         _ => "other",
     };
     let start = Instant::now();
@@ -101,9 +118,11 @@ async fn not_found(req: Request) -> ApiError {
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {
-    // `degraded`: the last engine step failed because a ring member did.
-    let status = if state.batcher.degraded() { "degraded" } else { "ok" };
-    Json(HealthResponse { status: status.into() })
+    // `degraded`: a ring member is lost; requests get 503 until the ring is whole again.
+    Json(match state.batcher.degraded() {
+        Some(why) => HealthResponse { status: "degraded".into(), reason: Some(why) },
+        None => HealthResponse::ok(),
+    })
 }
 
 fn model_card(state: &AppState) -> ModelCard {

@@ -2,37 +2,89 @@
 //! (the head's own, plus the embedding `0..0` and the output layer `L..L`) and partly on
 //! workers, reached over one authenticated link to the first worker and back from the
 //! last. One micro-batch is in the ring at a time, as in prima.cpp.
+//!
+//! A failed hop breaks the ring: the links are dropped and every step fails fast until
+//! `recover` forms the ring again (plans re-sent, links re-opened, a probe frame sent all
+//! the way round). Workers start from empty caches then, so the head empties its own.
+//!
+//! The plan comes from the scheduler (or `--windows`) at start, on profiles gathered from
+//! every worker, and may change while the queue is idle: when fresh profiles drifted and a
+//! new schedule predicts a real gain, or when `POST /admin/replan` asks. Adopting a plan
+//! rebuilds the head's stage and forms the ring again with the members it keeps.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use engine::{BatchToken, Logits, ModelFile, Pipeline, SeqId, Stage, StageConfig, StageInput, StageOutput};
-use scheduler::Plan;
+use scheduler::{DeviceProfile, Plan, Prediction, ReplanPolicy, Strategy};
 use transport::{Activations, ClusterSecret, ControlClient, Dtype, Frame, FrameSink, FrameStream, KvOp, Link, LinkConfig, LinkServer, TokenMeta};
 
+use super::board::{self, CheckView, PlanBoard};
+use super::paging::WindowPager;
+use super::planning::{Planner, HEAD_NAME};
 use super::WorkerPlan;
 
 pub struct RingPipeline {
     rt: tokio::runtime::Runtime,
+    file: Arc<ModelFile>,
     stage: Stage,
     /// Stage window index of the head's window in each round, if it has one.
     own: Vec<Option<usize>>,
     output_window: usize,
     /// Whether workers hold layers (a plan may give them none).
     workers_compute: bool,
-    to_first: FrameSink,
-    from_last: FrameStream,
-    _server: LinkServer,
+    /// Release and read-ahead of the head's own windows, as on workers; `None` when the
+    /// head has no layers.
+    pager: Option<WindowPager>,
+    /// `None` while the ring is broken.
+    links: Option<Links>,
+    /// Why the ring is broken.
+    broken: Option<String>,
+    server: LinkServer,
+    cfg: RingConfig,
+    fingerprint: String,
+    /// This head process's id, so workers can tell a second head from this one.
+    id: String,
+    link_config: LinkConfig,
+    /// KV operations for the workers, sent in-band ahead of the next step's activations
+    /// instead of a round trip of their own.
+    pending_kv: Vec<KvOp>,
     step: u64,
     n_embd: usize,
     dtype: Dtype,
-    n_ctx: usize,
+    replan: Replanning,
+    board: Arc<PlanBoard>,
+}
+
+/// What re-planning a running ring needs besides the planner.
+struct Replanning {
+    planner: Planner,
+    /// Re-plan by itself after the queue has been idle this long; `None`: only when asked.
+    idle_after: Option<Duration>,
+    policy: ReplanPolicy,
+    /// The profiles the running plan was last judged on: the head, then every candidate.
+    devices: Vec<DeviceProfile>,
+    /// Indices into `devices` of the running plan's members, in ring order.
+    members: Vec<usize>,
+    /// The running plan's strategy; `None` for a plan from `--windows`.
+    strategy: Option<Strategy>,
+    last_check: Instant,
+}
+
+struct Links {
+    to_first: FrameSink,
+    from_last: FrameStream,
 }
 
 pub struct RingConfig {
+    /// The members after the head, in ring order: a subset of the planner's candidates.
+    /// Filled in by `connect` from the first plan.
     pub workers: Vec<String>,
     pub secret: ClusterSecret,
-    pub plan: Plan,
+    /// The running plan. At `connect`: `--windows` (the head and every candidate), or
+    /// `None` to let the planner's strategy choose.
+    pub plan: Option<Plan>,
     /// Where the last worker connects back to; its host must be reachable from it.
     pub listen: SocketAddr,
     pub n_seq: usize,
@@ -40,71 +92,306 @@ pub struct RingConfig {
     pub max_batch: usize,
     pub threads: usize,
     pub f16: bool,
+    /// Longest wait for a frame to come round the ring (one round of one step).
+    pub step_timeout: Duration,
+    /// Read the head's next window ahead while the workers compute.
+    pub prefetch: bool,
+    /// How long to wait at start for workers that cannot be reached yet.
+    pub startup_wait: Duration,
+    /// Re-plan by itself after the queue has been idle this long (`--replan-idle`).
+    pub replan_idle: Option<Duration>,
+}
+
+/// The head's part of a plan: its stage's windows (the embedding `0..0`, its own
+/// windows, the output layer `L..L`) and how a step walks them.
+struct Layout {
+    /// Stage window index of the head's window in each round, if it has one.
+    own: Vec<Option<usize>>,
+    output_window: usize,
+    pager: Option<WindowPager>,
+    workers_compute: bool,
+}
+
+impl Layout {
+    fn build(file: &Arc<ModelFile>, plan: &Plan, cfg: &RingConfig) -> engine::Result<(Stage, Layout)> {
+        let n_layer = file.spec.n_layer;
+        let own_windows = plan.windows_of(0);
+        let mut windows = vec![0..0];
+        windows.extend(own_windows.iter().cloned());
+        windows.push(n_layer..n_layer);
+        let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(r + 1)).collect();
+        let output_window = windows.len() - 1;
+        let stage = Stage::new(
+            file.clone(),
+            StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true },
+        )?;
+        // Made after the stage, so the stage's own memory counts against the budget.
+        let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.prefetch, None));
+        if let Some(p) = &pager {
+            tracing::info!("head windows: {}", p.describe());
+        }
+        Ok((stage, Layout { own, output_window, pager, workers_compute: plan.devices[1..].iter().any(|d| d.window > 0) }))
+    }
 }
 
 fn ring_err(e: impl std::fmt::Display) -> engine::Error {
     engine::Error::Pipeline(e.to_string())
 }
 
-impl RingPipeline {
-    pub fn connect(file: Arc<ModelFile>, cfg: RingConfig) -> Result<RingPipeline, Box<dyn std::error::Error>> {
-        let n_layer = file.spec.n_layer;
-        let plan = &cfg.plan;
-        if plan.devices.len() != cfg.workers.len() + 1 {
-            return Err(format!("the plan has {} devices but there are {} workers plus the head", plan.devices.len(), cfg.workers.len()).into());
+/// How long forming the ring may wait for the last worker to dial back, in units of the
+/// link handshake timeout: every worker in between opens its own link first.
+const FORM_WAIT_HANDSHAKES: u32 = 4;
+/// Pause between attempts to form the ring at start, while workers are still starting.
+const STARTUP_RETRY: Duration = Duration::from_secs(1);
+
+/// Why the ring could not be formed: a member that cannot be reached (yet) is worth waiting
+/// for; a refusal (wrong secret, another model file, another head) is not.
+#[derive(Debug)]
+pub enum FormError {
+    Unreachable(String),
+    Refused(String),
+}
+
+impl FormError {
+    pub fn connecting(worker: &str, e: transport::Error) -> FormError {
+        match e {
+            // A 4xx answer is the worker saying no (wrong secret, bad request), not silence.
+            transport::Error::Auth { .. } | transport::Error::Secret(_) | transport::Error::Address { .. } => FormError::Refused(format!("worker {worker} refused the head: {e}")),
+            transport::Error::Control { status: 400..=499, .. } => FormError::Refused(format!("worker {worker} refused the head: {e}")),
+            e => FormError::Unreachable(format!("worker {worker} is unreachable: {e}")),
         }
-        let own_windows = plan.windows_of(0);
-        let mut windows = vec![0..0];
-        windows.extend(own_windows.iter().cloned());
-        windows.push(n_layer..n_layer);
-        let own: Vec<Option<usize>> = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(r + 1)).collect();
-        let output_window = windows.len() - 1;
-        let stage = Stage::new(
-            file.clone(),
-            StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true },
-        )?;
-        let fingerprint = file.fingerprint();
-        let rt = crate::serve::http_runtime()?;
+    }
+}
+
+impl std::fmt::Display for FormError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormError::Unreachable(e) | FormError::Refused(e) => f.write_str(e),
+        }
+    }
+}
+
+impl RingPipeline {
+    /// Gathers every candidate's profile (waiting for workers still starting), takes the
+    /// plan from `cfg.plan` or the planner's strategy, and forms the ring.
+    pub fn connect(file: Arc<ModelFile>, mut cfg: RingConfig, planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline, Box<dyn std::error::Error>> {
+        let rt = crate::serve::ring_runtime()?;
+        let devices = planner.gather(&rt, cfg.startup_wait).map_err(|e| e.to_string())?;
+        board.gathered(devices.clone());
+        let candidates = planner.workers.len();
+        let (plan, members, prediction, source) = match cfg.plan.take() {
+            Some(plan) => {
+                if plan.devices.len() != candidates + 1 {
+                    return Err(format!("the plan has {} devices but there are {} workers plus the head", plan.devices.len(), candidates).into());
+                }
+                let prediction = scheduler::predict(&devices, &planner.model, &plan, planner.options.disk_threshold);
+                (plan, (0..=candidates).collect::<Vec<_>>(), prediction, "windows".to_string())
+            }
+            None => {
+                let s = planner.schedule(&devices, planner.strategy)?;
+                tracing::info!("{}", crate::plan_command::table(&devices, &planner.model, &s, &[]));
+                (s.plan, s.members, s.prediction, planner.strategy.to_string())
+            }
+        };
+        let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
         let link_config = LinkConfig::default();
-        let (to_first, from_last, server) = rt.block_on(async {
-            let mut server = LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None).await?;
+        let server = rt.block_on(LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None))?;
+        cfg.workers = members[1..].iter().map(|&m| planner.workers[m - 1].clone()).collect();
+        cfg.plan = Some(plan);
+        let strategy = (source != "windows").then_some(planner.strategy);
+        let mut ring = RingPipeline {
+            rt,
+            stage,
+            own: layout.own,
+            output_window: layout.output_window,
+            pager: layout.pager,
+            workers_compute: layout.workers_compute,
+            links: None,
+            broken: None,
+            server,
+            fingerprint: file.fingerprint(),
+            file,
+            id: uuid::Uuid::new_v4().to_string(),
+            link_config,
+            pending_kv: Vec::new(),
+            step: 0,
+            n_embd: 0,
+            dtype: if cfg.f16 { Dtype::F16 } else { Dtype::F32 },
+            replan: Replanning { idle_after: cfg.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
+            board,
+            cfg,
+        };
+        ring.n_embd = ring.file.spec.n_embd;
+        ring.publish(&source, Some(&prediction), false);
+        if !ring.cfg.workers.is_empty() {
+            // Workers may still be starting (one compose file per device, started in any
+            // order): wait for unreachable ones, but fail at once on a definite refusal.
+            let deadline = Instant::now() + ring.cfg.startup_wait;
+            ring.links = Some(loop {
+                match ring.form() {
+                    Ok(links) => break links,
+                    Err(FormError::Unreachable(e)) if Instant::now() < deadline => {
+                        tracing::warn!("waiting for the ring: {e}");
+                        std::thread::sleep(STARTUP_RETRY);
+                    }
+                    Err(e) => return Err(e.to_string().into()),
+                }
+            });
+            crate::metrics::ring_formed();
+        }
+        tracing::info!(workers = ?ring.cfg.workers, rounds = ring.plan().rounds(), "ring formed");
+        Ok(ring)
+    }
+
+    fn plan(&self) -> &Plan {
+        self.cfg.plan.as_ref().expect("a running ring has a plan")
+    }
+
+    /// Shows the running plan on the admin API and the metrics.
+    fn publish(&self, source: &str, prediction: Option<&Prediction>, replan: bool) {
+        let r = &self.replan;
+        let names: Vec<String> = std::iter::once(HEAD_NAME.to_string()).chain(self.cfg.workers.iter().cloned()).collect();
+        let dropped = r.planner.workers.iter().filter(|w| !self.cfg.workers.contains(w)).cloned().collect();
+        let judge = board::Judge {
+            members: r.members.iter().map(|&m| r.devices[m].clone()).collect(),
+            model: r.planner.model.clone(),
+            plan: self.plan().clone(),
+            disk_threshold: r.planner.options.disk_threshold,
+        };
+        self.board.adopted(board::view(source, r.idle_after.is_some(), self.plan(), &names, prediction, dropped), Some(judge), replan);
+    }
+
+    /// Runs `plan` from now on, with `members` (indices into the gathered devices; 0 is
+    /// the head) in ring order: rebuilds the head's stage and forms the ring again. Every
+    /// cache starts empty. A ring that cannot be formed is left broken for `recover`.
+    fn adopt(&mut self, plan: Plan, members: Vec<usize>, source: &str, prediction: &Prediction) -> Result<(), String> {
+        self.links = None;
+        self.pending_kv.clear();
+        let (stage, layout) = Layout::build(&self.file, &plan, &self.cfg).map_err(|e| e.to_string())?;
+        self.stage = stage;
+        self.own = layout.own;
+        self.output_window = layout.output_window;
+        self.pager = layout.pager;
+        self.workers_compute = layout.workers_compute;
+        self.cfg.workers = members[1..].iter().map(|&m| self.replan.planner.workers[m - 1].clone()).collect();
+        self.cfg.plan = Some(plan);
+        self.replan.members = members;
+        self.publish(source, Some(prediction), true);
+        tracing::info!(workers = ?self.cfg.workers, rounds = self.plan().rounds(), "adopting a new plan");
+        if self.cfg.workers.is_empty() {
+            self.broken = None;
+            return Ok(());
+        }
+        match self.form() {
+            Ok(links) => {
+                self.links = Some(links);
+                self.broken = None;
+                crate::metrics::ring_formed();
+                Ok(())
+            }
+            Err(e) => {
+                let e = e.to_string();
+                crate::metrics::ring_broke();
+                self.broken = Some(e.clone());
+                Err(e)
+            }
+        }
+    }
+
+    /// Gathers fresh profiles and, when they drifted (or `forced`), solves again and
+    /// adopts the new plan if it predicts a real gain — or, when `strategy` names another
+    /// strategy than the running plan's, whenever it differs. `Ok(true)`: a plan was
+    /// adopted and every cache is empty.
+    fn check_plan(&mut self, forced: bool, strategy: Option<Strategy>) -> Result<bool, String> {
+        let r = &mut self.replan;
+        r.last_check = Instant::now();
+        let devices = r.planner.gather(&self.rt, Duration::ZERO).map_err(|e| e.to_string())?;
+        self.board.gathered(devices.clone());
+        let drift = scheduler::drift(&r.devices, &devices, &r.policy);
+        let mut check = CheckView { at: crate::http::now_secs(), forced, drift: drift.clone(), applied: false, reason: String::new(), current_tpot_ms: None, candidate_tpot_ms: None };
+        if !forced && drift.is_empty() {
+            check.reason = "no profile drifted".into();
+            self.board.checked(check);
+            return Ok(false);
+        }
+        let strategy_now = strategy.or(r.strategy).unwrap_or(r.planner.strategy);
+        let candidate = r.planner.schedule(&devices, strategy_now)?;
+        let plan = self.cfg.plan.as_ref().expect("a running ring has a plan");
+        let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &r.members, plan }, &candidate, &r.policy, r.planner.options.disk_threshold);
+        let switch = strategy.is_some_and(|s| Some(s) != r.strategy) && (candidate.plan != *plan || candidate.members != r.members);
+        let apply = decision.apply || switch;
+        check.applied = apply;
+        check.current_tpot_ms = Some(decision.current_tpot_s * 1e3);
+        check.candidate_tpot_ms = Some(decision.candidate_tpot_s * 1e3);
+        check.reason = if switch && !decision.apply { format!("strategy {strategy_now} asked for; {}", decision.reason) } else { decision.reason };
+        tracing::info!(drift = ?drift, applied = apply, "re-planning: {}", check.reason);
+        // Later drift is measured from what this decision saw.
+        r.devices = devices;
+        self.board.checked(check);
+        if !apply {
+            return Ok(false);
+        }
+        self.replan.strategy = Some(strategy_now);
+        tracing::info!("{}", crate::plan_command::table(&self.replan.devices, &self.replan.planner.model, &candidate, &[]));
+        self.adopt(candidate.plan, candidate.members, strategy_now.as_str(), &candidate.prediction)?;
+        Ok(true)
+    }
+
+    /// Sends every worker its plan, links head -> first worker, waits for the last worker
+    /// to link back, and sends a probe frame round to prove the whole ring carries frames.
+    fn form(&mut self) -> Result<Links, FormError> {
+        self.step += 1;
+        let probe = self.step;
+        let (cfg, server, link_config, fingerprint, head_id) = (&self.cfg, &mut self.server, &self.link_config, &self.fingerprint, &self.id);
+        self.rt.block_on(async {
+            // Every worker answers and has our model before any of them (re)builds its
+            // stage: a ring that waits for one lost device must not make the others
+            // reallocate their caches on every attempt.
+            let mut clients = Vec::with_capacity(cfg.workers.len());
+            for w in &cfg.workers {
+                let client = ControlClient::connect(w, &cfg.secret, link_config).await.map_err(|e| FormError::connecting(w, e))?;
+                let health = client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| FormError::connecting(w, e))?;
+                if health["fingerprint"].as_str() != Some(fingerprint.as_str()) {
+                    return Err(FormError::Refused(format!("worker {w} has a different model file (fingerprint {}, the head's is {fingerprint})", health["fingerprint"])));
+                }
+                clients.push(client);
+            }
             let back = server.local_addr().to_string();
-            for (i, w) in cfg.workers.iter().enumerate() {
+            for (i, (w, client)) in cfg.workers.iter().zip(&clients).enumerate() {
                 let next = cfg.workers.get(i + 1).cloned().unwrap_or_else(|| back.clone());
                 let wp = WorkerPlan {
                     fingerprint: fingerprint.clone(),
-                    windows: plan.windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect(),
+                    windows: cfg.plan.as_ref().expect("a running ring has a plan").windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect(),
                     next,
                     n_seq: cfg.n_seq,
                     n_ctx_seq: cfg.n_ctx_seq,
                     max_batch: cfg.max_batch,
+                    release: None,
+                    head: head_id.clone(),
                 };
-                let client = ControlClient::connect(w, &cfg.secret, &link_config).await.map_err(|e| format!("worker {w}: {e}"))?;
-                client.call(transport::methods::LOAD_PLAN, &serde_json::to_value(&wp)?).await.map_err(|e| format!("worker {w} refused the plan: {e}"))?;
+                let body = serde_json::to_value(&wp).map_err(|e| FormError::Refused(e.to_string()))?;
+                client.call(transport::methods::LOAD_PLAN, &body).await.map_err(|e| FormError::Refused(format!("worker {w} refused the plan: {e}")))?;
             }
-            let first = Link::connect(&cfg.workers[0], &cfg.secret, &link_config).await?;
+            // Links a half-formed earlier attempt left queued would carry nothing.
+            while let Ok(Some(stale)) = tokio::time::timeout(Duration::ZERO, server.accept()).await {
+                tracing::debug!(peer = %stale.peer(), "dropping a stale ring link");
+            }
             // Connecting to the first worker makes each worker dial its successor; the
             // last one dials back here.
-            let last = tokio::time::timeout(link_config.handshake_timeout * 4, server.accept())
+            let first = &cfg.workers[0];
+            let mut to_first = Link::connect(first, &cfg.secret, link_config).await.map_err(|e| FormError::connecting(first, e))?.sink;
+            let mut from_last = tokio::time::timeout(link_config.handshake_timeout * FORM_WAIT_HANDSHAKES, server.accept())
                 .await
-                .map_err(|_| "the last worker did not connect back to the head (is --ring-listen reachable from it?)")?
-                .ok_or("the head's ring listener closed")?;
-            Ok::<_, Box<dyn std::error::Error>>((first.sink, last.stream, server))
-        })?;
-        tracing::info!(workers = ?cfg.workers, rounds = plan.rounds(), "ring formed");
-        Ok(RingPipeline {
-            rt,
-            stage,
-            own,
-            output_window,
-            workers_compute: plan.devices[1..].iter().any(|d| d.window > 0),
-            to_first,
-            from_last,
-            _server: server,
-            step: 0,
-            n_embd: file.spec.n_embd,
-            dtype: if cfg.f16 { Dtype::F16 } else { Dtype::F32 },
-            n_ctx: cfg.n_ctx_seq,
+                .map_err(|_| FormError::Refused("the last worker did not connect back to the head (is --ring-listen reachable from it?)".into()))?
+                .ok_or_else(|| FormError::Refused("the head's ring listener closed".into()))?
+                .stream;
+            to_first.send(&Frame::KvOps { step: probe, ops: Vec::new() }).await.map_err(|e| FormError::Unreachable(e.to_string()))?;
+            match from_last.recv_within(cfg.step_timeout).await {
+                Ok(Some(Frame::KvOps { step, .. })) if step == probe => Ok(Links { to_first, from_last }),
+                Ok(Some(Frame::Error { message, .. })) => Err(FormError::Unreachable(format!("a worker failed the ring probe: {message}"))),
+                Ok(other) => Err(FormError::Unreachable(format!("the ring probe came back as {}", other.map_or("the end of the stream", |f| f.kind_name())))),
+                Err(e) => Err(FormError::Unreachable(format!("the ring probe did not come round: {e}"))),
+            }
         })
     }
 
@@ -115,27 +402,68 @@ impl RingPipeline {
         }
     }
 
-    /// Sends a frame round the ring and waits for it to come back.
+    /// Sends a frame round the ring (after any pending KV operations) and waits for it to
+    /// come back. Any failure breaks the ring: the links are gone until `recover`.
     fn round_trip(&mut self, frame: Frame) -> engine::Result<Frame> {
-        let (sink, stream) = (&mut self.to_first, &mut self.from_last);
-        self.rt.block_on(async {
-            sink.send(&frame).await.map_err(ring_err)?;
-            match stream.recv().await.map_err(ring_err)? {
-                Some(Frame::Error { message, .. }) => Err(ring_err(format!("a worker failed: {message}"))),
-                Some(f) => Ok(f),
-                None => Err(ring_err("the ring closed")),
+        let Some(links) = self.links.as_mut() else {
+            return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
+        };
+        let kv = (!self.pending_kv.is_empty()).then(|| Frame::KvOps { step: self.step, ops: std::mem::take(&mut self.pending_kv) });
+        let timeout = self.cfg.step_timeout;
+        let started = std::time::Instant::now();
+        let result = self.rt.block_on(async {
+            if let Some(kv) = &kv {
+                links.to_first.send(kv).await.map_err(|e| e.to_string())?;
             }
+            links.to_first.send(&frame).await.map_err(|e| e.to_string())?;
+            loop {
+                match links.from_last.recv_within(timeout).await.map_err(|e| e.to_string())? {
+                    // The KV operations sent ahead, coming back: every worker applied them.
+                    Some(Frame::KvOps { .. }) if kv.is_some() => continue,
+                    Some(Frame::Error { message, .. }) => return Err(format!("a worker failed: {message}")),
+                    Some(f) => return Ok(f),
+                    None => return Err(format!("{} closed the ring link", links.from_last.peer())),
+                }
+            }
+        });
+        if result.is_ok() {
+            crate::metrics::ring_round_trip(started.elapsed());
+        }
+        result.map_err(|e| {
+            tracing::error!("ring broken: {e}");
+            crate::metrics::ring_broke();
+            self.links = None;
+            self.broken = Some(e.clone());
+            ring_err(e)
         })
     }
 
     fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
+        if self.workers_compute && self.links.is_none() {
+            return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
+        }
         self.step += 1;
         let mut metas: Vec<TokenMeta> = batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect();
         let mut h = Self::hidden(self.stage.forward(0, batch, StageInput::Tokens(tokens))?)?;
+        // When the previous round's output left for the ring: the head's wait for its next
+        // window's input starts then.
+        let mut sent: Option<std::time::Instant> = None;
         for round in 0..self.own.len() {
             if let Some(w) = self.own[round] {
-                h = Self::hidden(self.stage.forward(w, batch, StageInput::Hidden(&h))?)?;
+                if let Some(p) = self.pager.as_mut() {
+                    p.before(round, sent.map(|t| t.elapsed()));
+                }
+                let out = self.stage.forward(w, batch, StageInput::Hidden(&h));
+                if let Some(p) = self.pager.as_mut() {
+                    p.after(round);
+                }
+                h = match out? {
+                    StageOutput::Hidden(h) => h,
+                    // Its window ends with the model's last layer (every worker relays): done.
+                    StageOutput::Logits(l) => return Ok(l),
+                };
             }
+            sent = Some(std::time::Instant::now());
             if self.workers_compute {
                 // The token list travels round and comes back: reuse it, no copy per round.
                 let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden: h };
@@ -154,17 +482,13 @@ impl RingPipeline {
         }
     }
 
-    fn kv(&mut self, ops: Vec<KvOp>) {
-        for op in &ops {
-            match *op {
-                KvOp::Clear { seq } => self.stage.clear_sequence(seq),
-                KvOp::Truncate { seq, len } => self.stage.truncate_sequence(seq, len as usize),
-            }
-        }
-        if self.workers_compute {
-            self.step += 1;
-            if let Err(e) = self.round_trip(Frame::KvOps { step: self.step, ops }) {
-                tracing::error!("KV operation did not go round the ring: {e}");
+    /// Applies KV operations here now and queues them for the workers' next frame.
+    fn kv(&mut self, ops: impl IntoIterator<Item = KvOp>) {
+        for op in ops {
+            super::apply(&mut self.stage, std::slice::from_ref(&op));
+            // A broken ring's workers start empty when it forms again.
+            if self.workers_compute && self.links.is_some() {
+                self.pending_kv.push(op);
             }
         }
     }
@@ -172,7 +496,12 @@ impl RingPipeline {
 
 impl Pipeline for RingPipeline {
     fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
+        let started = Instant::now();
         let result = self.forward_ring(batch, tokens);
+        // One token of one sequence: the step the cost model predicts.
+        if result.is_ok() && batch.len() == 1 {
+            self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1);
+        }
         if result.is_err() {
             // Some windows may hold part of this batch: roll every sequence back.
             let mut ops = Vec::new();
@@ -188,14 +517,70 @@ impl Pipeline for RingPipeline {
     }
 
     fn clear_sequence(&mut self, seq: SeqId) {
-        self.kv(vec![KvOp::Clear { seq }]);
+        self.kv([KvOp::Clear { seq }]);
     }
 
     fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
-        self.kv(vec![KvOp::Truncate { seq, len: len as u32 }]);
+        self.kv([KvOp::Truncate { seq, len: len as u32 }]);
     }
 
     fn n_ctx_seq(&self) -> usize {
-        self.n_ctx
+        self.cfg.n_ctx_seq
+    }
+
+    fn idle(&mut self, idle_for: Duration) -> engine::Result<bool> {
+        let requests = self.board.take_requests();
+        let r = &self.replan;
+        let due = r.idle_after.is_some_and(|after| idle_for >= after && r.last_check.elapsed() >= after);
+        if requests.is_empty() && !due {
+            return Ok(false);
+        }
+        if self.workers_compute && self.links.is_none() {
+            let why = self.broken.clone().unwrap_or_else(|| "the ring is not formed".into());
+            for req in requests {
+                let _ = req.reply.send(Err(format!("the ring is broken, so it cannot be re-planned now: {why}")));
+            }
+            return Ok(false);
+        }
+        let strategy = requests.iter().find_map(|q| q.strategy);
+        let result = self.check_plan(!requests.is_empty(), strategy);
+        if let Err(e) = &result {
+            tracing::warn!("re-planning failed: {e}");
+        }
+        let view = self.board.view();
+        for req in requests {
+            let _ = req.reply.send(result.as_ref().map(|_| view.clone()).map_err(Clone::clone));
+        }
+        match result {
+            Ok(adopted) => Ok(adopted),
+            // A new plan whose ring could not be formed: broken until `recover` forms it.
+            Err(e) if self.workers_compute && self.links.is_none() => Err(ring_err(e)),
+            Err(_) => Ok(false),
+        }
+    }
+
+    fn recover(&mut self) -> engine::Result<bool> {
+        if self.links.is_some() || !self.workers_compute {
+            return Ok(false);
+        }
+        match self.form() {
+            Ok(links) => {
+                for seq in 0..self.cfg.n_seq as SeqId {
+                    self.stage.clear_sequence(seq);
+                }
+                self.pending_kv.clear();
+                self.links = Some(links);
+                self.broken = None;
+                tracing::info!(workers = ?self.cfg.workers, "ring whole again");
+                crate::metrics::ring_recovered();
+                Ok(true)
+            }
+            Err(e) => {
+                let e = e.to_string();
+                tracing::debug!("ring not whole yet: {e}");
+                self.broken = Some(e.clone());
+                Err(ring_err(e))
+            }
+        }
     }
 }

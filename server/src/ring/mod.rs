@@ -4,7 +4,10 @@
 //! k = L / W times, one window per device per round; KV operations travel in-band, in
 //! step order, so every cache stays in step with the head's.
 
+pub mod board;
 pub mod head;
+pub mod paging;
+pub mod planning;
 mod worker;
 
 pub use head::RingPipeline;
@@ -24,6 +27,24 @@ pub struct WorkerPlan {
     pub n_seq: usize,
     pub n_ctx_seq: usize,
     pub max_batch: usize,
+    /// Who sends the plan: one id per head process. A worker in one head's ring refuses
+    /// another head's plan while the first head's links are open.
+    #[serde(default)]
+    pub head: String,
+    /// Release each window after use (the device is overloaded); `None`: the worker
+    /// decides from the memory it may use.
+    #[serde(default)]
+    pub release: Option<bool>,
+}
+
+/// Applies in-band KV operations to a stage, in order.
+pub(crate) fn apply(stage: &mut engine::Stage, ops: &[transport::KvOp]) {
+    for op in ops {
+        match *op {
+            transport::KvOp::Clear { seq } => stage.clear_sequence(seq),
+            transport::KvOp::Truncate { seq, len } => stage.truncate_sequence(seq, len as usize),
+        }
+    }
 }
 
 /// The cluster secret from the flags. Without one, only loopback addresses are allowed

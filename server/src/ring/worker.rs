@@ -1,23 +1,117 @@
 //! `hearth worker`: a ring member. It waits for a head to send it a plan (its windows and
 //! its successor), then runs its window of every round on the hidden states its
-//! predecessor sends and passes the result on. Compute runs off the async runtime so
-//! keep-alive pings are answered during long steps.
+//! predecessor sends and passes the result on.
+//!
+//! The ring loop — receive a frame, compute, send the result on — runs on one thread of
+//! its own, outside the async runtime's workers: keep-alive pings and control calls are
+//! answered by the runtime during long steps; it stays the same thread, so OpenMP keeps
+//! one team; and a frame wakes it directly, with no hand-off to another thread and back
+//! (each wake-up costs tens of microseconds per hop).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use engine::{BatchToken, ModelFile, Stage, StageConfig, StageInput, StageOutput};
 use serde_json::{json, Value};
-use transport::{Activations, ControlFailure, Frame, KvOp, Link, LinkConfig, LinkServer};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+use transport::{Activations, ControlFailure, Frame, Link, LinkConfig, LinkServer};
 
-use super::WorkerPlan;
+use super::paging::WindowPager;
+use super::{apply, WorkerPlan};
 use crate::cli::WorkerArgs;
 
-struct State {
+/// A worker's state, under two locks: `compute` is held for a whole step by the ring
+/// thread, so control calls (health, profile, plans) never wait behind a step for what
+/// `meta` holds, and take `compute` only off the async runtime.
+struct Worker {
     file: Arc<ModelFile>,
     fingerprint: String,
-    stage: Option<Stage>,
+    /// Off with `--no-prefetch`.
+    prefetch: bool,
+    model_path: std::path::PathBuf,
+    meta: Mutex<Meta>,
+    compute: Mutex<Compute>,
+}
+
+struct Meta {
     next: Option<String>,
+    planned: bool,
+    /// Bumped by every plan: links formed under an older plan (a head that restarted, a
+    /// second head) are closed instead of feeding the new stage.
+    generation: u64,
+    /// The head whose plan is loaded, and how many of its ring links are open: while one
+    /// is, another head's plan is refused, so two heads never fight over a worker.
+    head: Option<String>,
+    live_links: usize,
+    /// This device measured for the scheduler, on the first `profile` call.
+    device: Option<scheduler::DeviceProfile>,
+}
+
+#[derive(Default)]
+struct Compute {
+    stage: Option<Stage>,
+    /// Release/prefetch around each window, and the per-window statistics.
+    pager: Option<WindowPager>,
+    /// The plan gives this worker no layers: it passes activations on unchanged.
+    relay: bool,
+    /// The plan generation this stage belongs to: a link of another may not touch it.
+    generation: u64,
+}
+
+impl Worker {
+    fn meta(&self) -> std::sync::MutexGuard<'_, Meta> {
+        self.meta.lock().expect("worker state")
+    }
+
+    fn compute(&self) -> std::sync::MutexGuard<'_, Compute> {
+        self.compute.lock().expect("worker compute")
+    }
+}
+
+/// Counts a ring link of plan generation `.1` as open for as long as it lives.
+struct LiveLink(Arc<Worker>, u64);
+
+impl Drop for LiveLink {
+    fn drop(&mut self) {
+        let mut s = self.0.meta();
+        // A newer plan started its own count.
+        if s.generation == self.1 {
+            s.live_links = s.live_links.saturating_sub(1);
+        }
+    }
+}
+
+/// What the ring thread needs besides the links it is handed.
+struct RingContext {
+    rt: tokio::runtime::Handle,
+    worker: Arc<Worker>,
+    secret: transport::ClusterSecret,
+    config: LinkConfig,
+}
+
+/// Starts the ring thread. It serves one link at a time, the newest: a head that forms
+/// the ring again opens a new link, and the old one has nothing more to say.
+fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
+    let (tx, mut links) = tokio::sync::mpsc::unbounded_channel::<Link>();
+    std::thread::Builder::new().name("hearth-ring".into()).spawn(move || {
+        let mut newer = None;
+        loop {
+            let link = match newer.take() {
+                Some(link) => link,
+                None => match cx.rt.block_on(links.recv()) {
+                    Some(link) => link,
+                    None => return,
+                },
+            };
+            let peer = link.peer().to_string();
+            match cx.rt.block_on(serve_link(link, &cx, &mut links)) {
+                Ok(next) => newer = next,
+                Err(e) => tracing::warn!(%peer, "ring link ended: {e}"),
+            }
+        }
+    })?;
+    Ok(tx)
 }
 
 pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -26,44 +120,75 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let file = Arc::new(ModelFile::open(&path)?);
     let fingerprint = file.fingerprint();
     let threads = args.threads.unwrap_or_else(engine::stage::default_threads);
-    let state = Arc::new(Mutex::new(State { file, fingerprint, stage: None, next: None }));
+    let prefetch = !args.no_prefetch;
+    let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
+    let state = Arc::new(Worker { file, fingerprint, prefetch, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
     let addr: SocketAddr = args.listen.parse().map_err(|e| format!("invalid --listen {}: {e}", args.listen))?;
-    let rt = crate::serve::http_runtime()?;
+    let rt = crate::serve::ring_runtime()?;
+    let config = LinkConfig::default();
+    // Made here, on the main thread, so it has normal priority.
+    let links = ring_thread(RingContext { rt: rt.handle().clone(), worker: state.clone(), secret: secret.clone(), config: config.clone() })?;
     rt.block_on(async move {
         let handler_state = state.clone();
         let handler = move |method: String, body: Value| {
             let state = handler_state.clone();
             async move { control(&state, &method, body, threads).await }
         };
-        let config = LinkConfig::default();
-        let mut server = LinkServer::bind(addr, secret.clone(), config.clone(), Some(Arc::new(handler))).await?;
+        let mut server = LinkServer::bind(addr, secret, config, Some(Arc::new(handler))).await?;
         tracing::info!("hearth worker listening on {}", server.local_addr());
         while let Some(link) = server.accept().await {
-            let (state, secret, config) = (state.clone(), secret.clone(), config.clone());
-            tokio::spawn(async move {
-                let peer = link.peer().to_string();
-                if let Err(e) = serve_link(link, state, secret, config).await {
-                    tracing::warn!(%peer, "ring link ended: {e}");
-                }
-            });
+            if links.send(link).is_err() {
+                return Err("the ring thread stopped".into());
+            }
         }
         Ok::<(), Box<dyn std::error::Error>>(())
     })
 }
 
-async fn control(state: &Arc<Mutex<State>>, method: &str, body: Value, threads: usize) -> Result<Value, ControlFailure> {
+async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize) -> Result<Value, ControlFailure> {
     match method {
-        transport::methods::HEALTH => {
-            let s = state.lock().expect("worker state");
-            Ok(json!({"status": "ok", "fingerprint": s.fingerprint, "planned": s.stage.is_some()}))
+        transport::methods::HEALTH => Ok(json!({"status": "ok", "fingerprint": state.fingerprint, "planned": state.meta().planned})),
+        transport::methods::PROFILE => {
+            // The device is measured once (a few seconds, then cached on disk too), off the
+            // runtime; the windows' figures are live.
+            let device = state.meta().device.clone();
+            let device = match device {
+                Some(d) => d,
+                None => {
+                    let worker = state.clone();
+                    let measured = tokio::task::spawn_blocking(move || {
+                        crate::profile_command::device_profile(threads, Some((&worker.model_path, &worker.file)), false).map(|(p, _, _)| p).map_err(|e| e.to_string())
+                    })
+                        .await
+                        .map_err(|e| ControlFailure::failed(e.to_string()))?
+                        .map_err(ControlFailure::failed)?;
+                    state.meta().device = Some(measured.clone());
+                    measured
+                }
+            };
+            let mut device = device;
+            crate::profile_command::refresh_memory(&mut device);
+            // The window figures wait for a step in progress: off the runtime.
+            let worker = state.clone();
+            let mut answer = tokio::task::spawn_blocking(move || match &worker.compute().pager {
+                Some(p) => p.profile(),
+                None => json!({"windows": [], "prefetch": worker.prefetch}),
+            })
+            .await
+            .map_err(|e| ControlFailure::failed(e.to_string()))?;
+            answer["device"] = serde_json::to_value(&device).map_err(|e| ControlFailure::failed(e.to_string()))?;
+            Ok(answer)
         }
         transport::methods::LOAD_PLAN => {
             let plan: WorkerPlan = serde_json::from_value(body).map_err(|e| ControlFailure::bad_request(format!("invalid plan: {e}")))?;
-            let (file, fingerprint) = {
-                let s = state.lock().expect("worker state");
-                (s.file.clone(), s.fingerprint.clone())
-            };
-            if plan.fingerprint != fingerprint {
+            {
+                let s = state.meta();
+                if let Some(head) = s.head.as_ref().filter(|h| **h != plan.head && s.live_links > 0) {
+                    return Err(ControlFailure::bad_request(format!("this worker is in the ring of another head ({head}); stop that head first")));
+                }
+            }
+            let (file, fingerprint, prefetch) = (state.file.clone(), &state.fingerprint, state.prefetch);
+            if plan.fingerprint != *fingerprint {
                 return Err(ControlFailure::bad_request(format!(
                     "this worker has a different model file (fingerprint {fingerprint}, the head's is {})",
                     plan.fingerprint
@@ -78,32 +203,88 @@ async fn control(state: &Arc<Mutex<State>>, method: &str, body: Value, threads: 
                 accel_layers: 0,
                 owns_output: false,
             };
-            let stage = tokio::task::spawn_blocking(move || Stage::new(file, cfg))
+            let layers = cfg.windows.clone();
+            let release = plan.release;
+            let relay = layers.is_empty();
+            let built = if relay {
+                tracing::info!(next = %plan.next, "plan loaded: no layers here, relaying activations");
+                None
+            } else {
+                let (stage, pager) = tokio::task::spawn_blocking(move || {
+                    // The pager is made after the stage so the stage's own memory counts.
+                    Stage::new(file.clone(), cfg).map(|stage| (stage, WindowPager::new(file, layers, prefetch, release)))
+                })
                 .await
                 .map_err(|e| ControlFailure::failed(e.to_string()))?
                 .map_err(|e| ControlFailure::bad_request(e.to_string()))?;
-            tracing::info!(windows = ?plan.windows, next = %plan.next, "plan loaded");
-            let mut s = state.lock().expect("worker state");
-            s.stage = Some(stage);
-            s.next = Some(plan.next);
+                tracing::info!(windows = ?plan.windows, next = %plan.next, "plan loaded; {}", pager.describe());
+                Some((stage, pager))
+            };
+            let generation;
+            {
+                // First: links of the older plan see the new generation and close.
+                let mut s = state.meta();
+                s.planned = true;
+                s.next = Some(plan.next);
+                s.generation += 1;
+                generation = s.generation;
+                s.head = Some(plan.head);
+                // Links of the older plan close at their next frame.
+                s.live_links = 0;
+            }
+            // The old stage may be mid-step: swap it off the runtime.
+            let worker = state.clone();
+            tokio::task::spawn_blocking(move || {
+                let (stage, pager) = built.unzip();
+                *worker.compute() = Compute { stage, pager, relay, generation };
+            })
+            .await
+            .map_err(|e| ControlFailure::failed(e.to_string()))?;
             Ok(json!({"status": "ok"}))
         }
         other => Err(ControlFailure::unknown_method(other)),
     }
 }
 
-/// Frames from the predecessor: compute what is ours, pass everything on in order.
-async fn serve_link(mut link: Link, state: Arc<Mutex<State>>, secret: transport::ClusterSecret, config: LinkConfig) -> Result<(), String> {
-    let next = state.lock().expect("worker state").next.clone().ok_or("a head linked before sending a plan")?;
-    let mut out = Link::connect(&next, &secret, &config).await.map_err(|e| e.to_string())?;
-    while let Some(frame) = link.stream.recv().await.map_err(|e| e.to_string())? {
+/// Frames from the predecessor: compute what is ours, pass everything on in order. Runs
+/// on the ring thread; returns a newer link if one arrives meanwhile.
+async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedReceiver<Link>) -> Result<Option<Link>, String> {
+    let state = &cx.worker;
+    let (next, generation) = {
+        let mut s = state.meta();
+        s.live_links += 1;
+        (s.next.clone(), s.generation)
+    };
+    let _live = LiveLink(state.clone(), generation);
+    let next = next.ok_or("a head linked before sending a plan")?;
+    let mut out = Link::connect(&next, &cx.secret, &cx.config).await.map_err(|e| e.to_string())?;
+    // When this worker last handed on its output: the wait for the next input starts then.
+    let mut last_sent: Option<Instant> = None;
+    loop {
+        let frame = tokio::select! {
+            biased;
+            newer = links.recv() => return Ok(newer),
+            frame = link.stream.recv() => frame.map_err(|e| e.to_string())?,
+        };
+        let Some(frame) = frame else { return Ok(None) };
+        if state.meta().generation != generation {
+            return Err("a newer plan replaced this link".into());
+        }
         let reply = match frame {
-            Frame::Activations(a) => {
-                let state = state.clone();
-                tokio::task::spawn_blocking(move || compute(&state, a)).await.map_err(|e| e.to_string())?
+            Frame::Activations(activations) => {
+                let waited = last_sent.map(|t| t.elapsed());
+                // Blocking here is right: this is the ring thread, not a runtime worker.
+                let reply = compute(state, activations, waited, generation);
+                out.sink.send(&reply).await.map_err(|e| e.to_string())?;
+                last_sent = Some(Instant::now());
+                continue;
             }
             Frame::KvOps { step, ops } => {
-                if let Some(stage) = state.lock().expect("worker state").stage.as_mut() {
+                let mut c = state.compute();
+                if c.generation != generation {
+                    return Err("a newer plan replaced this link".into());
+                }
+                if let Some(stage) = c.stage.as_mut() {
                     apply(stage, &ops);
                 }
                 Frame::KvOps { step, ops }
@@ -112,25 +293,30 @@ async fn serve_link(mut link: Link, state: Arc<Mutex<State>>, secret: transport:
         };
         out.sink.send(&reply).await.map_err(|e| e.to_string())?;
     }
-    Ok(())
 }
 
-pub(crate) fn apply(stage: &mut Stage, ops: &[KvOp]) {
-    for op in ops {
-        match *op {
-            KvOp::Clear { seq } => stage.clear_sequence(seq),
-            KvOp::Truncate { seq, len } => stage.truncate_sequence(seq, len as usize),
-        }
+fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation: u64) -> Frame {
+    let mut guard = state.compute();
+    let s = &mut *guard;
+    if s.generation != generation {
+        return Frame::Error { step: a.step, message: "a newer plan replaced this link".into() };
     }
-}
-
-fn compute(state: &Mutex<State>, a: Activations) -> Frame {
-    let mut s = state.lock().expect("worker state");
     let Some(stage) = s.stage.as_mut() else {
+        if s.relay {
+            return Frame::Activations(a);
+        }
         return Frame::Error { step: a.step, message: "worker has no plan".into() };
     };
     let batch: Vec<BatchToken> = a.tokens.iter().map(|t| BatchToken { seq: t.seq, pos: t.pos, logits: t.wants_logits }).collect();
-    match stage.forward(a.round as usize, &batch, StageInput::Hidden(&a.hidden)) {
+    let round = a.round as usize;
+    if let Some(p) = s.pager.as_mut() {
+        p.before(round, waited);
+    }
+    let result = stage.forward(round, &batch, StageInput::Hidden(&a.hidden));
+    if let Some(p) = s.pager.as_mut() {
+        p.after(round);
+    }
+    match result {
         Ok(StageOutput::Hidden(hidden)) => Frame::Activations(Activations { hidden, ..a }),
         Ok(StageOutput::Logits(_)) => Frame::Error { step: a.step, message: "worker produced logits".into() },
         Err(e) => Frame::Error { step: a.step, message: e.to_string() },

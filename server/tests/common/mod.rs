@@ -21,25 +21,30 @@ pub struct Served {
 impl Served {
     /// Starts `hearth serve --port 0 ARGS --model <default>` and waits for its address.
     pub fn start(args: &[&str]) -> Served {
-        Served::spawn(&["serve", "--port", "0"], args, "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
+        Served::spawn(&["serve", "--port", "0"], args, &default_model(), "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
     }
 
     /// Starts `hearth worker --listen 127.0.0.1:0 ARGS --model <default>`.
     pub fn worker(args: &[&str]) -> Served {
-        Served::spawn(&["worker", "--listen", "127.0.0.1:0"], args, "worker listening on ").unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))
+        Served::worker_at("127.0.0.1:0", &default_model(), args).unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))
+    }
+
+    /// Starts `hearth worker --listen LISTEN ARGS --model MODEL`; the log if it fails.
+    pub fn worker_at(listen: &str, model: &std::path::Path, args: &[&str]) -> Result<Served, String> {
+        Served::spawn(&["worker", "--listen", listen], args, model, "worker listening on ")
     }
 
     /// Like `start`, but returns the server's log if it exits instead of listening.
     pub fn try_start(args: &[&str]) -> Result<Served, String> {
-        Served::spawn(&["serve", "--port", "0"], args, "listening on http://")
+        Served::spawn(&["serve", "--port", "0"], args, &default_model(), "listening on http://")
     }
 
-    fn spawn(role: &[&str], args: &[&str], marker: &str) -> Result<Served, String> {
+    fn spawn(role: &[&str], args: &[&str], model: &std::path::Path, marker: &str) -> Result<Served, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hearth"))
             .args(role)
             .args(args)
             .arg("--model")
-            .arg(default_model())
+            .arg(model)
             .env("HEARTH_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()
@@ -65,8 +70,13 @@ impl Served {
 
     /// Sends SIGTERM (a user's Ctrl-C or `docker stop`).
     pub fn terminate(&self) {
+        self.signal(SIGTERM);
+    }
+
+    /// Sends a signal (SIGSTOP freezes the process: a stalled device).
+    pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child.
-        assert_eq!(unsafe { kill(self.child.id() as i32, SIGTERM) }, 0);
+        assert_eq!(unsafe { kill(self.child.id() as i32, sig) }, 0);
     }
 }
 
@@ -77,7 +87,9 @@ impl Drop for Served {
     }
 }
 
-const SIGTERM: i32 = 15;
+pub const SIGTERM: i32 = 15;
+pub const SIGSTOP: i32 = 19;
+pub const SIGCONT: i32 = 18;
 
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;

@@ -1,0 +1,251 @@
+//! Measures this device for the scheduler: what the engine's own kernels compute per
+//! second for each weight format at decode shapes, how fast memory reads, how long a KV
+//! write takes, how fast the disk holding the model reads (past the page cache), and how
+//! much memory there is. Each measurement runs for a fixed short time, so a whole profile
+//! takes a few seconds.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use llama_cpp_sys_2 as sys;
+
+use crate::gguf::GgmlType;
+use crate::{Error, Result};
+
+/// Columns of the benchmark matrix: a multiple of every block size (256 for K-quants).
+const MATVEC_COLS: usize = 4096;
+/// Bytes of the benchmark matrix: in cache, so the kernel's compute rate is measured and
+/// not memory bandwidth (the scheduler models memory reads separately, `T^cpu`).
+const MATVEC_BYTES: usize = 2 << 20;
+/// Bytes read for the memory bandwidth: well past any cache.
+const MEMORY_BYTES: usize = 256 << 20;
+/// Bytes of the scratch file for the disk test, and the block of a sequential read.
+const DISK_FILE_BYTES: usize = 128 << 20;
+const DISK_BLOCK: usize = 4 << 20;
+/// The unit of a random read: one page, as mmap faults read.
+const PAGE: usize = 4096;
+
+/// Floating-point operations per second of a matrix-vector product whose matrix is in
+/// format `ty` (2 FLOPs per weight), measured for about `time` with `threads` threads.
+pub fn matvec_flops(ty: GgmlType, threads: usize, time: Duration) -> Result<f64> {
+    crate::backend::init();
+    // SAFETY: plain size query.
+    let row = unsafe { sys::ggml_row_size(ty as u32, MATVEC_COLS as i64) };
+    let rows = (MATVEC_BYTES / row).max(1);
+    // SAFETY: plain size queries.
+    let overhead = unsafe { sys::ggml_tensor_overhead() * 8 + sys::ggml_graph_overhead() };
+    // Weights and the input and output vectors (F32); the work buffer is separate.
+    let mem = overhead + rows * row + 4 * (MATVEC_COLS + rows) + (1 << 20);
+    // SAFETY: ggml allocates and owns `mem` bytes; freed below.
+    let ctx = unsafe { sys::ggml_init(sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: false }) };
+    if ctx.is_null() {
+        return Err(Error::Ggml("ggml_init failed".into()));
+    }
+    let result = (|| {
+        let w = crate::ggml::new_tensor(ctx, ty as u32, &[MATVEC_COLS as u64, rows as u64])?;
+        let x = crate::ggml::new_tensor(ctx, GgmlType::F32 as u32, &[MATVEC_COLS as u64, 1])?;
+        // Deterministic values of a realistic spread; the format's own quantizer writes
+        // the matrix, so every block is a valid one.
+        let values: Vec<f32> = (0..rows * MATVEC_COLS).map(|i| ((i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0) * 1e-3).collect();
+        // SAFETY: `w` has room for `rows` rows of `MATVEC_COLS` values in format `ty`, `x`
+        // for MATVEC_COLS F32 values; the sources are that long.
+        unsafe {
+            match ty {
+                GgmlType::F32 => std::ptr::copy_nonoverlapping(values.as_ptr(), (*w).data.cast::<f32>(), values.len()),
+                _ => {
+                    sys::ggml_quantize_chunk(ty as u32, values.as_ptr(), (*w).data, 0, rows as i64, MATVEC_COLS as i64, std::ptr::null());
+                }
+            }
+            std::ptr::copy_nonoverlapping(values.as_ptr(), (*x).data.cast::<f32>(), MATVEC_COLS);
+            let y = sys::ggml_mul_mat(ctx, w, x);
+            let gf = sys::ggml_new_graph(ctx);
+            sys::ggml_build_forward_expand(gf, y);
+            // One plan and work buffer for every run (`ggml_graph_compute_with_ctx` would
+            // take a new buffer from the context each time).
+            let mut plan = sys::ggml_graph_plan(gf, threads as i32, std::ptr::null_mut());
+            let mut work = vec![0u8; plan.work_size.max(1)];
+            plan.work_data = work.as_mut_ptr();
+            let mut compute = || sys::ggml_graph_compute(gf, &mut plan);
+            // Warm up (thread start, caches), then count whole runs for about `time`.
+            if compute() != sys::GGML_STATUS_SUCCESS {
+                return Err(Error::Ggml(format!("matrix-vector product in {} failed", ty.name())));
+            }
+            let start = Instant::now();
+            let mut runs = 0u64;
+            while start.elapsed() < time || runs == 0 {
+                compute();
+                runs += 1;
+            }
+            Ok(runs as f64 * 2.0 * (rows * MATVEC_COLS) as f64 / start.elapsed().as_secs_f64())
+        }
+    })();
+    // SAFETY: the context and everything in it is no longer used.
+    unsafe { sys::ggml_free(ctx) };
+    result
+}
+
+/// Bytes per second read from memory by `threads` threads summing a buffer far larger
+/// than any cache (best of a few passes).
+pub fn memory_read_bw(threads: usize) -> f64 {
+    let words = MEMORY_BYTES / 8;
+    let data: Vec<u64> = (0..words as u64).collect();
+    let threads = threads.max(1);
+    let chunk = words.div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = data.chunks(chunk).map(|c| s.spawn(move || c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))).collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max(MEMORY_BYTES as f64 / start.elapsed().as_secs_f64());
+    }
+    best
+}
+
+/// Seconds to write one token's K and V of one layer (`kv_bytes`, F16) into a cache much
+/// larger than the caches, as a decode step does.
+pub fn kv_copy_secs(kv_bytes: usize) -> f64 {
+    let kv_bytes = kv_bytes.max(1);
+    let slots = (MEMORY_BYTES / 4 / kv_bytes).max(1);
+    let mut cache = vec![0u8; slots * kv_bytes];
+    let src = vec![1u8; kv_bytes];
+    let start = Instant::now();
+    for i in 0..slots {
+        cache[i * kv_bytes..(i + 1) * kv_bytes].copy_from_slice(&src);
+    }
+    std::hint::black_box(&cache);
+    start.elapsed().as_secs_f64() / slots as f64
+}
+
+/// Sequential and random (4 KiB) read throughput, bytes per second, of the disk holding
+/// `dir`, read past the page cache: a fresh scratch file read with O_DIRECT (or, where a
+/// file system refuses O_DIRECT, after dropping it from the cache).
+pub fn disk_read(dir: &Path, time: Duration) -> Result<(f64, f64)> {
+    let path = dir.join(format!(".hearth-profile-{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&path)?;
+        let block: Vec<u8> = (0..DISK_BLOCK).map(|i| (i.wrapping_mul(31) >> 3) as u8).collect();
+        for _ in 0..DISK_FILE_BYTES / DISK_BLOCK {
+            f.write_all(&block)?;
+        }
+        f.sync_all()?;
+        drop(f);
+        let mut f = open_uncached(&path)?;
+        let mut buf = AlignedBuf::new(DISK_BLOCK);
+        let start = Instant::now();
+        let mut read = 0usize;
+        while read < DISK_FILE_BYTES {
+            match f.read(buf.as_mut())? {
+                0 => break,
+                n => read += n,
+            }
+        }
+        let seq = read as f64 / start.elapsed().as_secs_f64();
+        let mut f = open_uncached(&path)?;
+        let pages = (DISK_FILE_BYTES / PAGE) as u64;
+        let start = Instant::now();
+        let mut n = 0u64;
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        while start.elapsed() < time || n == 0 {
+            // xorshift: a different page every read, no page twice in a row.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f.seek(SeekFrom::Start((state % pages) * PAGE as u64))?;
+            f.read_exact(&mut buf.as_mut()[..PAGE])?;
+            n += 1;
+        }
+        let rand = (n as usize * PAGE) as f64 / start.elapsed().as_secs_f64();
+        Ok::<_, std::io::Error>((seq, rand))
+    })();
+    let _ = std::fs::remove_file(&path);
+    result.map_err(|e| Error::Ggml(format!("disk test in {}: {e}", dir.display())))
+}
+
+fn open_uncached(path: &Path) -> std::io::Result<std::fs::File> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        if let Ok(f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path) {
+            return Ok(f);
+        }
+    }
+    let f = std::fs::File::open(path)?;
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advice on an open descriptor; failure only leaves pages cached.
+        unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    }
+    Ok(f)
+}
+
+/// A page-aligned buffer, as O_DIRECT reads require.
+struct AlignedBuf {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len, PAGE).expect("page-aligned layout");
+        // SAFETY: non-zero size; freed in Drop with the same layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, layout }
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` holds `layout.size()` initialised bytes owned by self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// Memory figures from /proc/meminfo, bytes: (total, available, free swap).
+pub fn meminfo() -> (u64, u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| crate::residency::field_u64(&text, key).unwrap_or(0) * 1024;
+    (kib("MemTotal:"), kib("MemAvailable:"), kib("SwapFree:"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_and_memory_measure_something_plausible() {
+        for ty in [GgmlType::F32, GgmlType::Q4_K, GgmlType::Q8_0] {
+            let f = matvec_flops(ty, 1, Duration::from_millis(30)).unwrap();
+            // Between 10 MFLOP/s and 10 TFLOP/s on anything hearth runs on.
+            assert!(f > 1e7 && f < 1e13, "{} {f}", ty.name());
+        }
+        let bw = memory_read_bw(1);
+        assert!(bw > 1e8 && bw < 1e12, "{bw}");
+        let kv = kv_copy_secs(768);
+        assert!(kv > 0.0 && kv < 1e-3, "{kv}");
+        let (total, avail, _) = meminfo();
+        assert!(total > 0 && avail > 0 && avail <= total);
+    }
+
+    #[test]
+    fn the_disk_is_read_and_the_scratch_file_removed() {
+        let dir = std::env::temp_dir().join(format!("hearth-disk-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (seq, rand) = disk_read(&dir, Duration::from_millis(50)).unwrap();
+        assert!(seq > 1e6 && rand > 1e4, "{seq} {rand}");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "scratch file left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,367 @@
+//! prima.cpp's latency model for the layer-to-device assignment (LDA), §3 of
+//! `papers/prima-extraction.md`: TPOT = Σ_m (T_m^comp + T_m^mem + T_m^disk + T_m^comm)
+//! (eq 11), with the OS-dependent disk cases M1 (macOS without Metal), M2 (macOS with
+//! Metal), M3 (Linux, Android) and M4 (enough RAM, or a slow disk).
+//!
+//! Two faces of the same model live here: [`predict`] evaluates any whole-rounds plan
+//! term by term (eqs 12–20), and the per-device coefficients α, β, ξ and the constant κ
+//! (eqs 22–37) feed the integer program in `halda`. For a plan whose sets agree with its
+//! loads the two give the same number; the tests check it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plan::Plan;
+use crate::profile::{DeviceProfile, GpuBackend, ModelProfile, Os};
+
+/// A device's case in the model (§3.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeviceSet {
+    /// macOS without Metal, RAM overloaded, fast disk: reloads the excess (random reads).
+    M1,
+    /// macOS with Metal, shared memory overloaded, fast disk: reloads all its weights.
+    M2,
+    /// Linux or Android, RAM (+ swap-out on Android) overloaded, fast disk: reloads the
+    /// excess of its CPU layers (sequential reads).
+    M3,
+    /// Enough memory, or a slow disk (which Halda does not let overload).
+    M4,
+}
+
+/// Seconds per token, split the way the paper splits them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Breakdown {
+    /// T^comp: layer FLOPs on CPU and GPU (and the output layer on the head).
+    pub compute_s: f64,
+    /// T^mem: KV-cache writes, RAM↔VRAM copies, and reading weights + KV into registers.
+    pub memory_s: f64,
+    /// T^disk: reloading what does not fit in memory (and the head's embedding row).
+    pub disk_s: f64,
+    /// T^comm: one hop of the hidden state per window.
+    pub network_s: f64,
+}
+
+impl Breakdown {
+    pub fn total(&self) -> f64 {
+        self.compute_s + self.memory_s + self.disk_s + self.network_s
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceCost {
+    pub name: String,
+    pub set: DeviceSet,
+    /// Its memory is overloaded (weights are reloaded from disk every token). Never true
+    /// for a plan Halda returns on a slow-disk (M4) device.
+    pub overloaded: bool,
+    /// Layers it runs per token on the CPU (`l_m − l_m^gpu`) and on the GPU (`l_m^gpu`).
+    pub cpu_layers: usize,
+    pub gpu_layers: usize,
+    pub breakdown: Breakdown,
+}
+
+/// Predicted time per output token of a plan, with its per-device breakdown.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    pub tpot_s: f64,
+    pub devices: Vec<DeviceCost>,
+}
+
+impl Prediction {
+    pub fn total(&self) -> Breakdown {
+        let mut t = Breakdown::default();
+        for d in &self.devices {
+            t.compute_s += d.breakdown.compute_s;
+            t.memory_s += d.breakdown.memory_s;
+            t.disk_s += d.breakdown.disk_s;
+            t.network_s += d.breakdown.network_s;
+        }
+        t
+    }
+}
+
+/// `b_m^cio = (b_i/V + b_o)·𝕀_{m=1} + c^cpu`.
+pub(crate) fn cio(model: &ModelProfile, head: bool) -> f64 {
+    let io = if head { model.lookup_bytes() + model.output_bytes } else { 0.0 };
+    io + model.compute_buffer_cpu
+}
+
+/// Bytes of the device's memory left for layers (weights + KV) before it overloads:
+/// `d^avail − b^cio` (macOS without Metal, Linux), `d_metal^avail − b^cio − c^gpu`
+/// (macOS with Metal), `d^avail + d^swapout − b^cio` (Android).
+pub(crate) fn ram_room(dev: &DeviceProfile, model: &ModelProfile, head: bool) -> f64 {
+    let base = match (dev.os, dev.metal()) {
+        (Os::Macos, Some(g)) => g.memory_available - model.compute_buffer_gpu,
+        (Os::Android, _) => dev.ram_available + dev.swap_out_cap(),
+        _ => dev.ram_available,
+    };
+    base - cio(model, head)
+}
+
+/// Largest count of memory-resident layers per window that does not overload the device
+/// at `k` rounds: ⌊(W/(L b′))·room⌋ = ⌊room / (k b′)⌋ (may be negative: overloaded even
+/// with no layers). "Overloaded" is the paper's strict `>`: counted layers > this.
+pub fn ram_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize) -> i64 {
+    floor_layers(ram_room(dev, model, head), k, model)
+}
+
+fn floor_layers(bytes: f64, k: usize, model: &ModelProfile) -> i64 {
+    let x = bytes / (k as f64 * model.layer_bytes_with_kv());
+    // A hair of slack so that an exact fit computed in floating point stays a fit.
+    (x + 1e-9).floor().clamp(-1e9, 1e9) as i64
+}
+
+/// Most GPU layers per window at `k` rounds (VRAM, or Metal's shared memory, which on the
+/// head also holds the output layer): constraint (5) with ⌊·⌋ for integers.
+pub fn gpu_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize) -> usize {
+    let Some(g) = &dev.gpu else { return 0 };
+    let room = match g.backend {
+        GpuBackend::Cuda => g.memory_available - model.compute_buffer_gpu,
+        GpuBackend::Metal => g.memory_available - model.compute_buffer_gpu - if head { model.output_bytes } else { 0.0 },
+    };
+    floor_layers(room, k, model).max(0) as usize
+}
+
+/// The layers of a window that count against RAM: all of them on macOS (Metal maps
+/// even its GPU layers from the shared memory), only the CPU ones on Linux/Android.
+pub(crate) fn counted_layers(dev: &DeviceProfile, w: usize, n: usize) -> usize {
+    match dev.os {
+        Os::Macos => w,
+        Os::Linux | Os::Android => w - n.min(w),
+    }
+}
+
+pub(crate) fn overloaded(dev: &DeviceProfile, model: &ModelProfile, head: bool, w: usize, n: usize, k: usize) -> bool {
+    counted_layers(dev, w, n) as i64 > ram_cap(dev, model, head, k)
+}
+
+/// A disk at or above the threshold is fast (may overload); below it is slow (M4 only).
+pub(crate) fn fast_disk(dev: &DeviceProfile, disk_threshold: f64) -> bool {
+    dev.disk_read() >= disk_threshold
+}
+
+/// The set an overloaded (or not) device falls in.
+pub(crate) fn set_for(dev: &DeviceProfile, is_overloaded: bool, fast: bool) -> DeviceSet {
+    if !is_overloaded || !fast {
+        return DeviceSet::M4;
+    }
+    match (dev.os, dev.metal()) {
+        (Os::Macos, Some(_)) => DeviceSet::M2,
+        (Os::Macos, None) => DeviceSet::M1,
+        (Os::Linux | Os::Android, _) => DeviceSet::M3,
+    }
+}
+
+/// Per-layer costs of a device, split into compute and memory, on CPU and GPU.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerCosts {
+    pub cpu_compute: f64,
+    pub cpu_memory: f64,
+    pub gpu_compute: f64,
+    pub gpu_memory: f64,
+    /// Per window: RAM↔VRAM copies (0 on UMA or without a GPU).
+    pub copy: f64,
+}
+
+impl LayerCosts {
+    pub fn of(dev: &DeviceProfile, model: &ModelProfile) -> LayerCosts {
+        let bp = model.layer_bytes_with_kv();
+        let cpu_compute = model.layer_flops.time_at(&dev.cpu_flops);
+        let cpu_memory = dev.kv_copy_cpu_s + bp / dev.cpu_read_bw;
+        match &dev.gpu {
+            Some(g) => LayerCosts {
+                cpu_compute,
+                cpu_memory,
+                gpu_compute: model.layer_flops.time_at(&g.flops),
+                gpu_memory: g.kv_copy_s + bp / g.read_bw,
+                copy: if g.uma { 0.0 } else { g.ram_to_vram_s + g.vram_to_ram_s },
+            },
+            None => LayerCosts { cpu_compute, cpu_memory, gpu_compute: 0.0, gpu_memory: 0.0, copy: 0.0 },
+        }
+    }
+
+    /// α_m: one CPU layer (compute + KV write + memory read).
+    pub fn alpha(&self) -> f64 {
+        self.cpu_compute + self.cpu_memory
+    }
+
+    /// β_m: the change from moving one layer CPU → GPU (normally negative).
+    pub fn beta(&self) -> f64 {
+        self.gpu_compute + self.gpu_memory - self.alpha()
+    }
+}
+
+/// ξ_m: per-window fixed cost (device copy + one network hop).
+pub(crate) fn xi(dev: &DeviceProfile, model: &ModelProfile) -> f64 {
+    LayerCosts::of(dev, model).copy + dev.comm_s
+}
+
+/// The head's fixed terms that do not depend on the set: output-layer compute and the
+/// reads of the embedding row and the output layer. (Split into compute and memory.)
+fn head_fixed(dev: &DeviceProfile, model: &ModelProfile) -> (f64, f64) {
+    let compute = model.output_flops.time_at(&dev.cpu_flops);
+    let memory = (model.lookup_bytes() + model.output_bytes) / dev.cpu_read_bw;
+    (compute, memory)
+}
+
+/// The ILP's objective coefficients for one device in one set: `a_m` (per window layer),
+/// `b_m` (per GPU layer), both per round; the caller multiplies by k (eq 6).
+pub(crate) fn ilp_coefficients(dev: &DeviceProfile, model: &ModelProfile, set: DeviceSet) -> (f64, f64) {
+    let lc = LayerCosts::of(dev, model);
+    let s = dev.disk_read();
+    let bp = model.layer_bytes_with_kv();
+    let (alpha, beta) = (lc.alpha(), if dev.gpu.is_some() { lc.beta() } else { 0.0 });
+    match set {
+        DeviceSet::M1 => (alpha + bp / s, 0.0),
+        DeviceSet::M2 => (alpha + model.layer_bytes / s, beta),
+        DeviceSet::M3 => (alpha + bp / s, beta - bp / s),
+        DeviceSet::M4 => (alpha, beta),
+    }
+}
+
+/// κ plus Σ_m k ξ_m: everything in the objective that does not multiply a variable.
+pub(crate) fn ilp_constant(devices: &[DeviceProfile], model: &ModelProfile, sets: &[DeviceSet], k: usize) -> f64 {
+    let head = &devices[0];
+    let (hc, hm) = head_fixed(head, model);
+    let s1 = head.disk_read();
+    let mut kappa = hc + hm + model.lookup_bytes() / s1;
+    if sets[0] != DeviceSet::M4 {
+        kappa += model.output_bytes / s1;
+    }
+    for (m, (dev, set)) in devices.iter().zip(sets).enumerate() {
+        if matches!(set, DeviceSet::M1 | DeviceSet::M3) {
+            // (c^cpu − d^avail − d^swapout) / s; the head's b_i/V + b_o are counted above.
+            let room = ram_room(dev, model, m == 0) + cio(model, m == 0);
+            kappa += (model.compute_buffer_cpu - room) / dev.disk_read();
+        }
+        kappa += k as f64 * xi(dev, model);
+    }
+    kappa
+}
+
+/// Predicted TPOT of a whole-rounds plan (Assumption 1: every device has k windows),
+/// `devices[i]` running `plan.devices[i]`, device 0 the head. `disk_threshold` only
+/// labels the sets (a slow-disk device is M4 even when the plan overloads it, and is then
+/// charged its reloads all the same).
+pub fn predict(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, disk_threshold: f64) -> Prediction {
+    assert_eq!(devices.len(), plan.devices.len(), "one profile per plan device");
+    let k = plan.rounds();
+    let kf = k as f64;
+    let mut out = Vec::with_capacity(devices.len());
+    for (m, (dev, dp)) in devices.iter().zip(&plan.devices).enumerate() {
+        let head = m == 0;
+        let (w, n) = (dp.window, dp.gpu_layers.min(dp.window));
+        let lc = LayerCosts::of(dev, model);
+        let (l_cpu, l_gpu) = (kf * (w - n) as f64, kf * n as f64);
+        let mut b = Breakdown {
+            compute_s: l_cpu * lc.cpu_compute + l_gpu * lc.gpu_compute,
+            memory_s: l_cpu * lc.cpu_memory + l_gpu * lc.gpu_memory + kf * lc.copy,
+            disk_s: 0.0,
+            network_s: kf * dev.comm_s,
+        };
+        if head {
+            let (hc, hm) = head_fixed(dev, model);
+            b.compute_s += hc;
+            b.memory_s += hm;
+        }
+        let over = overloaded(dev, model, head, w, n, k);
+        let s = dev.disk_read();
+        let io = if head { model.lookup_bytes() + model.output_bytes } else { 0.0 };
+        b.disk_s = if !over {
+            if head { model.lookup_bytes() / s } else { 0.0 }
+        } else if dev.metal().is_some() && dev.os == Os::Macos {
+            // eq 16: Metal lets go of everything: all l_m b (+ the head's I/O layers).
+            (kf * w as f64 * model.layer_bytes + io) / s
+        } else {
+            // eqs 15, 17: the excess of CPU layers (+ KV, compute buffer, head I/O) over RAM.
+            let room = ram_room(dev, model, head) + cio(model, head);
+            (l_cpu * model.layer_bytes_with_kv() + io + model.compute_buffer_cpu - room) / s
+        };
+        out.push(DeviceCost {
+            name: dev.name.clone(),
+            set: set_for(dev, over, fast_disk(dev, disk_threshold)),
+            overloaded: over,
+            cpu_layers: k * (w - n),
+            gpu_layers: k * n,
+            breakdown: b,
+        });
+    }
+    let tpot_s = out.iter().map(|d| d.breakdown.total()).sum();
+    Prediction { tpot_s, devices: out }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::PerQuant;
+
+    fn dev(os: Os, ram: f64) -> DeviceProfile {
+        let r = PerQuant { q4k: 1e11, q5k: 1e11, q6k: 1e11, q8_0: 1e11, f16: 1e11, f32: 1e11 };
+        DeviceProfile {
+            name: "d".into(),
+            os,
+            head: false,
+            cpu_flops: r,
+            cpu_read_bw: 1e10,
+            kv_copy_cpu_s: 0.0,
+            disk_seq_read: 1e9,
+            disk_rand_read: 5e8,
+            ram_total: ram,
+            ram_available: ram,
+            swap_available: 2e9,
+            bytes_can_swap: 1e9,
+            gpu: None,
+            comm_s: 1e-3,
+        }
+    }
+
+    fn model() -> ModelProfile {
+        ModelProfile {
+            name: "m".into(),
+            n_layer: 10,
+            layer_bytes: 1e9,
+            input_bytes: 1e9,
+            output_bytes: 1e9,
+            n_vocab: 1000,
+            n_embd: 1000,
+            n_head_k: 1,
+            n_head_v: 1,
+            head_dim_k: 1,
+            head_dim_v: 1,
+            n_kv: 0,
+            n_head: 0,
+            layer_flops: PerQuant { q4k: 1e9, ..PerQuant::default() },
+            output_flops: PerQuant { q6k: 1e9, ..PerQuant::default() },
+            compute_buffer_cpu: 0.0,
+            compute_buffer_gpu: 0.0,
+        }
+    }
+
+    #[test]
+    fn android_swap_out_is_extra_room_and_linux_reloads_the_excess() {
+        let m = model();
+        let plan = Plan::from_windows(10, &[0, 5, 5]).unwrap();
+        let head = dev(Os::Linux, 8e9);
+        // 5 layers of 1 GB each on 4 GB: Linux reloads 1 GB; Android swaps 1 GB out first.
+        let p = predict(&[head.clone(), dev(Os::Linux, 4e9), dev(Os::Android, 4e9)], &m, &plan, 2e9);
+        assert!((p.devices[1].breakdown.disk_s - 1.0).abs() < 1e-9);
+        assert!(p.devices[1].overloaded && !p.devices[2].overloaded);
+        assert_eq!(p.devices[1].set, DeviceSet::M4, "1 GB/s is below the 2 GB/s threshold: slow disk");
+        let p = predict(&[head.clone(), dev(Os::Linux, 4e9), dev(Os::Android, 4e9)], &m, &plan, 1e9);
+        assert_eq!((p.devices[1].set, p.devices[2].set), (DeviceSet::M3, DeviceSet::M4));
+        // The relay head: no layers, but its hop, the output layer and one embedding row.
+        let h = p.devices[0].breakdown;
+        assert_eq!((p.devices[0].cpu_layers, h.network_s), (0, 1e-3));
+        assert!((h.compute_s - 0.01).abs() < 1e-12 && (h.disk_s - 1e6 / 1e9).abs() < 1e-12);
+        assert!((p.tpot_s - p.devices.iter().map(|d| d.breakdown.total()).sum::<f64>()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn macos_reads_randomly() {
+        let m = model();
+        let plan = Plan::from_windows(10, &[0, 10]).unwrap();
+        let p = predict(&[dev(Os::Linux, 8e9), dev(Os::Macos, 8e9)], &m, &plan, 0.0);
+        // 10 GB on 8 GB: 2 GB at the random-read 0.5 GB/s.
+        assert!((p.devices[1].breakdown.disk_s - 4.0).abs() < 1e-9);
+        assert_eq!(p.devices[1].set, DeviceSet::M1);
+    }
+}

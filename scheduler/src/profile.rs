@@ -1,0 +1,238 @@
+//! What Halda knows about the devices and the model: exactly the quantities of
+//! prima.cpp's latency model (symbols of the paper's Table 5/6 and appendix A.3 in the
+//! field docs). Plain serde values: the profiler fills them on a device, `hearth plan`
+//! reads them from JSON, the scheduler never measures anything itself.
+//!
+//! Units: bytes, bytes per second, FLOP, FLOP per second, seconds. All `f64` so that
+//! profiles may carry measured (fractional) figures.
+
+use serde::{Deserialize, Serialize};
+
+/// One figure per weight format 𝒬 = {Q4_K, Q5_K, Q6_K, Q8_0, F16, F32}: FLOPs of a layer
+/// (`f^q`, `f_out^q`) or a backend's throughput (`s^{cpu,q}`, `s^{cuda,q}`, `s^{metal,q}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PerQuant {
+    pub q4k: f64,
+    pub q5k: f64,
+    pub q6k: f64,
+    pub q8_0: f64,
+    pub f16: f64,
+    pub f32: f64,
+}
+
+impl PerQuant {
+    pub fn values(&self) -> [f64; 6] {
+        [self.q4k, self.q5k, self.q6k, self.q8_0, self.f16, self.f32]
+    }
+
+    pub fn total(&self) -> f64 {
+        self.values().iter().sum()
+    }
+
+    /// `Σ_q f^q / s^q`: the time to run these FLOPs at these throughputs. A format with
+    /// FLOPs but no throughput is infinitely slow (the caller validates profiles first).
+    pub fn time_at(&self, rates: &PerQuant) -> f64 {
+        self.values()
+            .iter()
+            .zip(rates.values())
+            .map(|(&f, s)| if f <= 0.0 { 0.0 } else if s > 0.0 { f / s } else { f64::INFINITY })
+            .sum()
+    }
+}
+
+/// The operating-system class that decides which disk-loading case applies (§3.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Os {
+    /// macOS: random-read disk throughput; Metal or not decides M1 vs M2.
+    Macos,
+    /// Linux (also HarmonyOS/Android under Termux when the swap behaviour is unknown):
+    /// sequential-read disk throughput, set M3.
+    Linux,
+    /// Android: like Linux, but the OS swaps other apps out first (`d^swapout`).
+    Android,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuBackend {
+    Cuda,
+    Metal,
+}
+
+/// A device's accelerator, if Halda may put layers on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuProfile {
+    pub backend: GpuBackend,
+    /// `s_m^{cuda,q}` / `s_m^{metal,q}`: FLOP/s per weight format at decode shapes.
+    pub flops: PerQuant,
+    /// `𝒯_m^{cuda}` / `𝒯_m^{metal}`: practical VRAM (or shared memory) → register bytes/s.
+    pub read_bw: f64,
+    /// `d_{m,cuda}^avail` (free private VRAM) or `d_{m,metal}^avail` (Metal's recommended
+    /// maximum working set size), bytes.
+    pub memory_available: f64,
+    /// `t_m^{kv_cpy,gpu}`: seconds to write one token's K and V of one layer on the GPU.
+    #[serde(default)]
+    pub kv_copy_s: f64,
+    /// `t_m^{ram-vram}`: seconds to copy the `4e`-byte hidden state host → device.
+    #[serde(default)]
+    pub ram_to_vram_s: f64,
+    /// `t_m^{vram-ram}`: seconds to copy it back.
+    #[serde(default)]
+    pub vram_to_ram_s: f64,
+    /// `𝕀_m^UMA`: host and device share memory (Apple silicon): no copies.
+    #[serde(default)]
+    pub uma: bool,
+}
+
+/// One device of the home cluster, as the profiler measured it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    pub name: String,
+    pub os: Os,
+    /// `𝕀_{m=1}`: the head (embedding, output layer, sampling). It must be the first
+    /// device of the list; if no device says so, the first device is the head.
+    #[serde(default)]
+    pub head: bool,
+    /// `s_m^{cpu,q}`: CPU FLOP/s per weight format at decode shapes (matrix × vector).
+    pub cpu_flops: PerQuant,
+    /// `𝒯_m^{cpu}`: practical RAM → register bytes/s.
+    pub cpu_read_bw: f64,
+    /// `t_m^{kv_cpy,cpu}`: seconds to write one token's K and V of one layer in RAM.
+    #[serde(default)]
+    pub kv_copy_cpu_s: f64,
+    /// Sequential read bytes/s (`s_m^disk` on Linux/Android, where mmap reads sequentially).
+    pub disk_seq_read: f64,
+    /// Random read bytes/s (`s_m^disk` on macOS).
+    pub disk_rand_read: f64,
+    /// Installed RAM, bytes (informational: the model uses what is available).
+    #[serde(default)]
+    pub ram_total: f64,
+    /// `d_m^avail`: the OS's mem_available, bytes.
+    pub ram_available: f64,
+    /// `d_m^{swap_avail}`: free swap, bytes (Android's swap-out term).
+    #[serde(default)]
+    pub swap_available: f64,
+    /// `d_m^{bytes_can_swap}`: bytes of other apps' memory the OS may swap out (Android).
+    #[serde(default)]
+    pub bytes_can_swap: f64,
+    #[serde(default)]
+    pub gpu: Option<GpuProfile>,
+    /// `t_m^comm`: seconds to send the `4e`-byte hidden state to the next device of the ring.
+    pub comm_s: f64,
+}
+
+impl DeviceProfile {
+    /// `s_m^disk`: random read on macOS, sequential read elsewhere (§3.6).
+    pub fn disk_read(&self) -> f64 {
+        match self.os {
+            Os::Macos => self.disk_rand_read,
+            Os::Linux | Os::Android => self.disk_seq_read,
+        }
+    }
+
+    /// `min(d^{bytes_can_swap}, d^{swap_avail})` on Android, else 0: the most the OS will
+    /// swap out for us. The paper's `d_m^swapout = min(max(0, excess), this)`, so an
+    /// Android device reloads from disk only what exceeds `d^avail` + this.
+    pub fn swap_out_cap(&self) -> f64 {
+        match self.os {
+            Os::Android => self.bytes_can_swap.min(self.swap_available).max(0.0),
+            _ => 0.0,
+        }
+    }
+
+    pub fn metal(&self) -> Option<&GpuProfile> {
+        self.gpu.as_ref().filter(|g| g.backend == GpuBackend::Metal)
+    }
+
+    /// The memory budget that initialises Halda's windows (Algorithm 1 line 1):
+    /// `d^avail` (macOS without Metal, Linux), `d_metal^avail` (macOS with Metal),
+    /// `d^avail + d^swapout` (Android); CUDA VRAM is added where there is one.
+    pub fn memory_budget(&self) -> f64 {
+        let ram = match (self.os, self.metal()) {
+            (Os::Macos, Some(g)) => g.memory_available,
+            (Os::Android, _) => self.ram_available + self.swap_out_cap(),
+            _ => self.ram_available,
+        };
+        let vram = match &self.gpu {
+            Some(g) if g.backend == GpuBackend::Cuda => g.memory_available,
+            _ => 0.0,
+        };
+        ram + vram
+    }
+}
+
+/// The model, as the model profiler reads it from the GGUF (or as computed from the
+/// published architecture for what-if planning).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelProfile {
+    pub name: String,
+    /// `L`: repeating layers.
+    pub n_layer: usize,
+    /// `b`: weight bytes of one layer (average over layers).
+    pub layer_bytes: f64,
+    /// `b_i`: bytes of the input (token embedding) layer.
+    pub input_bytes: f64,
+    /// `b_o`: bytes of the output layer (output norm + lm_head).
+    pub output_bytes: f64,
+    /// `V`: vocabulary size.
+    pub n_vocab: usize,
+    /// `e`: embedding size (the hidden state is `4e` bytes of F32).
+    pub n_embd: usize,
+    /// `h_k`, `h_v`: attention heads for keys and values.
+    pub n_head_k: usize,
+    pub n_head_v: usize,
+    /// `e_k`, `e_v`: embedding size per head for keys and values.
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// `n_kv`: tokens in the KV cache the plan is made for.
+    pub n_kv: usize,
+    /// Query heads (attention FLOPs grow with them per cached token); 0: as `n_head_k`.
+    #[serde(default)]
+    pub n_head: usize,
+    /// `f^q`: FLOPs of one layer for one token, per weight format.
+    pub layer_flops: PerQuant,
+    /// `f_out^q`: FLOPs of the output layer for one token.
+    pub output_flops: PerQuant,
+    /// `c^cpu`: compute-buffer bytes on the CPU.
+    pub compute_buffer_cpu: f64,
+    /// `c^gpu`: compute-buffer bytes on the GPU.
+    pub compute_buffer_gpu: f64,
+}
+
+impl ModelProfile {
+    /// `2(h_k e_k + h_v e_v) n_kv`: F16 KV-cache bytes of one layer.
+    pub fn kv_bytes_per_layer(&self) -> f64 {
+        2.0 * (self.n_head_k * self.head_dim_k + self.n_head_v * self.head_dim_v) as f64 * self.n_kv as f64
+    }
+
+    /// `b′ = b + 2(h_k e_k + h_v e_v) n_kv`: a layer's weights and its KV cache.
+    pub fn layer_bytes_with_kv(&self) -> f64 {
+        self.layer_bytes + self.kv_bytes_per_layer()
+    }
+
+    /// `b_i / V`: the one embedding row the head reads per token.
+    pub fn lookup_bytes(&self) -> f64 {
+        self.input_bytes / self.n_vocab.max(1) as f64
+    }
+
+    /// The same model with `n` tokens in the KV cache: KV bytes and the attention FLOPs
+    /// (QKᵀ and AV against the F16 cache, softmax in F32) follow; the weights do not. A
+    /// prediction for the context a request really had, where the plan is made for the
+    /// largest.
+    pub fn at_context(&self, n: usize) -> ModelProfile {
+        let heads = if self.n_head > 0 { self.n_head } else { self.n_head_k } as f64;
+        let delta = n as f64 - self.n_kv as f64;
+        let mut m = self.clone();
+        m.layer_flops.f16 = (m.layer_flops.f16 + delta * 4.0 * heads * self.head_dim_k as f64).max(0.0);
+        m.layer_flops.f32 = (m.layer_flops.f32 + delta * 2.0 * heads).max(0.0);
+        m.n_kv = n;
+        m
+    }
+
+    /// Total weight bytes: `L b + b_i + b_o`.
+    pub fn total_bytes(&self) -> f64 {
+        self.n_layer as f64 * self.layer_bytes + self.input_bytes + self.output_bytes
+    }
+}

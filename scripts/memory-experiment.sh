@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# The memory experiment (docs/benchmarks.md, "The memory experiment"): TPOT of a model
+# that does not fit in memory, served by
+#   single  one `hearth serve` process holding the whole model, memory = the ring's total
+#   k1      the ring, one window per device (plain pipeline)
+#   prp     the ring, k >= 2 windows per device, workers prefetching their next window
+#   noprf   as prp, with --no-prefetch on every device (the ablation)
+# Every process runs in its own memory cgroup (v1; file-backed mmap pages are charged to
+# it, so the limit bounds how much of the model stays cached) and, optionally, its own
+# blkio read throttle (each process gets its own "disk" of DISK_MBPS). Page cache is
+# dropped before every scenario. Needs root, cgroup v1 at /sys/fs/cgroup/{memory,blkio},
+# python3, and a release build of hearth.
+#
+# Usage: scripts/memory-experiment.sh [scenario...]     (default: single k1 prp noprf)
+# Settings (environment):
+#   HEARTH       the binary             (default $CARGO_TARGET_DIR/release/hearth)
+#   MODEL        the GGUF               (default models/random-llama-30x2048-q8_0.gguf,
+#                                        written by `hearth make-model` if missing)
+#   LIMIT_MIB    memory limit of each ring member (default 480)
+#   HEAD_LIMIT_MIB  of the head         (default LIMIT_MIB)
+#   SINGLE_LIMIT_MIB of the single process (default: the ring's total)
+#   DISK_MBPS    read throttle per process in MB/s (default 300; 0 = none). Three readers
+#                at 300 MB/s stay below this machine's disk (~1.5 GB/s), so each is a disk of its own
+#   WORKERS      ring workers           (default 3; the head is then a relay: window 0)
+#   K1_WINDOWS / PRP_WINDOWS  --windows for the ring (default 0,10,10,10 and 0,2,2,2)
+#   TOKENS       max_tokens per request (default 12)   RUN_TIMEOUT  seconds per run (600)
+#   OUT          results folder         (default target/memory-experiment)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
+MODEL="${MODEL:-$root/models/random-llama-30x2048-q8_0.gguf}"
+LIMIT_MIB="${LIMIT_MIB:-480}"
+HEAD_LIMIT_MIB="${HEAD_LIMIT_MIB:-$LIMIT_MIB}"
+WORKERS="${WORKERS:-3}"
+SINGLE_LIMIT_MIB="${SINGLE_LIMIT_MIB:-$(( HEAD_LIMIT_MIB + WORKERS * LIMIT_MIB ))}"
+DISK_MBPS="${DISK_MBPS:-300}"
+K1_WINDOWS="${K1_WINDOWS:-0,10,10,10}"
+PRP_WINDOWS="${PRP_WINDOWS:-0,2,2,2}"
+TOKENS="${TOKENS:-12}"
+RUN_TIMEOUT="${RUN_TIMEOUT:-600}"
+OUT="${OUT:-$root/target/memory-experiment}"
+PORT=18180
+WPORT=18190
+CG=hearth-exp
+SCENARIOS=("$@")
+[ ${#SCENARIOS[@]} -gt 0 ] || SCENARIOS=(single k1 prp noprf)
+
+mkdir -p "$OUT"
+[ -x "$HEARTH" ] || { echo "no hearth binary at $HEARTH (cargo build --release --workspace)" >&2; exit 1; }
+if [ ! -f "$MODEL" ]; then
+  echo "writing $MODEL ..." >&2
+  "$HEARTH" make-model --layers 30 --embd 2048 --ff 9216 --type q8_0 --out "$MODEL" >&2
+fi
+# The disk holding the model, for the blkio throttle (the whole disk, not a partition).
+dev_of() {
+  local src; src=$(df --output=source "$1" | tail -1)
+  local name; name=$(lsblk -no pkname "$src" 2>/dev/null | head -1)
+  [ -n "$name" ] || name=$(basename "$src")
+  cat "/sys/class/block/$name/dev"
+}
+DISK_DEV=$(dev_of "$MODEL")
+
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+remove_groups() {
+  for c in memory blkio; do
+    for d in /sys/fs/cgroup/$c/$CG/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null || true; done
+    rmdir "/sys/fs/cgroup/$c/$CG" 2>/dev/null || true
+  done
+}
+trap 'cleanup; remove_groups' EXIT
+
+# make_group NAME LIMIT_MIB: a memory (and blkio) cgroup for one process.
+make_group() {
+  local m=/sys/fs/cgroup/memory/$CG/$1 b=/sys/fs/cgroup/blkio/$CG/$1
+  mkdir -p "$m" "$b"
+  # Empty it of pages from a previous run before lowering the limit.
+  echo 0 > "$m/memory.force_empty" 2>/dev/null || true
+  echo $(( $2 * 1024 * 1024 )) > "$m/memory.limit_in_bytes"
+  if [ "$DISK_MBPS" != 0 ]; then
+    echo "$DISK_DEV $(( DISK_MBPS * 1000 * 1000 ))" > "$b/blkio.throttle.read_bps_device"
+  else
+    echo "$DISK_DEV 0" > "$b/blkio.throttle.read_bps_device" 2>/dev/null || true
+  fi
+}
+
+# start NAME LOG CMD...: runs CMD inside cgroup NAME, in the background.
+start() {
+  local name=$1 log=$2; shift 2
+  sh -c 'echo $$ > /sys/fs/cgroup/memory/'"$CG/$name"'/cgroup.procs; echo $$ > /sys/fs/cgroup/blkio/'"$CG/$name"'/cgroup.procs; exec "$@"' hearth "$@" >"$log" 2>&1 &
+  pids+=($!)
+}
+
+wait_for() { # wait_for SECONDS CMD...
+  local deadline=$(( $(date +%s) + $1 )); shift
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || return 1
+    sleep 0.5
+  done
+}
+
+# One streamed greedy /v1/completions (no end-of-text: random weights may pick it at once);
+# prints "tpot_s ttft_s tokens".
+measure() {
+  timeout "$RUN_TIMEOUT" scripts/tpot.py "http://127.0.0.1:$PORT" --prompt "The history of the" \
+    --max-tokens "$TOKENS" --reps 1 --suppress 0,1,2 --timeout "$RUN_TIMEOUT" | awk '{ printf "%.3f %.3f %d\n", $1, $3, $4 }'
+}
+
+profile_workers() { # appends each worker's profile to $1
+  for i in $(seq 1 "$WORKERS"); do
+    echo "== worker $i" >> "$1"
+    "$HEARTH" worker-profile --worker "127.0.0.1:$((WPORT + i))" >> "$1" 2>&1 || true
+  done
+}
+
+summary_reads() { # total read_compute / read_wait bytes of all workers, MiB per step
+  python3 - "$1" <<'EOF'
+import json, sys, re
+text = open(sys.argv[1]).read()
+comp = wait = steps = 0
+for chunk in text.split("== worker")[1:]:
+    j = json.loads(chunk[chunk.index("{"):])
+    for w in j["windows"]:
+        comp += w["read_compute_bytes"]; wait += w["read_wait_bytes"]; steps = max(steps, w["steps"])
+print(f"{comp/2**20:.0f} {wait/2**20:.0f}")
+EOF
+}
+
+run_scenario() {
+  local s=$1 log="$OUT/$1"
+  cleanup
+  sync; echo 3 > /proc/sys/vm/drop_caches
+  local common=(--model "$MODEL" --threads 1)
+  if [ "$s" = single ]; then
+    make_group single "$SINGLE_LIMIT_MIB"
+    start single "$log.head.log" "$HEARTH" serve "${common[@]}" --port "$PORT" --ctx-size 256 --parallel 1
+  else
+    local windows=$K1_WINDOWS extra=()
+    [ "$s" = k1 ] || windows=$PRP_WINDOWS
+    [ "$s" = noprf ] && extra=(--no-prefetch)
+    local addrs=()
+    for i in $(seq 1 "$WORKERS"); do
+      make_group "w$i" "$LIMIT_MIB"
+      start "w$i" "$log.w$i.log" "$HEARTH" worker "${common[@]}" --listen "127.0.0.1:$((WPORT + i))" "${extra[@]}"
+      addrs+=("127.0.0.1:$((WPORT + i))")
+    done
+    for i in $(seq 1 "$WORKERS"); do
+      wait_for 60 grep -q "listening on" "$log.w$i.log" || { echo "worker $i did not start" >&2; cat "$log.w$i.log" >&2; return 1; }
+    done
+    make_group head "$HEAD_LIMIT_MIB"
+    start head "$log.head.log" "$HEARTH" serve "${common[@]}" --port "$PORT" --ctx-size 256 --parallel 1 \
+      --workers "$(IFS=,; echo "${addrs[*]}")" --windows "$windows" "${extra[@]}"
+  fi
+  wait_for 300 curl -sf "http://127.0.0.1:$PORT/health" || { echo "$s: head did not start" >&2; tail -5 "$log.head.log" >&2; return 1; }
+  local result; result=$(measure) || { echo "$s: request failed or timed out" >&2; return 1; }
+  local reads="- -"
+  if [ "$s" != single ]; then
+    : > "$log.profile.json"
+    profile_workers "$log.profile.json"
+    reads=$(summary_reads "$log.profile.json" 2>/dev/null || echo "- -")
+  fi
+  echo "$s $result $reads"
+  cleanup
+}
+
+printf '%-7s %9s %9s %7s %14s %14s\n' scenario "TPOT s" "TTFT s" tokens "disk@compute" "disk@wait" | tee "$OUT/table.txt"
+echo "# model $(basename "$MODEL") ($(( $(stat -c %s "$MODEL") >> 20 )) MiB), limits: head $HEAD_LIMIT_MIB MiB, $WORKERS workers x $LIMIT_MIB MiB, single $SINGLE_LIMIT_MIB MiB; disk ${DISK_MBPS} MB/s per process ($DISK_DEV); windows k1 $K1_WINDOWS, prp $PRP_WINDOWS; $TOKENS tokens" | tee -a "$OUT/table.txt"
+declare -A tpot
+for s in "${SCENARIOS[@]}"; do
+  run_scenario "$s" > "$OUT/$s.result" || { cleanup; echo "$s failed" > "$OUT/$s.result"; }
+  line=$(cat "$OUT/$s.result")
+  read -r name t ttft n rc rw _rest <<<"$line $(printf " -%.0s" 1 2 3 4 5)"
+  tpot[$s]=$t
+  printf '%-7s %9s %9s %7s %11s MiB %11s MiB\n' "$name" "$t" "$ttft" "$n" "$rc" "$rw" | tee -a "$OUT/table.txt"
+done
+if [ -n "${tpot[prp]:-}" ] && [ -n "${tpot[k1]:-}" ]; then
+  python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'prp/k1 TPOT ratio: {a/b:.2f}')" "${tpot[prp]}" "${tpot[k1]}" 2>/dev/null | tee -a "$OUT/table.txt" || true
+fi

@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Time per output token of a running hearth server, as a streaming client sees it.
+
+Sends greedy streamed /v1/completions requests and times the gaps between tokens (the
+first token, which includes the prompt, is excluded). Prints one line:
+    tpot_best_s tpot_median_s ttft_median_s tokens
+Standard library only, so it runs wherever Python does.
+
+    scripts/tpot.py http://127.0.0.1:8080 --max-tokens 128 --reps 3
+"""
+import argparse
+import http.client
+import json
+import statistics
+import sys
+import time
+import urllib.parse
+
+
+def one(url, prompt, max_tokens, suppress, timeout):
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if suppress:
+        # Random-weight models may emit end-of-text at once; keep them generating.
+        body["logit_bias"] = {str(t): -100 for t in suppress}
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        sys.exit(f"tpot.py: HTTP {resp.status}: {resp.read()[:500]!r}")
+    times = []
+    for line in resp:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            sys.exit(f"tpot.py: {event['error']}")
+        choice = (event.get("choices") or [{}])[0]
+        # A token's chunk; the closing chunk (finish_reason set) carries no new token.
+        if choice.get("text") is not None and choice.get("finish_reason") is None:
+            times.append(time.monotonic())
+    conn.close()
+    if len(times) < 2:
+        sys.exit(f"tpot.py: only {len(times)} tokens streamed")
+    return (times[-1] - times[0]) / (len(times) - 1), times[0] - t0, len(times)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("url")
+    p.add_argument("--prompt", default="Explain in detail how a bicycle works, part by part.")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--suppress", default="", help="comma-separated token ids never to sample (e.g. end-of-text)")
+    p.add_argument("--timeout", type=float, default=600)
+    a = p.parse_args()
+    suppress = [int(t) for t in a.suppress.split(",") if t]
+    runs = [one(a.url, a.prompt, a.max_tokens, suppress, a.timeout) for _ in range(a.reps)]
+    tpots = [r[0] for r in runs]
+    print(f"{min(tpots):.5f} {statistics.median(tpots):.5f} {statistics.median(r[1] for r in runs):.3f} {runs[0][2]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+//! The admin endpoints, behind `--admin-key`: the running plan with its predicted and
+//! measured TPOT (`GET /admin/plan`), the cluster's device profiles (`GET /admin/cluster`),
+//! and a re-plan on demand (`POST /admin/replan`), which the ring runs the next time the
+//! queue is idle.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{bearer_is, ApiError, AppState};
+use crate::ring::board::{ClusterView, PlanView, ReplanRequest};
+
+/// How long `POST /admin/replan` waits for the ring to be idle and finish; after that it
+/// answers 202 and the re-plan still runs at the next idle moment.
+const REPLAN_WAIT: Duration = Duration::from_secs(60);
+
+pub async fn require_admin_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    match &state.admin_key {
+        None => ApiError::AdminDisabled.into_response(),
+        Some(key) if !bearer_is(&req, key) => ApiError::AdminUnauthorized.into_response(),
+        Some(_) => next.run(req).await,
+    }
+}
+
+pub async fn plan(State(state): State<Arc<AppState>>) -> Json<PlanView> {
+    Json(state.board.view())
+}
+
+pub async fn cluster(State(state): State<Arc<AppState>>) -> Json<ClusterView> {
+    Json(state.board.cluster())
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReplanBody {
+    /// Solve with this strategy from now on (halda, memory, compute, even) instead of the
+    /// running plan's.
+    strategy: Option<String>,
+}
+
+pub async fn replan(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
+    let body: ReplanBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ReplanBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(format!("invalid JSON body: {e}")))?
+    };
+    let strategy = body.strategy.map(|s| s.parse()).transpose().map_err(|e: String| ApiError::InvalidParameter { param: Some("strategy".into()), message: e })?;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    state.board.request(ReplanRequest { strategy, reply }).map_err(ApiError::Conflict)?;
+    match tokio::time::timeout(REPLAN_WAIT, answer).await {
+        Ok(Ok(Ok(view))) => Ok(Json(view).into_response()),
+        Ok(Ok(Err(e))) => Err(ApiError::Conflict(format!("re-planning failed: {e}"))),
+        Ok(Err(_)) => Err(ApiError::ShuttingDown),
+        Err(_) => Ok((StatusCode::ACCEPTED, Json(json!({"status": "pending", "message": "the server is busy; the re-plan runs when the queue is next idle (see GET /admin/plan)"})))
+            .into_response()),
+    }
+}

@@ -1,0 +1,91 @@
+//! The model as the scheduler sees it (prima.cpp's `b`, `b_i`, `b_o`, `f^q`, ...), read
+//! from a GGUF's tensor table: exact bytes and FLOPs per weight format of this file,
+//! where the what-if fixtures (scheduler/tests/fixtures) estimate them from published
+//! architectures with the same formulas.
+
+use engine::gguf::GgmlType;
+use engine::ModelFile;
+use scheduler::{ModelProfile, PerQuant};
+
+/// Tokens per micro-batch the compute buffer is sized for (llama.cpp's default ubatch).
+const UBATCH: usize = 512;
+
+/// The scheduler's six weight formats; other formats count as the nearest one in bits
+/// per weight (the kernels of one family run at about the same speed).
+fn format_slot(q: &mut PerQuant, ty: GgmlType) -> &mut f64 {
+    use GgmlType::*;
+    match ty {
+        F32 => &mut q.f32,
+        F16 | BF16 => &mut q.f16,
+        Q8_0 | Q8_1 | Q8_K => &mut q.q8_0,
+        Q6_K => &mut q.q6k,
+        Q5_0 | Q5_1 | Q5_K => &mut q.q5k,
+        _ => &mut q.q4k,
+    }
+}
+
+/// `n_kv`: the context the plan is made for (KV-cache bytes and attention FLOPs grow with it).
+pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
+    let spec = &file.spec;
+    let (e, v) = (spec.n_embd, spec.n_vocab);
+    let mut layer_bytes = 0u64;
+    let mut layer_flops = PerQuant::default();
+    let (mut input_bytes, mut output_bytes) = (0u64, 0u64);
+    let mut output_flops = PerQuant::default();
+    let mut embd_ty = GgmlType::F32;
+    for t in file.gguf.meta().tensors() {
+        // A matrix-vector product: 2 FLOPs per weight; vectors (norms, biases) are
+        // element-wise and counted with the F32 work below.
+        let matrix_flops = if t.dims.len() >= 2 && t.dims[1] > 1 { 2.0 * t.n_elements() as f64 } else { 0.0 };
+        if t.name.starts_with("blk.") {
+            layer_bytes += t.n_bytes;
+            *format_slot(&mut layer_flops, t.ty) += matrix_flops;
+        } else if t.name == "token_embd.weight" {
+            input_bytes += t.n_bytes;
+            embd_ty = t.ty;
+        } else if t.name.starts_with("output") {
+            output_bytes += t.n_bytes;
+            *format_slot(&mut output_flops, t.ty) += matrix_flops;
+        }
+    }
+    if spec.tied_output {
+        // The output layer reads the embedding matrix.
+        output_bytes += input_bytes;
+        *format_slot(&mut output_flops, embd_ty) += 2.0 * (v * e) as f64;
+    }
+    let n_layer = spec.n_layer.max(1);
+    let per_layer = |x: f64| x / n_layer as f64;
+    let mut lf = PerQuant {
+        q4k: per_layer(layer_flops.q4k),
+        q5k: per_layer(layer_flops.q5k),
+        q6k: per_layer(layer_flops.q6k),
+        q8_0: per_layer(layer_flops.q8_0),
+        f16: per_layer(layer_flops.f16),
+        f32: per_layer(layer_flops.f32),
+    };
+    // Attention against an F16 cache: QK^T and AV, each 2 FLOPs per head dim per cached
+    // token; softmax, norms, RoPE and the FFN activation in F32.
+    lf.f16 += (2 * 2 * spec.n_head * spec.head_dim * n_kv) as f64;
+    lf.f32 += (2 * spec.n_head * n_kv + 10 * e + 4 * spec.n_ff) as f64;
+    // One micro-batch of logits and FFN intermediates, F32.
+    let buffer = (UBATCH * 4 * (v + 2 * spec.n_ff)) as f64;
+    ModelProfile {
+        name: name.to_string(),
+        n_layer: spec.n_layer,
+        layer_bytes: per_layer(layer_bytes as f64),
+        input_bytes: input_bytes as f64,
+        output_bytes: output_bytes as f64,
+        n_vocab: v,
+        n_embd: e,
+        n_head_k: spec.n_head_kv,
+        n_head_v: spec.n_head_kv,
+        head_dim_k: spec.head_dim,
+        head_dim_v: spec.head_dim,
+        n_kv,
+        n_head: spec.n_head,
+        layer_flops: lf,
+        output_flops,
+        compute_buffer_cpu: buffer,
+        compute_buffer_gpu: buffer,
+    }
+}

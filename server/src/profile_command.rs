@@ -1,0 +1,182 @@
+//! `hearth profile`: measures this device (engine::profiler) into the scheduler's
+//! `DeviceProfile`, prints it as a table or as JSON that `hearth plan --devices` reads.
+//! The result is cached per device and reused until the hardware, the thread count or
+//! hearth itself changes (`--fresh` measures again).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use engine::gguf::GgmlType;
+use engine::profiler;
+use scheduler::{DeviceProfile, Os, PerQuant};
+use serde::{Deserialize, Serialize};
+
+use crate::cli::ProfileArgs;
+
+/// How long each kernel runs: long enough for a stable rate, short enough that the whole
+/// profile stays within a few seconds.
+const KERNEL_TIME: Duration = Duration::from_millis(150);
+const RANDOM_READ_TIME: Duration = Duration::from_millis(400);
+/// One token's K and V of one layer when no model is given: 8 KV heads x 128 dims, F16.
+const TYPICAL_KV_BYTES: usize = 2 * 8 * 128 * 2;
+
+#[derive(Serialize, Deserialize)]
+struct Cached {
+    key: String,
+    profile: DeviceProfile,
+}
+
+pub fn run(args: ProfileArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let threads = args.threads.unwrap_or_else(engine::stage::default_threads);
+    let model = match &args.model.model {
+        Some(path) => Some((path.as_path(), engine::ModelFile::open(path)?)),
+        None => None,
+    };
+    let (mut profile, took, disk_dir) = device_profile(threads, model.as_ref().map(|(p, f)| (*p, f)), args.fresh)?;
+    profile.name = args.name.clone().unwrap_or_else(|| hostname().unwrap_or_else(|| "this device".into()));
+    profile.head = args.head;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&profile)?);
+    } else {
+        print!("{}", table(&profile, threads, &disk_dir, took));
+    }
+    Ok(())
+}
+
+/// This device's profile for `model` (its disk and KV size; without one, the models
+/// folder and a typical KV size): from the cache unless `fresh` or stale, else measured
+/// (and how long that took). Also the folder whose disk was measured.
+pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, fresh: bool) -> Result<(DeviceProfile, Option<Duration>, PathBuf), Box<dyn std::error::Error>> {
+    let (disk_dir, kv_bytes) = match model {
+        Some((path, file)) => {
+            let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+            (dir, 2 * file.spec.n_embd_kv() * 2)
+        }
+        None => {
+            let dir = engine::default_model::models_dir();
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            (dir, TYPICAL_KV_BYTES)
+        }
+    };
+    let key = cache_key(threads, &disk_dir, kv_bytes);
+    let cache = cache_path();
+    let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten();
+    let (profile, took) = match cached {
+        Some(p) => (p, None),
+        None => {
+            let start = Instant::now();
+            let p = measure(threads, &disk_dir, kv_bytes)?;
+            if let Some(path) = &cache {
+                write_cache(path, &key, &p);
+            }
+            (p, Some(start.elapsed()))
+        }
+    };
+    Ok((profile, took, disk_dir))
+}
+
+/// Reads the parts of a (cached) profile that change while the device runs: available
+/// RAM and free swap. The online re-planning compares them between gatherings.
+/// In a memory cgroup (a container, a systemd slice) the limit caps what is available:
+/// the model's pages count against it as much as the process's own memory.
+pub fn refresh_memory(p: &mut DeviceProfile) {
+    let (_, ram_available, swap_available) = profiler::meminfo();
+    let limit = engine::residency::memory_budget().filter(|b| b.source != engine::residency::MemorySource::MemAvailable).map_or(u64::MAX, |b| b.bytes);
+    p.ram_available = ram_available.min(limit) as f64;
+    p.swap_available = swap_available as f64;
+}
+
+fn measure(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> Result<DeviceProfile, Box<dyn std::error::Error>> {
+    let rate = |ty| profiler::matvec_flops(ty, threads, KERNEL_TIME);
+    let cpu_flops = PerQuant { q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)? };
+    let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, RANDOM_READ_TIME)?;
+    let (ram_total, _, _) = profiler::meminfo();
+    let os = if std::path::Path::new("/system/build.prop").exists() {
+        Os::Android
+    } else if cfg!(target_os = "macos") {
+        Os::Macos
+    } else {
+        Os::Linux
+    };
+    let mut profile = DeviceProfile {
+        name: String::new(),
+        os,
+        head: false,
+        cpu_flops,
+        cpu_read_bw: profiler::memory_read_bw(threads),
+        kv_copy_cpu_s: profiler::kv_copy_secs(kv_bytes),
+        disk_seq_read,
+        disk_rand_read,
+        ram_total: ram_total as f64,
+        ram_available: 0.0,
+        swap_available: 0.0,
+        // What Android may swap out of other apps is not measurable from here; 0 keeps
+        // the plan on the safe side.
+        bytes_can_swap: 0.0,
+        // GPU profiling comes with the GPU backends; none in a CPU-only build.
+        gpu: None,
+        // Measured by the head on the real ring links.
+        comm_s: 0.0,
+    };
+    refresh_memory(&mut profile);
+    Ok(profile)
+}
+
+/// What the cached profile depends on: hearth's version, the CPU, the core and thread
+/// counts, the installed memory and the disk the models are on.
+fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()).unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let (ram, _, _) = profiler::meminfo();
+    #[cfg(unix)]
+    let disk = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(disk_dir).map_or(0, |m| m.dev())
+    };
+    #[cfg(not(unix))]
+    let disk = 0;
+    format!("hearth {} | {cpu} | {cores} cores | {threads} threads | {ram} bytes | disk {disk} | kv {kv_bytes}", env!("CARGO_PKG_VERSION"))
+}
+
+fn cache_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("hearth").join("device-profile.json"))
+}
+
+fn read_cache(path: &Option<PathBuf>, key: &str) -> Option<DeviceProfile> {
+    let text = std::fs::read_to_string(path.as_ref()?).ok()?;
+    let cached: Cached = serde_json::from_str(&text).ok()?;
+    (cached.key == key).then_some(cached.profile)
+}
+
+fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
+    let cached = Cached { key: key.to_string(), profile: profile.clone() };
+    let written = path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|_| std::fs::write(path, serde_json::to_string_pretty(&cached).unwrap_or_default()));
+    if let Err(e) = written {
+        tracing::warn!("could not cache the profile in {}: {e}", path.display());
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+fn table(p: &DeviceProfile, threads: usize, disk_dir: &std::path::Path, took: Option<Duration>) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let source = took.map_or("cached (--fresh measures again)".into(), |t| format!("measured in {:.1} s", t.as_secs_f64()));
+    let _ = writeln!(out, "device {} ({:?}, {threads} threads): {source}\n", p.name, p.os);
+    let _ = writeln!(out, "| measure | value |\n|---|---:|");
+    let f = &p.cpu_flops;
+    for (name, v) in [("Q4_K", f.q4k), ("Q5_K", f.q5k), ("Q6_K", f.q6k), ("Q8_0", f.q8_0), ("F16", f.f16), ("F32", f.f32)] {
+        let _ = writeln!(out, "| CPU matrix x vector, {name} | {:.1} GFLOP/s |", v / 1e9);
+    }
+    let _ = writeln!(out, "| memory read | {:.1} GB/s |", p.cpu_read_bw / 1e9);
+    let _ = writeln!(out, "| KV write, one token of one layer | {:.2} µs |", p.kv_copy_cpu_s * 1e6);
+    let _ = writeln!(out, "| disk sequential read ({}) | {:.0} MB/s |", disk_dir.display(), p.disk_seq_read / 1e6);
+    let _ = writeln!(out, "| disk random 4 KiB read | {:.0} MB/s |", p.disk_rand_read / 1e6);
+    let _ = writeln!(out, "| RAM total / available | {:.1} / {:.1} GB |", p.ram_total / 1e9, p.ram_available / 1e9);
+    let _ = writeln!(out, "| swap free | {:.1} GB |", p.swap_available / 1e9);
+    out
+}

@@ -1,0 +1,264 @@
+//! The head's plan as the admin API and the metrics see it, and the queue of re-plan
+//! requests (`POST /admin/replan`). The pipeline that owns the ring writes it (after every
+//! plan it adopts, every idle check and every decode token's time); HTTP handlers only
+//! read it and leave requests the pipeline picks up the next time the queue is idle.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use scheduler::{Breakdown, DeviceProfile, DeviceSet, ModelProfile, Plan, Prediction, Strategy};
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+/// Decode steps of one token the measured TPOT averages over: enough to smooth a busy
+/// moment, few enough to follow a plan change within a short answer.
+const MEASURED_WINDOW: usize = 64;
+
+/// One ring member of the running plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView {
+    /// `head`, or the worker's address.
+    pub name: String,
+    /// Layers per window (w) and of them on the GPU (n).
+    pub window: usize,
+    pub gpu_layers: usize,
+    /// Its layer windows, one per round: `[start, end)`.
+    pub layers: Vec<[usize; 2]>,
+    /// The cost model's view of it, when the plan came from the scheduler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set: Option<DeviceSet>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overloaded: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<Breakdown>,
+}
+
+/// The outcome of one look at the cluster while idle (or of a forced re-plan).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckView {
+    /// Unix seconds.
+    pub at: u64,
+    pub forced: bool,
+    /// What moved since the profiles the running plan was judged on (empty: nothing).
+    pub drift: Vec<String>,
+    pub applied: bool,
+    /// Why it was applied or not, in words.
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_tpot_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate_tpot_ms: Option<f64>,
+}
+
+/// `GET /admin/plan`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanView {
+    /// `halda`, `memory`, `compute`, `even`; `windows` for a plan from `--windows`;
+    /// `single` for a head without workers.
+    pub source: String,
+    /// Whether the head re-plans by itself when idle and a profile drifted.
+    pub automatic: bool,
+    pub n_layer: usize,
+    /// k: rounds per token.
+    pub rounds: usize,
+    pub members: Vec<MemberView>,
+    /// Workers the plan leaves out (they would slow the ring down).
+    pub dropped: Vec<String>,
+    pub predicted_tpot_ms: Option<f64>,
+    /// Mean time of the last decode steps of a single token under this plan.
+    pub measured_tpot_ms: Option<f64>,
+    pub measured_steps: usize,
+    /// Mean tokens in the KV cache during those steps.
+    pub measured_context: Option<f64>,
+    /// The cost model's TPOT for the running plan at that context (the plan itself is
+    /// made for the full `--ctx-size`): the figure to hold `measured_tpot_ms` against.
+    pub predicted_tpot_ms_at_measured_context: Option<f64>,
+    /// Plans adopted after the first.
+    pub replans: u64,
+    pub last_check: Option<CheckView>,
+}
+
+/// `GET /admin/cluster`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ClusterView {
+    /// The head first, then every configured worker, as last gathered; `comm_s` is the
+    /// measured one-way hop latency.
+    pub devices: Vec<DeviceProfile>,
+    /// Unix seconds of that gathering.
+    pub gathered_at: Option<u64>,
+}
+
+/// A request to solve again now (when idle), optionally with another strategy.
+pub struct ReplanRequest {
+    pub strategy: Option<Strategy>,
+    pub reply: oneshot::Sender<Result<PlanView, String>>,
+}
+
+/// What the cost model needs to judge the running plan at another context.
+#[derive(Debug, Clone)]
+pub struct Judge {
+    /// The members' profiles, in ring order.
+    pub members: Vec<DeviceProfile>,
+    pub model: ModelProfile,
+    pub plan: Plan,
+    pub disk_threshold: f64,
+}
+
+pub struct PlanBoard {
+    view: Mutex<PlanView>,
+    cluster: Mutex<ClusterView>,
+    /// (step time, tokens in the KV cache) of recent single-token decode steps.
+    measured: Mutex<VecDeque<(Duration, usize)>>,
+    judge: Mutex<Option<Judge>>,
+    requests: Mutex<Vec<ReplanRequest>>,
+    /// Whether anything can be re-planned (a ring head with a scheduler).
+    plannable: bool,
+}
+
+impl PlanBoard {
+    /// A head without workers: one member running every layer.
+    pub fn single(n_layer: usize) -> PlanBoard {
+        let plan = Plan { n_layer, devices: vec![scheduler::DevicePlan { window: n_layer, gpu_layers: 0 }] };
+        PlanBoard::new(view("single", false, &plan, &[super::planning::HEAD_NAME.to_string()], None, Vec::new()), false)
+    }
+
+    /// A ring head's board; the ring publishes its first plan when it has one.
+    pub fn ring() -> PlanBoard {
+        let forming = PlanView {
+            source: "forming".into(),
+            automatic: false,
+            n_layer: 0,
+            rounds: 0,
+            members: Vec::new(),
+            dropped: Vec::new(),
+            predicted_tpot_ms: None,
+            measured_tpot_ms: None,
+            measured_steps: 0,
+            measured_context: None,
+            predicted_tpot_ms_at_measured_context: None,
+            replans: 0,
+            last_check: None,
+        };
+        PlanBoard { view: Mutex::new(forming), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), plannable: true }
+    }
+
+    fn new(view: PlanView, plannable: bool) -> PlanBoard {
+        let board = PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), plannable };
+        board.export();
+        board
+    }
+
+    pub fn view(&self) -> PlanView {
+        let mut v = self.view.lock().expect("plan view").clone();
+        let measured = self.measured.lock().expect("measured").clone();
+        v.measured_steps = measured.len();
+        if measured.is_empty() {
+            return v;
+        }
+        let n = measured.len() as f64;
+        v.measured_tpot_ms = Some(measured.iter().map(|m| m.0).sum::<Duration>().as_secs_f64() * 1e3 / n);
+        let context = measured.iter().map(|m| m.1 as f64).sum::<f64>() / n;
+        v.measured_context = Some(context);
+        if let Some(j) = self.judge.lock().expect("judge").as_ref() {
+            let model = j.model.at_context(context.round() as usize);
+            v.predicted_tpot_ms_at_measured_context = Some(scheduler::predict(&j.members, &model, &j.plan, j.disk_threshold).tpot_s * 1e3);
+        }
+        v
+    }
+
+    pub fn cluster(&self) -> ClusterView {
+        self.cluster.lock().expect("cluster view").clone()
+    }
+
+    /// A new plan is running: its view replaces the old one and the measurements start over.
+    pub fn adopted(&self, mut view: PlanView, judge: Option<Judge>, replan: bool) {
+        *self.judge.lock().expect("judge") = judge;
+        {
+            let mut v = self.view.lock().expect("plan view");
+            view.replans = v.replans + u64::from(replan);
+            view.last_check = v.last_check.clone();
+            *v = view;
+        }
+        self.measured.lock().expect("measured").clear();
+        if replan {
+            crate::metrics::replanned();
+        }
+        self.export();
+    }
+
+    pub fn checked(&self, check: CheckView) {
+        self.view.lock().expect("plan view").last_check = Some(check);
+    }
+
+    pub fn gathered(&self, devices: Vec<DeviceProfile>) {
+        *self.cluster.lock().expect("cluster view") = ClusterView { devices, gathered_at: Some(crate::http::now_secs()) };
+    }
+
+    /// The time of one decode step of a single token, with `context` tokens in its cache.
+    pub fn decode_step(&self, d: Duration, context: usize) {
+        let mean = {
+            let mut m = self.measured.lock().expect("measured");
+            if m.len() == MEASURED_WINDOW {
+                m.pop_front();
+            }
+            m.push_back((d, context));
+            m.iter().map(|m| m.0).sum::<Duration>().as_secs_f64() / m.len() as f64
+        };
+        crate::metrics::measured_tpot(mean);
+    }
+
+    /// Queues a re-plan for the next idle moment. Fails when there is nothing to plan.
+    pub fn request(&self, r: ReplanRequest) -> Result<(), String> {
+        if !self.plannable {
+            return Err("this head has no workers: there is nothing to plan (start it with --workers)".into());
+        }
+        self.requests.lock().expect("replan requests").push(r);
+        Ok(())
+    }
+
+    pub fn take_requests(&self) -> Vec<ReplanRequest> {
+        std::mem::take(&mut *self.requests.lock().expect("replan requests"))
+    }
+
+    fn export(&self) {
+        let v = self.view.lock().expect("plan view");
+        crate::metrics::plan(v.predicted_tpot_ms.map(|t| t / 1e3), v.rounds, v.members.iter().map(|m| (m.name.as_str(), v.rounds * m.window, v.rounds * m.gpu_layers)), v.dropped.iter().map(String::as_str));
+    }
+}
+
+/// The view of `plan` run by `names` (ring order), with the cost model's prediction when
+/// there is one.
+pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], prediction: Option<&Prediction>, dropped: Vec<String>) -> PlanView {
+    let members = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let cost = prediction.and_then(|p| p.devices.get(i));
+            MemberView {
+                name: name.clone(),
+                window: plan.devices[i].window,
+                gpu_layers: plan.devices[i].gpu_layers,
+                layers: plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
+                set: cost.map(|c| c.set),
+                overloaded: cost.map(|c| c.overloaded),
+                predicted: cost.map(|c| c.breakdown),
+            }
+        })
+        .collect();
+    PlanView {
+        source: source.to_string(),
+        automatic,
+        n_layer: plan.n_layer,
+        rounds: plan.rounds(),
+        members,
+        dropped,
+        predicted_tpot_ms: prediction.map(|p| p.tpot_s * 1e3),
+        measured_tpot_ms: None,
+        measured_steps: 0,
+        measured_context: None,
+        predicted_tpot_ms_at_measured_context: None,
+        replans: 0,
+        last_check: None,
+    }
+}

@@ -1,0 +1,104 @@
+//! Halda for a running head: the head measures itself, asks every worker for its device
+//! profile, times a control round trip to each for the per-hop latency, profiles the model
+//! from its GGUF, and lets the scheduler choose the windows — and which workers to leave
+//! out. Done at ring formation (`serve --plan-strategy`, Halda by default) and again while
+//! the queue is idle (`ring::board`), on fresh profiles.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use engine::ModelFile;
+use scheduler::{DeviceProfile, ModelProfile, Options, Schedule, Strategy};
+use transport::{ClusterSecret, ControlClient, LinkConfig};
+
+use super::head::FormError;
+
+/// Round trips timed per worker; the fastest counts (the others met a busy machine).
+const LATENCY_PROBES: usize = 3;
+/// Pause between attempts to reach a worker that is still starting.
+const RETRY: Duration = Duration::from_secs(1);
+/// The name the head's own profile goes by in plans and `/admin/cluster`.
+pub const HEAD_NAME: &str = "head";
+
+/// Everything needed to plan the ring again: the candidates (every configured worker, in
+/// ring order, whether or not the current plan keeps them) and the model's profile.
+pub struct Planner {
+    pub workers: Vec<String>,
+    pub strategy: Strategy,
+    pub model: ModelProfile,
+    pub options: Options,
+    secret: ClusterSecret,
+    file: Arc<ModelFile>,
+    path: PathBuf,
+    threads: usize,
+}
+
+impl Planner {
+    pub fn new(file: Arc<ModelFile>, path: PathBuf, workers: Vec<String>, secret: ClusterSecret, threads: usize, ctx: usize, strategy: Strategy) -> Planner {
+        let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
+        let model = crate::model_profile::from_gguf(&file, &name, ctx);
+        Planner { workers, strategy, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
+    }
+
+    /// Fresh profiles of the head and every candidate worker, in that order. The measured
+    /// parts come from each device's cache (a device is measured once, ~3 s); available
+    /// memory and the hop latency are read live. Waits up to `wait` for workers that cannot
+    /// be reached yet; a refusal fails at once.
+    pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration) -> Result<Vec<DeviceProfile>, FormError> {
+        let (mut head, _, _) = crate::profile_command::device_profile(self.threads, Some((&self.path, &self.file)), false).map_err(|e| FormError::Refused(format!("profiling the head: {e}")))?;
+        crate::profile_command::refresh_memory(&mut head);
+        head.name = HEAD_NAME.into();
+        head.head = true;
+        let deadline = Instant::now() + wait;
+        let config = LinkConfig::default();
+        let mut devices = vec![head];
+        for w in &self.workers {
+            let device = loop {
+                match rt.block_on(worker_profile(w, &self.secret, &config)) {
+                    Ok(d) => break d,
+                    Err(FormError::Unreachable(e)) if Instant::now() < deadline => {
+                        tracing::warn!("waiting for a worker to plan the ring: {e}");
+                        std::thread::sleep(RETRY);
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
+            devices.push(device);
+        }
+        // The head's own hop is the last one of the ring, back from a worker: as fast as the others.
+        devices[0].comm_s = devices[1..].iter().map(|d| d.comm_s).sum::<f64>() / self.workers.len().max(1) as f64;
+        Ok(devices)
+    }
+
+    /// The scheduler's plan on `devices` (from `gather`) with `strategy`.
+    pub fn schedule(&self, devices: &[DeviceProfile], strategy: Strategy) -> Result<Schedule, String> {
+        let s = scheduler::schedule(devices, &self.model, &Options { strategy, ..self.options.clone() }).map_err(|e| format!("the {strategy} plan: {e}"))?;
+        if s.members.first() != Some(&0) {
+            return Err("the scheduler put another device first; the head must lead the ring".into());
+        }
+        Ok(s)
+    }
+
+    /// The workers a schedule keeps, in ring order.
+    pub fn kept(&self, s: &Schedule) -> Vec<String> {
+        s.members[1..].iter().map(|&m| self.workers[m - 1].clone()).collect()
+    }
+}
+
+async fn worker_profile(w: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<DeviceProfile, FormError> {
+    let client = ControlClient::connect(w, secret, config).await.map_err(|e| FormError::connecting(w, e))?;
+    let mut best = Duration::MAX;
+    for _ in 0..LATENCY_PROBES {
+        let t = Instant::now();
+        client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| FormError::connecting(w, e))?;
+        best = best.min(t.elapsed());
+    }
+    let answer = client.call(transport::methods::PROFILE, &serde_json::Value::Null).await.map_err(|e| FormError::connecting(w, e))?;
+    let mut d: DeviceProfile = serde_json::from_value(answer["device"].clone()).map_err(|e| FormError::Refused(format!("worker {w} sent no device profile: {e}")))?;
+    d.name = w.to_string();
+    d.head = false;
+    // One way of a round trip: the hop to this device.
+    d.comm_s = best.as_secs_f64() / 2.0;
+    Ok(d)
+}

@@ -1,0 +1,72 @@
+//! `hearth plan` as a user runs it: device profiles and a model (what-if JSON or the real
+//! GGUF) in, the plan out, as a table or JSON.
+
+mod common;
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn plan(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).arg("plan").args(args).output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+fn fixture(name: &str) -> String {
+    format!("{}/../scheduler/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn llama3_8b_on_the_papers_testbed_runs_on_d3_alone_and_beats_the_baselines() {
+    let (ok, out) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", &fixture("model-llama3-8b-q4k.json"), "--json"]);
+    assert!(ok, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let s = &v["schedule"];
+    let windows: Vec<u64> = s["plan"]["devices"].as_array().unwrap().iter().map(|d| d["window"].as_u64().unwrap()).collect();
+    assert_eq!(windows.iter().sum::<u64>() * s["rounds"].as_u64().unwrap(), 32);
+    let names: Vec<&str> = s["prediction"]["devices"].as_array().unwrap().iter().map(|d| d["name"].as_str().unwrap()).collect();
+    let d3 = names.iter().position(|n| n.starts_with("D3")).expect("D3 is in the ring");
+    assert_eq!(windows[d3] * s["rounds"].as_u64().unwrap(), 32, "every layer on D3: {s}");
+    let tpot = s["prediction"]["tpot_s"].as_f64().unwrap();
+    for (strategy, other) in v["other_strategies"].as_object().unwrap() {
+        assert!(tpot <= other["tpot_s"].as_f64().unwrap_or(f64::INFINITY) + 1e-9, "{strategy} beats halda: {out}");
+    }
+}
+
+#[test]
+fn a_gguf_is_profiled_from_its_tensors_and_the_table_names_every_strategy() {
+    let model = common::default_model();
+    let (ok, out) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", model.to_str().unwrap(), "--json"]);
+    assert!(ok, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let m = &v["model"];
+    assert_eq!(m["n_layer"], 30);
+    assert_eq!(m["n_vocab"], 49152);
+    // Layers and the embedding (read again as the tied output layer) are the file, but for
+    // its header (the tokenizer: 1.7 MB) and the output norm.
+    let layers = 30.0 * m["layer_bytes"].as_f64().unwrap();
+    let file = std::fs::metadata(&model).unwrap().len() as f64;
+    let embedding = m["input_bytes"].as_f64().unwrap();
+    assert!(layers + embedding < file && layers + embedding > 0.97 * file, "{layers} + {embedding} vs a file of {file}");
+    assert!(m["layer_flops"]["q4k"].as_f64().unwrap() > 0.0, "Q4_1 weights count as the 4-bit format: {m}");
+
+    let (ok, table) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", model.to_str().unwrap()]);
+    assert!(ok, "{table}");
+    assert!(table.contains("predicted TPOT"), "{table}");
+    for s in ["memory", "compute", "even"] {
+        assert!(table.contains(&format!("--plan-strategy {s}")), "{table}");
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let (ok, out) = plan(&["--devices", &fixture("model-llama3-8b-q4k.json"), "--model", &fixture("model-llama3-8b-q4k.json")]);
+    assert!(!ok);
+    assert!(out.contains("is not a list of device profiles"), "{out}");
+    let (ok, out) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", &fixture("testbed-d1-d4.json")]);
+    assert!(!ok);
+    assert!(out.contains("neither a GGUF nor a model-profile JSON"), "{out}");
+    let (ok, out) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", &fixture("model-llama3-8b-q4k.json"), "--plan-strategy", "fastest"]);
+    assert!(!ok);
+    assert!(out.contains("unknown plan strategy"), "{out}");
+}

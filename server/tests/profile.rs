@@ -1,0 +1,46 @@
+//! `hearth profile` as a user runs it: it measures this device into a device profile that
+//! `hearth plan` reads, caches it, and measures again with --fresh.
+
+mod common;
+
+use std::process::Command;
+use std::time::Instant;
+
+use scheduler::DeviceProfile;
+
+fn hearth(cache: &std::path::Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("XDG_CACHE_HOME", cache).output().unwrap();
+    assert!(out.status.success(), "hearth {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn a_measured_profile_is_cached_and_plans_a_ring() {
+    let dir = std::env::temp_dir().join(format!("hearth-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = common::default_model();
+    let model = model.to_str().unwrap();
+    let start = Instant::now();
+    let json = hearth(&dir, &["profile", "--model", model, "--threads", "1", "--name", "ci", "--head", "--fresh", "--json"]);
+    eprintln!("hearth profile took {:?}", start.elapsed());
+    let p: DeviceProfile = serde_json::from_str(&json).unwrap();
+    assert_eq!(p.name, "ci");
+    assert!(p.head);
+    let f = &p.cpu_flops;
+    for (name, v) in [("q4k", f.q4k), ("q5k", f.q5k), ("q6k", f.q6k), ("q8_0", f.q8_0), ("f16", f.f16), ("f32", f.f32)] {
+        assert!(v > 1e7, "{name}: {v} FLOP/s");
+    }
+    assert!(p.cpu_read_bw > 1e8 && p.disk_seq_read > 1e6 && p.disk_rand_read > 1e4, "{p:?}");
+    assert!(p.ram_available > 0.0 && p.ram_available <= p.ram_total);
+    // The second run reuses the cache: the same figures, and the table says so.
+    let again: DeviceProfile = serde_json::from_str(&hearth(&dir, &["profile", "--model", model, "--threads", "1", "--name", "ci", "--head", "--json"])).unwrap();
+    assert_eq!(again, p);
+    let table = hearth(&dir, &["profile", "--model", model, "--threads", "1"]);
+    assert!(table.contains("cached") && table.contains("GFLOP/s"), "{table}");
+    // The profile is what `hearth plan --devices` reads.
+    let devices = dir.join("devices.json");
+    std::fs::write(&devices, format!("[{json}]")).unwrap();
+    let plan = hearth(&dir, &["plan", "--devices", devices.to_str().unwrap(), "--model", model]);
+    assert!(plan.contains("predicted TPOT"), "{plan}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
