@@ -11,27 +11,7 @@ HEARTH="${CARGO_TARGET_DIR:-target}/release/hearth"
 MODEL="$(scripts/fetch-model.sh)"
 TOKENS="${1:-128}"
 REPS="${2:-3}"
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
-trap cleanup EXIT
-
-# Starts a hearth role in the background (with $SPIN as GOMP_SPINCOUNT when set) and sets
-# ADDR to the address it announces. Not called in $(...): the process must stay ours.
-start() {
-  local log; log="$(mktemp)"
-  if [ -n "$SPIN" ]; then
-    GOMP_SPINCOUNT="$SPIN" "$HEARTH" "$@" --model "$MODEL" 2>"$log" &
-  else
-    "$HEARTH" "$@" --model "$MODEL" 2>"$log" &
-  fi
-  PIDS+=($!)
-  for _ in $(seq 1 300); do
-    local addr; addr="$(grep -oE 'listening on (http://)?[0-9.]+:[0-9]+' "$log" | grep -oE '[0-9.]+:[0-9]+' | head -1 || true)"
-    if [ -n "$addr" ]; then ADDR="$addr"; return; fi
-    sleep 0.1
-  done
-  echo "ring-bench: $* did not start:" >&2; cat "$log" >&2; exit 1
-}
+source scripts/roles.sh
 
 # label, threads per process, windows (or "single"), GOMP_SPINCOUNT ("" for hearth's own)
 run() {

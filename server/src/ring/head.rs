@@ -31,7 +31,8 @@ pub struct RingPipeline {
     stage: Stage,
     /// Stage window index of the head's window in each round, if it has one.
     own: Vec<Option<usize>>,
-    output_window: usize,
+    embed_window: Option<usize>,
+    output_window: Option<usize>,
     /// Whether workers hold layers (a plan may give them none).
     workers_compute: bool,
     /// Release and read-ahead of the head's own windows, as on workers; `None` when the
@@ -102,12 +103,19 @@ pub struct RingConfig {
     pub replan_idle: Option<Duration>,
 }
 
-/// The head's part of a plan: its stage's windows (the embedding `0..0`, its own
-/// windows, the output layer `L..L`) and how a step walks them.
+/// The head's part of a plan: its stage's windows and how a step walks them. The head's
+/// first window starts at layer 0 (it leads round 0), so it embeds the tokens itself; a
+/// head without layers gets an embedding-only window `0..0`. The output layer is its own
+/// window `L..L` unless the head's last window ends the model (every worker relays).
+/// Fewer windows, fewer graphs per step: the stage rebuilds its graph when the window
+/// changes, and a head running the whole model this way is as fast as a single node.
 struct Layout {
     /// Stage window index of the head's window in each round, if it has one.
     own: Vec<Option<usize>>,
-    output_window: usize,
+    /// The embedding-only window, when the head has no layers.
+    embed_window: Option<usize>,
+    /// The output-only window, when the head's last window does not end the model.
+    output_window: Option<usize>,
     pager: Option<WindowPager>,
     workers_compute: bool,
 }
@@ -116,11 +124,18 @@ impl Layout {
     fn build(file: &Arc<ModelFile>, plan: &Plan, cfg: &RingConfig) -> engine::Result<(Stage, Layout)> {
         let n_layer = file.spec.n_layer;
         let own_windows = plan.windows_of(0);
-        let mut windows = vec![0..0];
+        let mut windows = Vec::new();
+        let embed_window = own_windows.is_empty().then(|| {
+            windows.push(0..0);
+            0
+        });
+        let first_own = windows.len();
         windows.extend(own_windows.iter().cloned());
-        windows.push(n_layer..n_layer);
-        let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(r + 1)).collect();
-        let output_window = windows.len() - 1;
+        let output_window = (windows.last().map(|w| w.end) != Some(n_layer)).then(|| {
+            windows.push(n_layer..n_layer);
+            windows.len() - 1
+        });
+        let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(first_own + r)).collect();
         let stage = Stage::new(
             file.clone(),
             StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true },
@@ -130,7 +145,7 @@ impl Layout {
         if let Some(p) = &pager {
             tracing::info!("head windows: {}", p.describe());
         }
-        Ok((stage, Layout { own, output_window, pager, workers_compute: plan.devices[1..].iter().any(|d| d.window > 0) }))
+        Ok((stage, Layout { own, embed_window, output_window, pager, workers_compute: plan.devices[1..].iter().any(|d| d.window > 0) }))
     }
 }
 
@@ -203,6 +218,7 @@ impl RingPipeline {
             rt,
             stage,
             own: layout.own,
+            embed_window: layout.embed_window,
             output_window: layout.output_window,
             pager: layout.pager,
             workers_compute: layout.workers_compute,
@@ -270,6 +286,7 @@ impl RingPipeline {
         let (stage, layout) = Layout::build(&self.file, &plan, &self.cfg).map_err(|e| e.to_string())?;
         self.stage = stage;
         self.own = layout.own;
+        self.embed_window = layout.embed_window;
         self.output_window = layout.output_window;
         self.pager = layout.pager;
         self.workers_compute = layout.workers_compute;
@@ -444,7 +461,12 @@ impl RingPipeline {
         }
         self.step += 1;
         let mut metas: Vec<TokenMeta> = batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect();
-        let mut h = Self::hidden(self.stage.forward(0, batch, StageInput::Tokens(tokens))?)?;
+        // The hidden state so far; `None` until the tokens are embedded (by the head's
+        // first window, or by the embedding-only window of a head without layers).
+        let mut h = match self.embed_window {
+            Some(w) => Some(Self::hidden(self.stage.forward(w, batch, StageInput::Tokens(tokens))?)?),
+            None => None,
+        };
         // When the previous round's output left for the ring: the head's wait for its next
         // window's input starts then.
         let mut sent: Option<std::time::Instant> = None;
@@ -453,30 +475,35 @@ impl RingPipeline {
                 if let Some(p) = self.pager.as_mut() {
                     p.before(round, sent.map(|t| t.elapsed()));
                 }
-                let out = self.stage.forward(w, batch, StageInput::Hidden(&h));
+                let input = h.as_deref().map_or(StageInput::Tokens(tokens), StageInput::Hidden);
+                let out = self.stage.forward(w, batch, input);
                 if let Some(p) = self.pager.as_mut() {
                     p.after(round);
                 }
-                h = match out? {
+                h = Some(match out? {
                     StageOutput::Hidden(h) => h,
                     // Its window ends with the model's last layer (every worker relays): done.
                     StageOutput::Logits(l) => return Ok(l),
-                };
+                });
             }
             sent = Some(std::time::Instant::now());
             if self.workers_compute {
+                let hidden = h.take().ok_or_else(|| ring_err("no hidden state to send round the ring"))?;
                 // The token list travels round and comes back: reuse it, no copy per round.
-                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden: h };
-                h = match self.round_trip(Frame::Activations(a))? {
+                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden };
+                h = Some(match self.round_trip(Frame::Activations(a))? {
                     Frame::Activations(back) if back.step == self.step && back.round == round as u32 => {
                         metas = back.tokens;
                         back.hidden
                     }
                     other => return Err(ring_err(format!("out-of-order {} frame from the ring", other.kind_name()))),
-                };
+                });
             }
         }
-        match self.stage.forward(self.output_window, batch, StageInput::Hidden(&h))? {
+        let (Some(w), Some(h)) = (self.output_window, h) else {
+            return Err(ring_err("the plan leaves the output layer unreached"));
+        };
+        match self.stage.forward(w, batch, StageInput::Hidden(&h))? {
             StageOutput::Logits(l) => Ok(l),
             StageOutput::Hidden(_) => Err(ring_err("the output window returned hidden states")),
         }

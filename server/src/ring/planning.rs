@@ -46,7 +46,7 @@ impl Planner {
     /// memory and the hop latency are read live. Waits up to `wait` for workers that cannot
     /// be reached yet; a refusal fails at once.
     pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration) -> Result<Vec<DeviceProfile>, FormError> {
-        let (mut head, _, _) = crate::profile_command::device_profile(self.threads, Some((&self.path, &self.file)), false).map_err(|e| FormError::Refused(format!("profiling the head: {e}")))?;
+        let mut head = crate::profile_command::serving_profile(self.threads, &self.path, &self.file).map_err(|e| FormError::Refused(format!("profiling the head: {e}")))?;
         crate::profile_command::refresh_memory(&mut head);
         head.name = HEAD_NAME.into();
         head.head = true;

@@ -157,7 +157,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 None => {
                     let worker = state.clone();
                     let measured = tokio::task::spawn_blocking(move || {
-                        crate::profile_command::device_profile(threads, Some((&worker.model_path, &worker.file)), false).map(|(p, _, _)| p).map_err(|e| e.to_string())
+                        crate::profile_command::serving_profile(threads, &worker.model_path, &worker.file)
                     })
                         .await
                         .map_err(|e| ControlFailure::failed(e.to_string()))?
