@@ -22,5 +22,5 @@ pub use generation::{
     FinishReason, ListObject, PromptTokensDetails, Stop, StreamOptions, Usage, LOGPROB_FLOOR,
 };
 pub use models::*;
-pub use spec::{spec, spec_json, ApiDoc, HealthResponse};
+pub use spec::{spec, spec_json, ApiDoc, HealthResponse, ReplanRequest};
 pub use validate::{parse_logit_bias, Limits, MAX_COMPLETION_LOGPROBS};

@@ -141,6 +141,79 @@ fn health() {}
 )]
 fn metrics() {}
 
+/// The body of `POST /admin/replan` (optional: an empty body re-solves with the running
+/// plan's strategy).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ReplanRequest {
+    /// Solve with this strategy from now on: `halda`, `memory`, `compute` or `even`. The
+    /// new plan is adopted whenever it differs; without it, only on a predicted gain of 5%.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "halda")]
+    pub strategy: Option<String>,
+}
+
+/// The running plan of the ring (hearth extension).
+///
+/// `source` (halda, memory, compute, even, windows, or single without workers),
+/// `automatic`, `rounds` (k), `members` (per device: `name`, `window`, `gpu_layers`,
+/// `layers`, and the cost model's `set`, `overloaded`, `predicted` time parts), `dropped`,
+/// `predicted_tpot_ms`, `measured_tpot_ms`, `measured_steps`, `measured_context`,
+/// `predicted_tpot_ms_at_measured_context`, `replans`, `last_check`. See docs/ring.md.
+#[utoipa::path(
+    get,
+    path = "/admin/plan",
+    tag = "Admin",
+    operation_id = "getPlan",
+    security(("admin_key" = [])),
+    responses(
+        (status = 200, description = "The running plan, its predicted and measured TPOT", body = Object),
+        (status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)", body = ErrorResponse),
+        (status = 403, description = "Started without `--admin-key` (`admin_disabled`)", body = ErrorResponse),
+    )
+)]
+fn get_plan() {}
+
+/// Solves the ring's plan again now (hearth extension).
+///
+/// Runs the next time the queue is idle, on freshly gathered device profiles; answers the
+/// new `/admin/plan` view, or 202 if the server stayed busy for a minute (the re-plan still
+/// runs when it is next idle).
+#[utoipa::path(
+    post,
+    path = "/admin/replan",
+    tag = "Admin",
+    operation_id = "replan",
+    security(("admin_key" = [])),
+    request_body(content = ReplanRequest, description = "Optional"),
+    responses(
+        (status = 200, description = "The plan after re-planning (see `last_check` for what was decided)", body = Object),
+        (status = 202, description = "Busy: the re-plan runs when the queue is next idle", body = Object),
+        (status = 400, description = "Malformed JSON or an unknown strategy", body = ErrorResponse),
+        (status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)", body = ErrorResponse),
+        (status = 403, description = "Started without `--admin-key` (`admin_disabled`)", body = ErrorResponse),
+        (status = 409, description = "No workers to plan for, or the re-plan failed (`conflict`)", body = ErrorResponse),
+    )
+)]
+fn replan() {}
+
+/// The device profiles the head last gathered (hearth extension).
+///
+/// `devices`: the head first, then every configured worker, as `scheduler::DeviceProfile`
+/// (`comm_s` is the measured one-way hop latency); `gathered_at`: Unix seconds.
+#[utoipa::path(
+    get,
+    path = "/admin/cluster",
+    tag = "Admin",
+    operation_id = "getCluster",
+    security(("admin_key" = [])),
+    responses(
+        (status = 200, description = "Every device's profile", body = Object),
+        (status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)", body = ErrorResponse),
+        (status = 403, description = "Started without `--admin-key` (`admin_disabled`)", body = ErrorResponse),
+    )
+)]
+fn get_cluster() {}
+
 /// Declares the `api_key` scheme the operations above refer to: the key given to
 /// `hearth serve --api-key`, sent as `Authorization: Bearer <key>` like OpenAI's.
 struct BearerApiKey;
@@ -155,6 +228,17 @@ impl Modify for BearerApiKey {
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
                         "The key given to `hearth serve --api-key`; required only when one is set.",
+                    ))
+                    .build(),
+            ),
+        );
+        components.add_security_scheme(
+            "admin_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The key given to `hearth serve --admin-key`; without one the admin endpoints are off.",
                     ))
                     .build(),
             ),
@@ -174,11 +258,12 @@ impl Modify for BearerApiKey {
             error, including 404 for an unknown route, has OpenAI's envelope \
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`."
     ),
-    paths(create_chat_completion, create_completion, list_models, health, metrics),
+    paths(create_chat_completion, create_completion, list_models, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
         (name = "Operations", description = "Health and metrics for orchestrators and Prometheus"),
+        (name = "Admin", description = "The ring's plan and the scheduler, behind `--admin-key` (hearth extension)"),
     )
 )]
 pub struct ApiDoc;

@@ -8,11 +8,15 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One figure per weight format 𝒬 = {Q4_K, Q5_K, Q6_K, Q8_0, F16, F32}: FLOPs of a layer
-/// (`f^q`, `f_out^q`) or a backend's throughput (`s^{cpu,q}`, `s^{cuda,q}`, `s^{metal,q}`).
+/// One figure per weight format 𝒬 = {Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, F16, F32}: FLOPs of
+/// a layer (`f^q`, `f_out^q`) or a backend's throughput (`s^{cpu,q}`, `s^{cuda,q}`,
+/// `s^{metal,q}`). The paper's set has no Q4_0/Q4_1 (hearth's default model is Q4_1); a
+/// throughput of 0 for them (a profile that did not measure them) means the Q4_K rate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PerQuant {
+    pub q4_0: f64,
+    pub q4_1: f64,
     pub q4k: f64,
     pub q5k: f64,
     pub q6k: f64,
@@ -22,12 +26,28 @@ pub struct PerQuant {
 }
 
 impl PerQuant {
-    pub fn values(&self) -> [f64; 6] {
-        [self.q4k, self.q5k, self.q6k, self.q8_0, self.f16, self.f32]
+    pub fn values(&self) -> [f64; 8] {
+        [self.q4_0, self.q4_1, self.q4k, self.q5k, self.q6k, self.q8_0, self.f16, self.f32]
+    }
+
+    /// Every figure, mutable (to scale a profile's rates).
+    pub fn values_mut(&mut self) -> [&mut f64; 8] {
+        [&mut self.q4_0, &mut self.q4_1, &mut self.q4k, &mut self.q5k, &mut self.q6k, &mut self.q8_0, &mut self.f16, &mut self.f32]
     }
 
     pub fn total(&self) -> f64 {
         self.values().iter().sum()
+    }
+
+    /// As throughputs: an unmeasured Q4_0 or Q4_1 rate (0) is the Q4_K one.
+    fn rates(&self) -> [f64; 8] {
+        let mut v = self.values();
+        for r in &mut v[..2] {
+            if *r <= 0.0 {
+                *r = self.q4k;
+            }
+        }
+        v
     }
 
     /// `Σ_q f^q / s^q`: the time to run these FLOPs at these throughputs. A format with
@@ -35,7 +55,7 @@ impl PerQuant {
     pub fn time_at(&self, rates: &PerQuant) -> f64 {
         self.values()
             .iter()
-            .zip(rates.values())
+            .zip(rates.rates())
             .map(|(&f, s)| if f <= 0.0 { 0.0 } else if s > 0.0 { f / s } else { f64::INFINITY })
             .sum()
     }

@@ -11,7 +11,7 @@ use scheduler::{predict, schedule, DevicePlan, DeviceProfile, DeviceSet, GpuBack
 const GB: f64 = 1e9;
 
 fn rates(peak: f64) -> PerQuant {
-    PerQuant { q4k: 0.35 * peak, q5k: 0.3 * peak, q6k: 0.3 * peak, q8_0: 0.45 * peak, f16: 0.25 * peak, f32: 0.5 * peak }
+    PerQuant { q4k: 0.35 * peak, q5k: 0.3 * peak, q6k: 0.3 * peak, q8_0: 0.45 * peak, f16: 0.25 * peak, f32: 0.5 * peak, ..PerQuant::default() }
 }
 
 prop_compose! {

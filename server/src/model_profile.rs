@@ -10,7 +10,7 @@ use scheduler::{ModelProfile, PerQuant};
 /// Tokens per micro-batch the compute buffer is sized for (llama.cpp's default ubatch).
 const UBATCH: usize = 512;
 
-/// The scheduler's six weight formats; other formats count as the nearest one in bits
+/// The scheduler's eight weight formats; other formats count as the nearest one in bits
 /// per weight (the kernels of one family run at about the same speed).
 fn format_slot(q: &mut PerQuant, ty: GgmlType) -> &mut f64 {
     use GgmlType::*;
@@ -20,6 +20,8 @@ fn format_slot(q: &mut PerQuant, ty: GgmlType) -> &mut f64 {
         Q8_0 | Q8_1 | Q8_K => &mut q.q8_0,
         Q6_K => &mut q.q6k,
         Q5_0 | Q5_1 | Q5_K => &mut q.q5k,
+        Q4_0 => &mut q.q4_0,
+        Q4_1 => &mut q.q4_1,
         _ => &mut q.q4k,
     }
 }
@@ -56,6 +58,8 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     let n_layer = spec.n_layer.max(1);
     let per_layer = |x: f64| x / n_layer as f64;
     let mut lf = PerQuant {
+        q4_0: per_layer(layer_flops.q4_0),
+        q4_1: per_layer(layer_flops.q4_1),
         q4k: per_layer(layer_flops.q4k),
         q5k: per_layer(layer_flops.q5k),
         q6k: per_layer(layer_flops.q6k),

@@ -58,14 +58,17 @@ pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::
             (dir, TYPICAL_KV_BYTES)
         }
     };
-    let key = cache_key(threads, &disk_dir, kv_bytes);
+    let key = cache_key(threads, &disk_dir, kv_bytes, model.map(|(_, f)| f));
     let cache = cache_path();
     let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten();
     let (profile, took) = match cached {
         Some(p) => (p, None),
         None => {
             let start = Instant::now();
-            let p = measure(threads, &disk_dir, kv_bytes)?;
+            let mut p = measure(threads, &disk_dir, kv_bytes)?;
+            if let Some((path, file)) = model {
+                calibrate(&mut p, path, file, threads)?;
+            }
             if let Some(path) = &cache {
                 write_cache(path, &key, &p);
             }
@@ -88,7 +91,7 @@ pub fn refresh_memory(p: &mut DeviceProfile) {
 
 fn measure(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> Result<DeviceProfile, Box<dyn std::error::Error>> {
     let rate = |ty| profiler::matvec_flops(ty, threads, KERNEL_TIME);
-    let cpu_flops = PerQuant { q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)? };
+    let cpu_flops = PerQuant { q4_0: rate(GgmlType::Q4_0)?, q4_1: rate(GgmlType::Q4_1)?, q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)? };
     let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, RANDOM_READ_TIME)?;
     let (ram_total, _, _) = profiler::meminfo();
     let os = if std::path::Path::new("/system/build.prop").exists() {
@@ -124,7 +127,59 @@ fn measure(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> Resul
 
 /// What the cached profile depends on: hearth's version, the CPU, the core and thread
 /// counts, the installed memory and the disk the models are on.
-fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> String {
+/// Tokens decoded before timing (the first ones page the weights in) and timed.
+const CALIBRATION_WARMUP: usize = 4;
+const CALIBRATION_TOKENS: usize = 16;
+/// The timed window spans at least this many weight bytes (or the whole model), so it
+/// streams from memory as a real step does instead of staying in the CPU's caches.
+const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
+
+/// Scales the CPU rates so that the cost model's time for the model's own layers (compute
+/// at these rates plus reading weights and KV at the measured bandwidth) equals the
+/// engine's measured decode time for them. The kernel benchmarks run on data in cache and
+/// one format at a time; a real layer adds graph overhead, formats priced at a
+/// neighbour's rate (Q5_0 as Q5_K, ...) and norms, RoPE and attention.
+fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::ModelFile, threads: usize) -> Result<(), Box<dyn std::error::Error>> {
+    use engine::{BatchToken, Stage, StageConfig, StageInput};
+    let model = crate::model_profile::from_gguf(file, "", CALIBRATION_WARMUP + CALIBRATION_TOKENS / 2);
+    let n_layer = model.n_layer.max(1);
+    let layers = ((CALIBRATION_BYTES / model.layer_bytes.max(1.0)).ceil() as usize).clamp(1, n_layer);
+    // Its own mapping of the file: the caller's stays untouched.
+    let file = std::sync::Arc::new(engine::ModelFile::open(path)?);
+    let n_ctx = CALIBRATION_WARMUP + CALIBRATION_TOKENS + 1;
+    // A model small enough is timed whole, output layer included, as the head runs it.
+    let whole = layers == n_layer;
+    let cfg = StageConfig { windows: vec![0..layers], n_seq: 1, n_ctx_seq: n_ctx, max_batch: 1, threads, accel_layers: 0, owns_output: whole };
+    let mut stage = Stage::new(file, cfg)?;
+    let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
+    for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {
+        let t = Instant::now();
+        stage.forward(0, &[BatchToken { seq: 0, pos: pos as u32, logits: whole }], StageInput::Tokens(&[1]))?;
+        if pos >= CALIBRATION_WARMUP {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let measured = times[times.len() / 2];
+    let l = layers as f64;
+    let mut compute = l * model.layer_flops.time_at(&p.cpu_flops);
+    let mut memory = l * (p.kv_copy_cpu_s + model.layer_bytes_with_kv() / p.cpu_read_bw);
+    if whole {
+        compute += model.output_flops.time_at(&p.cpu_flops);
+        memory += (model.lookup_bytes() + model.output_bytes) / p.cpu_read_bw;
+    }
+    // Only the compute part is fitted; if reading alone explains the time, keep the rates.
+    if measured > memory && compute > 0.0 {
+        let scale = compute / (measured - memory);
+        for rate in p.cpu_flops.values_mut() {
+            *rate *= scale;
+        }
+        tracing::info!(layers, whole, measured_ms = measured * 1e3, scale, "CPU rates calibrated on the model's own layers");
+    }
+    Ok(())
+}
+
+fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize, model: Option<&engine::ModelFile>) -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|v| v.trim_start_matches([' ', '\t', ':']).to_string()).unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -136,7 +191,9 @@ fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> Str
     };
     #[cfg(not(unix))]
     let disk = 0;
-    format!("hearth {} | {cpu} | {cores} cores | {threads} threads | {ram} bytes | disk {disk} | kv {kv_bytes}", env!("CARGO_PKG_VERSION"))
+    // Calibrated on a model's layers: the rates hold for that model's formats.
+    let model = model.map_or_else(String::new, |f| format!(" | model {}", f.fingerprint()));
+    format!("hearth {} | {cpu} | {cores} cores | {threads} threads | {ram} bytes | disk {disk} | kv {kv_bytes}{model}", env!("CARGO_PKG_VERSION"))
 }
 
 fn cache_path() -> Option<PathBuf> {
@@ -181,7 +238,7 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
 /// in a process of their own.
 pub fn serving_profile(threads: usize, path: &std::path::Path, file: &engine::ModelFile) -> Result<DeviceProfile, String> {
     let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    let key = cache_key(threads, &dir, 2 * file.spec.n_embd_kv() * 2);
+    let key = cache_key(threads, &dir, 2 * file.spec.n_embd_kv() * 2, Some(file));
     if let Some(p) = read_cache(&cache_path(), &key) {
         return Ok(p);
     }
@@ -209,7 +266,7 @@ fn table(p: &DeviceProfile, threads: usize, disk_dir: &std::path::Path, took: Op
     let _ = writeln!(out, "device {} ({:?}, {threads} threads): {source}\n", p.name, p.os);
     let _ = writeln!(out, "| measure | value |\n|---|---:|");
     let f = &p.cpu_flops;
-    for (name, v) in [("Q4_K", f.q4k), ("Q5_K", f.q5k), ("Q6_K", f.q6k), ("Q8_0", f.q8_0), ("F16", f.f16), ("F32", f.f32)] {
+    for (name, v) in [("Q4_0", f.q4_0), ("Q4_1", f.q4_1), ("Q4_K", f.q4k), ("Q5_K", f.q5k), ("Q6_K", f.q6k), ("Q8_0", f.q8_0), ("F16", f.f16), ("F32", f.f32)] {
         let _ = writeln!(out, "| CPU matrix x vector, {name} | {:.1} GFLOP/s |", v / 1e9);
     }
     let _ = writeln!(out, "| memory read | {:.1} GB/s |", p.cpu_read_bw / 1e9);

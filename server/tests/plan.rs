@@ -48,7 +48,10 @@ fn a_gguf_is_profiled_from_its_tensors_and_the_table_names_every_strategy() {
     let file = std::fs::metadata(&model).unwrap().len() as f64;
     let embedding = m["input_bytes"].as_f64().unwrap();
     assert!(layers + embedding < file && layers + embedding > 0.97 * file, "{layers} + {embedding} vs a file of {file}");
-    assert!(m["layer_flops"]["q4k"].as_f64().unwrap() > 0.0, "Q4_1 weights count as the 4-bit format: {m}");
+    // Q4_1 weights are their own format: 2 FLOPs per weight of every layer matrix.
+    let q4_1 = m["layer_flops"]["q4_1"].as_f64().unwrap();
+    assert!(q4_1 > 0.0 && m["layer_flops"]["q4k"].as_f64().unwrap() == 0.0, "Q4_1 weights count as Q4_1: {m}");
+    assert!((q4_1 - 2.0 * m["layer_bytes"].as_f64().unwrap() * 8.0 / 5.0).abs() < 0.05 * q4_1, "Q4_1 holds 5 bits per weight: {m}");
 
     let (ok, table) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", model.to_str().unwrap()]);
     assert!(ok, "{table}");

@@ -27,7 +27,7 @@ fn a_measured_profile_is_cached_and_plans_a_ring() {
     assert_eq!(p.name, "ci");
     assert!(p.head);
     let f = &p.cpu_flops;
-    for (name, v) in [("q4k", f.q4k), ("q5k", f.q5k), ("q6k", f.q6k), ("q8_0", f.q8_0), ("f16", f.f16), ("f32", f.f32)] {
+    for (name, v) in [("q4_0", f.q4_0), ("q4_1", f.q4_1), ("q4k", f.q4k), ("q5k", f.q5k), ("q6k", f.q6k), ("q8_0", f.q8_0), ("f16", f.f16), ("f32", f.f32)] {
         assert!(v > 1e7, "{name}: {v} FLOP/s");
     }
     assert!(p.cpu_read_bw > 1e8 && p.disk_seq_read > 1e6 && p.disk_rand_read > 1e4, "{p:?}");

@@ -348,3 +348,32 @@ fn the_admin_api_shows_the_plan_and_replans_on_demand_without_changing_the_answe
     assert!(metrics.lines().any(|l| l.starts_with("hearth_plan_predicted_tpot_seconds ")), "{metrics}");
     assert!(metrics.lines().any(|l| l.starts_with("hearth_plan_measured_tpot_seconds ")), "{metrics}");
 }
+
+#[test]
+fn an_idle_head_looks_at_the_cluster_again_and_keeps_a_plan_that_still_holds() {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start(&["--threads", "1", "--workers", &workers, "--plan-strategy", "even", "--replan-idle", "1", "--admin-key", "admin-key"]);
+    let plan = admin(&head.addr, "GET /admin/plan", "");
+    assert_eq!(plan["automatic"], true, "{plan}");
+    // Idle for more than a second: the head gathers the profiles again by itself.
+    let started = Instant::now();
+    let check = loop {
+        let plan = admin(&head.addr, "GET /admin/plan", "");
+        if !plan["last_check"].is_null() {
+            break plan;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no idle check within 30 s: {plan}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let last = &check["last_check"];
+    assert_eq!(last["forced"], false, "{check}");
+    // Whether or not this busy machine's free memory moved, `even` gives the same plan.
+    assert_eq!(last["applied"], false, "{check}");
+    assert_eq!(check["replans"], 0, "{check}");
+    assert_eq!(windows(&check), vec![10, 10, 10]);
+    let cluster = admin(&head.addr, "GET /admin/cluster", "");
+    assert!(cluster["gathered_at"].as_u64().unwrap() >= last["at"].as_u64().unwrap(), "{cluster}");
+    assert!(!chat(&head.addr, false).is_empty());
+}

@@ -12,7 +12,6 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 use serde_json::json;
 
 use super::{bearer_is, ApiError, AppState};
@@ -38,17 +37,9 @@ pub async fn cluster(State(state): State<Arc<AppState>>) -> Json<ClusterView> {
     Json(state.board.cluster())
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ReplanBody {
-    /// Solve with this strategy from now on (halda, memory, compute, even) instead of the
-    /// running plan's.
-    strategy: Option<String>,
-}
-
 pub async fn replan(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
-    let body: ReplanBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ReplanBody::default()
+    let body: openapi::ReplanRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        openapi::ReplanRequest::default()
     } else {
         serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(format!("invalid JSON body: {e}")))?
     };

@@ -570,9 +570,12 @@ impl Pipeline for RingPipeline {
             return Ok(false);
         }
         let strategy = requests.iter().find_map(|q| q.strategy);
-        let result = self.check_plan(!requests.is_empty(), strategy);
+        let forced = !requests.is_empty();
+        let result = self.check_plan(forced, strategy);
         if let Err(e) = &result {
             tracing::warn!("re-planning failed: {e}");
+            let reason = format!("re-planning failed: {e}");
+            self.board.checked(CheckView { at: crate::http::now_secs(), forced, drift: Vec::new(), applied: false, reason, current_tpot_ms: None, candidate_tpot_ms: None });
         }
         let view = self.board.view();
         for req in requests {
