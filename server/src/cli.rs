@@ -221,6 +221,14 @@ pub struct ServeArgs {
     /// Bearer token for /admin/* (plan, replan, cluster); without it they are off.
     #[arg(long, env = "HEARTH_ADMIN_KEY")]
     pub admin_key: Option<String>,
+    /// Speculative decoding: `none`, or `ngram` (prompt lookup: drafts copied from earlier
+    /// tokens of the same sequence, verified in one pass; exact, greedy or sampled).
+    #[arg(long, env = "HEARTH_SPEC_MODE", default_value = "none", value_parser = ["none", "ngram"])]
+    pub spec_mode: String,
+    /// Most draft tokens per sequence and step; each sequence adapts below it to how often
+    /// its drafts are accepted.
+    #[arg(long, env = "HEARTH_SPEC_TOKENS", default_value_t = 8)]
+    pub spec_tokens: usize,
     /// Where the last worker connects back to the head.
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,

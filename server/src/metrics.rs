@@ -51,6 +51,9 @@ fn describe() {
     describe_gauge!("hearth_ring_up", "1 while the ring is whole, 0 while a member is lost (requests get 503)");
     describe_counter!("hearth_ring_breaks_total", "Times the ring broke (a member died, froze or failed a step)");
     describe_counter!("hearth_ring_recoveries_total", "Times a broken ring was formed again");
+    describe_counter!("hearth_decode_sequence_steps_total", "Steps in which a sequence generated (one trip through the pipeline each); hearth_generated_tokens_total over this is the tokens per ring traversal");
+    describe_counter!("hearth_spec_draft_tokens_total", "Draft tokens proposed by speculative decoding (--spec-mode)");
+    describe_counter!("hearth_spec_accepted_tokens_total", "Draft tokens the model's own samples confirmed");
     describe_gauge!("hearth_plan_predicted_tpot_seconds", Unit::Seconds, "TPOT the scheduler's cost model predicts for the running plan (absent for a plan it did not judge)");
     describe_gauge!("hearth_plan_measured_tpot_seconds", Unit::Seconds, "Mean time of the last 64 single-token decode steps under the running plan");
     describe_gauge!("hearth_plan_rounds", "k: rounds each token makes around the ring under the running plan");
@@ -152,4 +155,13 @@ pub fn step(d: Duration, tokens: usize, decode_tokens: usize) {
 
 pub fn kv_usage(ratio: f64) {
     gauge!("hearth_kv_cache_usage_ratio").set(ratio);
+}
+
+pub fn decode_sequence_steps(n: usize) {
+    counter!("hearth_decode_sequence_steps_total").increment(n as u64);
+}
+
+pub fn speculation(proposed: usize, accepted: usize) {
+    counter!("hearth_spec_draft_tokens_total").increment(proposed as u64);
+    counter!("hearth_spec_accepted_tokens_total").increment(accepted as u64);
 }

@@ -84,7 +84,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
-    let batcher = Arc::new(Batcher::start(pipeline, tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch }));
+    let batcher = Arc::new(Batcher::start(pipeline, tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch, spec_tokens: if args.spec_mode == "ngram" { args.spec_tokens } else { 0 } }));
     let limits = openapi::Limits { max_n: parallel as u32, ..Default::default() };
     let state = Arc::new(AppState {
         batcher,

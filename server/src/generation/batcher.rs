@@ -15,6 +15,7 @@ use engine::tokenizer::{TextStream, Tokenizer};
 use engine::{BatchToken, Pipeline};
 
 use super::logprobs::logprobs;
+use super::speculation::Drafter;
 use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 use super::stop::StopMatcher;
 use crate::metrics as m;
@@ -27,6 +28,9 @@ pub struct BatcherConfig {
     pub queue: usize,
     /// Tokens per step (decode tokens + prompt chunks).
     pub max_batch: usize,
+    /// Most draft tokens proposed per sequence and step (`--spec-tokens` with
+    /// `--spec-mode ngram`); 0 turns speculation off.
+    pub spec_tokens: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +79,7 @@ impl Batcher {
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
             max_batch: cfg.max_batch,
+            spec_tokens: cfg.spec_tokens,
             n_ctx,
             last_recovery: Instant::now(),
             idle_since: Instant::now(),
@@ -152,6 +157,9 @@ struct Active {
     last_token: Option<Instant>,
     prompt_tokens: usize,
     cached_tokens: usize,
+    /// Speculation (`None`: off), and the draft tokens in this step's batch.
+    drafter: Option<Drafter>,
+    draft: Vec<i32>,
 }
 
 struct Loop {
@@ -163,6 +171,7 @@ struct Loop {
     shutting_down: Arc<AtomicBool>,
     degraded: Degraded,
     max_batch: usize,
+    spec_tokens: usize,
     n_ctx: usize,
     last_recovery: Instant,
     /// When the last step ended.
@@ -173,6 +182,10 @@ struct Loop {
 struct Row {
     slot: usize,
     wants_logits: bool,
+    /// A sequence's decode token: the draft tokens that follow it in the batch.
+    drafts: usize,
+    /// A draft token (not in the sequence until verified).
+    is_draft: bool,
 }
 
 impl Loop {
@@ -293,6 +306,8 @@ impl Loop {
             stop,
             started: None,
             last_token: None,
+            drafter: (self.spec_tokens > 0).then(|| Drafter::new(self.spec_tokens)),
+            draft: Vec::new(),
         });
         m::prompt_tokens(keep, self.slots[idx].active.as_ref().map_or(0, |a| a.pending.len()));
     }
@@ -312,15 +327,37 @@ impl Loop {
         let mut batch: Vec<BatchToken> = Vec::new();
         let mut ids: Vec<i32> = Vec::new();
         let mut rows: Vec<Row> = Vec::new();
-        // Decode tokens first: every generating sequence advances every step.
-        for (i, s) in self.slots.iter().enumerate() {
-            if let Some(t) = s.active.as_ref().and_then(|a| a.next) {
-                batch.push(BatchToken { seq: s.seq, pos: s.cached.len() as u32, logits: true });
-                ids.push(t);
-                rows.push(Row { slot: i, wants_logits: true });
+        // Decode tokens first: every generating sequence advances every step, each followed
+        // by its draft tokens, if it speculates, within what the batch has room for.
+        let n_generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.next.is_some())).count();
+        let mut draft_room = self.max_batch.saturating_sub(n_generating);
+        let n_ctx = self.n_ctx;
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(a) = s.active.as_mut() else { continue };
+            let Some(t) = a.next else { continue };
+            let base = s.cached.len();
+            a.draft.clear();
+            if let Some(d) = &a.drafter {
+                // Room in the context (the sampled token after the drafts needs a cell too)
+                // and in the answer (the token after the last accepted draft is sampled).
+                let limit = draft_room.min(n_ctx.saturating_sub(base + 2)).min(a.req.max_tokens.saturating_sub(a.generated + 1));
+                let mut history = Vec::with_capacity(base + 1);
+                history.extend_from_slice(&s.cached);
+                history.push(t);
+                a.draft = d.draft(&history, limit);
+                draft_room -= a.draft.len();
+            }
+            batch.push(BatchToken { seq: s.seq, pos: base as u32, logits: true });
+            ids.push(t);
+            rows.push(Row { slot: i, wants_logits: true, drafts: a.draft.len(), is_draft: false });
+            for (j, &d) in a.draft.iter().enumerate() {
+                batch.push(BatchToken { seq: s.seq, pos: (base + 1 + j) as u32, logits: true });
+                ids.push(d);
+                rows.push(Row { slot: i, wants_logits: true, drafts: 0, is_draft: true });
             }
         }
         let n_decode = batch.len();
+        m::decode_sequence_steps(n_generating);
         let mut budget = self.max_batch.saturating_sub(n_decode);
         for (i, s) in self.slots.iter().enumerate() {
             let Some(a) = s.active.as_ref() else { continue };
@@ -333,7 +370,7 @@ impl Loop {
                 let last = j + 1 == a.pending.len();
                 batch.push(BatchToken { seq: s.seq, pos: (s.cached.len() + j) as u32, logits: last });
                 ids.push(t);
-                rows.push(Row { slot: i, wants_logits: last });
+                rows.push(Row { slot: i, wants_logits: last, drafts: 0, is_draft: false });
             }
         }
         if batch.is_empty() {
@@ -364,8 +401,11 @@ impl Loop {
                 return;
             }
         };
-        // The batch is in the cache now.
+        // The batch is in the cache now; draft tokens join the sequence only once verified.
         for (r, row) in rows.iter().enumerate() {
+            if row.is_draft {
+                continue;
+            }
             let s = &mut self.slots[row.slot];
             s.cached.push(ids[r]);
             if let Some(a) = s.active.as_mut() {
@@ -376,18 +416,60 @@ impl Loop {
                 }
             }
         }
-        for (k, &r) in logits.rows.iter().enumerate() {
-            debug_assert!(rows[r].wants_logits);
-            self.sample(rows[r].slot, logits.row(k));
+        let mut k = 0;
+        while k < logits.rows.len() {
+            let row = &rows[logits.rows[k]];
+            debug_assert!(row.wants_logits && !row.is_draft);
+            let (slot, drafts) = (row.slot, row.drafts);
+            if drafts == 0 {
+                self.sample(slot, logits.row(k));
+            } else {
+                self.verify(slot, &logits, k, drafts);
+            }
+            k += 1 + drafts;
         }
         self.report_usage();
     }
 
-    fn sample(&mut self, slot: usize, logits: &[f32]) {
+    /// Samples a speculating sequence at its decode token and each of its `n` draft
+    /// tokens (logits rows `k..=k + n`), in order, keeping drafts while the sampled token
+    /// equals them: the first mismatch is the sequence's next token and the rest of the
+    /// draft leaves the cache.
+    fn verify(&mut self, slot: usize, logits: &engine::Logits, k: usize, n: usize) {
+        let draft = self.slots[slot].active.as_mut().map(|a| std::mem::take(&mut a.draft)).unwrap_or_default();
+        let mut accepted = 0;
+        for j in 0..=n {
+            let Some(token) = self.sample(slot, logits.row(k + j)) else { break };
+            if j == n || draft.get(j) != Some(&token) {
+                break;
+            }
+            // Its K/V is in the cache already, computed in this step.
+            let s = &mut self.slots[slot];
+            s.cached.push(token);
+            if let Some(a) = s.active.as_mut() {
+                a.next = None;
+            }
+            accepted += 1;
+        }
+        let s = &mut self.slots[slot];
+        if accepted < n {
+            self.pipeline.truncate_sequence(s.seq, s.cached.len());
+        }
+        if let Some(a) = s.active.as_mut() {
+            if let Some(d) = a.drafter.as_mut() {
+                d.update(n, accepted);
+            }
+        }
+        m::speculation(n, accepted);
+    }
+
+    /// Samples the sequence's next token and sends it on; `Some(token)` when the sequence
+    /// goes on (the token is its `next`), `None` when it ended or failed.
+    fn sample(&mut self, slot: usize, logits: &[f32]) -> Option<i32> {
         let n_ctx = self.n_ctx;
         let tokenizer = self.tokenizer.clone();
         let s = &mut self.slots[slot];
-        let Some(a) = s.active.as_mut() else { return };
+        let a = s.active.as_mut()?;
         let now = Instant::now();
         if a.started.is_none() {
             a.started = Some(now);
@@ -402,7 +484,7 @@ impl Loop {
             Err(e) => {
                 let _ = a.req.events.send(Event::Failed(e.to_string()));
                 s.active = None;
-                return;
+                return None;
             }
         };
         // (why it ends, whether held-back text is real output to flush)
@@ -431,6 +513,9 @@ impl Loop {
                 None
             }
         };
+        if end.is_none() {
+            return Some(token);
+        }
         if let Some((finish, flush)) = end {
             let mut a = s.active.take().expect("active above");
             if flush {
@@ -456,6 +541,7 @@ impl Loop {
                 "sequence done"
             );
         }
+        None
     }
 
     fn report_usage(&self) {

@@ -6,6 +6,7 @@
 mod batcher;
 mod logprobs;
 mod request;
+mod speculation;
 mod stop;
 
 pub use batcher::{Batcher, BatcherConfig, SubmitError};
