@@ -17,10 +17,12 @@ import time
 import urllib.parse
 
 
-def one(url, prompt, max_tokens, suppress, timeout):
+def one(url, prompt, max_tokens, suppress, timeout, temperature=0.0, seed=None):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True}
+    if seed is not None:
+        body["seed"] = seed
     if suppress:
         # Random-weight models may emit end-of-text at once; keep them generating.
         body["logit_bias"] = {str(t): -100 for t in suppress}
@@ -55,9 +57,11 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--suppress", default="", help="comma-separated token ids never to sample (e.g. end-of-text)")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--seed", type=int, default=None)
     a = p.parse_args()
     suppress = [int(t) for t in a.suppress.split(",") if t]
-    runs = [one(a.url, a.prompt, a.max_tokens, suppress, a.timeout) for _ in range(a.reps)]
+    runs = [one(a.url, a.prompt, a.max_tokens, suppress, a.timeout, a.temperature, a.seed) for _ in range(a.reps)]
     tpots = [r[0] for r in runs]
     print(f"{min(tpots):.5f} {statistics.median(tpots):.5f} {statistics.median(r[1] for r in runs):.3f} {runs[0][2]}")
 

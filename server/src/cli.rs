@@ -247,6 +247,10 @@ pub struct ServeArgs {
     /// Do not read the head's next window ahead while the workers compute (for comparison).
     #[arg(long, env = "HEARTH_NO_PREFETCH")]
     pub no_prefetch: bool,
+    /// Benchmarks only: delay every ring frame this node sends by this many milliseconds,
+    /// to emulate a home network's link latency on one machine.
+    #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
+    pub emulate_hop_ms: f64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -268,6 +272,9 @@ pub struct WorkerArgs {
     /// Do not read the next window ahead while other devices compute (for comparison).
     #[arg(long, env = "HEARTH_NO_PREFETCH")]
     pub no_prefetch: bool,
+    /// Benchmarks only: delay every ring frame this worker sends by this many milliseconds.
+    #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
+    pub emulate_hop_ms: f64,
 }
 
 #[derive(Args, Debug, Clone)]

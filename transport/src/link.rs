@@ -81,6 +81,9 @@ pub struct LinkConfig {
     /// One control call, request to response; profiling a device takes seconds.
     pub control_timeout: Duration,
     pub max_frame_bytes: usize,
+    /// Added before every frame this side sends: emulates a slow link (Wi-Fi's few
+    /// milliseconds a hop) on loopback for benchmarks. Zero by default.
+    pub send_delay: Duration,
 }
 
 impl Default for LinkConfig {
@@ -94,6 +97,7 @@ impl Default for LinkConfig {
             keep_alive_timeout: Duration::from_secs(10),
             control_timeout: Duration::from_secs(60),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            send_delay: Duration::ZERO,
         }
     }
 }
@@ -175,6 +179,7 @@ pub struct FrameSink {
     buf: BytesMut,
     peer: Arc<str>,
     send_timeout: Duration,
+    send_delay: Duration,
     guard: Arc<ConnGuard>,
 }
 
@@ -185,6 +190,9 @@ impl FrameSink {
     pub async fn send(&mut self, frame: &Frame) -> Result<()> {
         if self.guard.killer.is_closed() {
             return Err(Error::closed(&self.peer));
+        }
+        if !self.send_delay.is_zero() {
+            tokio::time::sleep(self.send_delay).await;
         }
         encode(frame, &mut self.buf)?;
         let bytes = self.buf.split().freeze();
@@ -344,6 +352,7 @@ impl Link {
                 buf: BytesMut::new(),
                 peer: peer.clone(),
                 send_timeout: config.send_timeout,
+                send_delay: config.send_delay,
                 guard: guard.clone(),
             },
             stream: FrameStream {

@@ -277,3 +277,20 @@ async fn stalled_peer_is_detected_by_keep_alive() {
     assert!(err.to_string().contains(&via.to_string()), "{err}");
     assert!(link.sink.send(&Frame::Ping(3)).await.is_err(), "sending to a dead link fails");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emulated_hop_delay_holds_every_frame_back() {
+    let s = secret("correct horse battery staple");
+    let echo = echo_server(s.clone(), None).await;
+    let delay = Duration::from_millis(20);
+    let slow = transport::LinkConfig { send_delay: delay, ..config() };
+    let Link { mut sink, mut stream } = Link::connect(&format!("http://{}", echo.addr), &s, &slow).await.unwrap();
+    for step in 0..5 {
+        let frame = activations(step, 1, SMALL_EMBD, Dtype::F32);
+        let sent = Instant::now();
+        sink.send(&frame).await.unwrap();
+        assert_eq!(stream.recv().await.unwrap().unwrap(), frame);
+        // The echo side sends without delay: one delayed hop per round trip.
+        assert!(sent.elapsed() >= delay, "round trip {:?} under the {delay:?} hop", sent.elapsed());
+    }
+}

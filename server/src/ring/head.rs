@@ -101,6 +101,8 @@ pub struct RingConfig {
     pub startup_wait: Duration,
     /// Re-plan by itself after the queue has been idle this long (`--replan-idle`).
     pub replan_idle: Option<Duration>,
+    /// Added to every frame the head sends (`--emulate-hop-ms`, benchmarks only).
+    pub hop_delay: Duration,
 }
 
 /// The head's part of a plan: its stage's windows and how a step walks them. The head's
@@ -209,7 +211,7 @@ impl RingPipeline {
             }
         };
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
-        let link_config = LinkConfig::default();
+        let link_config = LinkConfig { send_delay: cfg.hop_delay, ..LinkConfig::default() };
         let server = rt.block_on(LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None))?;
         cfg.workers = members[1..].iter().map(|&m| planner.workers[m - 1].clone()).collect();
         cfg.plan = Some(plan);

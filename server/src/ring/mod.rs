@@ -63,3 +63,8 @@ pub fn cluster_secret(secret: Option<&str>, addr: &str, insecure: bool) -> Resul
         }
     }
 }
+
+/// `--emulate-hop-ms` as a delay (negative or non-finite: none).
+pub fn hop_delay(ms: f64) -> std::time::Duration {
+    std::time::Duration::try_from_secs_f64(ms / 1e3).unwrap_or_default()
+}

@@ -125,7 +125,7 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let state = Arc::new(Worker { file, fingerprint, prefetch, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
     let addr: SocketAddr = args.listen.parse().map_err(|e| format!("invalid --listen {}: {e}", args.listen))?;
     let rt = crate::serve::ring_runtime()?;
-    let config = LinkConfig::default();
+    let config = LinkConfig { send_delay: super::hop_delay(args.emulate_hop_ms), ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
     let links = ring_thread(RingContext { rt: rt.handle().clone(), worker: state.clone(), secret: secret.clone(), config: config.clone() })?;
     rt.block_on(async move {
