@@ -377,3 +377,29 @@ fn an_idle_head_looks_at_the_cluster_again_and_keeps_a_plan_that_still_holds() {
     assert!(cluster["gathered_at"].as_u64().unwrap() >= last["at"].as_u64().unwrap(), "{cluster}");
     assert!(!chat(&head.addr, false).is_empty());
 }
+
+#[test]
+fn a_worker_the_plan_leaves_out_may_vanish_without_stopping_re_planning() {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let mut w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    // Halda (the default) on one machine: extra hops buy nothing, the head runs alone.
+    let head = Served::start(&["--threads", "1", "--workers", &workers, "--admin-key", "admin-key"]);
+    let plan = admin(&head.addr, "GET /admin/plan", "");
+    assert_eq!(plan["source"], "halda", "{plan}");
+    let dropped: Vec<&str> = plan["dropped"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
+    assert!(dropped.contains(&w2.addr.as_str()), "{plan}");
+    let expected = chat(&head.addr, false);
+
+    w2.child.kill().unwrap();
+    let _ = w2.child.wait();
+    let again = admin(&head.addr, "POST /admin/replan", "");
+    assert!(again["last_check"]["drift"].as_array().unwrap().iter().any(|d| d.as_str().unwrap().contains("gone")), "{again}");
+    let cluster = admin(&head.addr, "GET /admin/cluster", "");
+    assert_eq!(cluster["devices"].as_array().unwrap().len(), 2, "{cluster}");
+    // The ring can still be re-formed with the worker that is left.
+    let even = admin(&head.addr, "POST /admin/replan", r#"{"strategy":"even"}"#);
+    assert_eq!(windows(&even), vec![15, 15], "{even}");
+    assert_eq!(even["members"][1]["name"], w1.addr.as_str());
+    assert_eq!(chat(&head.addr, false), expected);
+}

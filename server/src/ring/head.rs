@@ -22,7 +22,7 @@ use transport::{Activations, ClusterSecret, ControlClient, Dtype, Frame, FrameSi
 
 use super::board::{self, CheckView, PlanBoard};
 use super::paging::WindowPager;
-use super::planning::{Planner, HEAD_NAME};
+use super::planning::{addresses, Planner, HEAD_NAME};
 use super::WorkerPlan;
 
 pub struct RingPipeline {
@@ -193,7 +193,7 @@ impl RingPipeline {
     /// plan from `cfg.plan` or the planner's strategy, and forms the ring.
     pub fn connect(file: Arc<ModelFile>, mut cfg: RingConfig, planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline, Box<dyn std::error::Error>> {
         let rt = crate::serve::ring_runtime()?;
-        let devices = planner.gather(&rt, cfg.startup_wait).map_err(|e| e.to_string())?;
+        let devices = planner.gather(&rt, cfg.startup_wait, None).map_err(|e| e.to_string())?;
         board.gathered(devices.clone());
         let candidates = planner.workers.len();
         let (plan, members, prediction, source) = match cfg.plan.take() {
@@ -213,7 +213,7 @@ impl RingPipeline {
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
         let link_config = LinkConfig { send_delay: cfg.hop_delay, ..LinkConfig::default() };
         let server = rt.block_on(LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None))?;
-        cfg.workers = members[1..].iter().map(|&m| planner.workers[m - 1].clone()).collect();
+        cfg.workers = super::planning::addresses(&devices, &members);
         cfg.plan = Some(plan);
         let strategy = (source != "windows").then_some(planner.strategy);
         let mut ring = RingPipeline {
@@ -292,7 +292,7 @@ impl RingPipeline {
         self.output_window = layout.output_window;
         self.pager = layout.pager;
         self.workers_compute = layout.workers_compute;
-        self.cfg.workers = members[1..].iter().map(|&m| self.replan.planner.workers[m - 1].clone()).collect();
+        self.cfg.workers = super::planning::addresses(&self.replan.devices, &members);
         self.cfg.plan = Some(plan);
         self.replan.members = members;
         self.publish(source, Some(prediction), true);
@@ -324,9 +324,11 @@ impl RingPipeline {
     fn check_plan(&mut self, forced: bool, strategy: Option<Strategy>) -> Result<bool, String> {
         let r = &mut self.replan;
         r.last_check = Instant::now();
-        let devices = r.planner.gather(&self.rt, Duration::ZERO).map_err(|e| e.to_string())?;
+        let devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.cfg.workers)).map_err(|e| e.to_string())?;
         self.board.gathered(devices.clone());
         let drift = scheduler::drift(&r.devices, &devices, &r.policy);
+        // The running members in the fresh list (workers outside the ring may have come or gone).
+        let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or("a member of the ring did not answer")?;
         let mut check = CheckView { at: crate::http::now_secs(), forced, drift: drift.clone(), applied: false, reason: String::new(), current_tpot_ms: None, candidate_tpot_ms: None };
         if !forced && drift.is_empty() {
             check.reason = "no profile drifted".into();
@@ -336,8 +338,9 @@ impl RingPipeline {
         let strategy_now = strategy.or(r.strategy).unwrap_or(r.planner.strategy);
         let candidate = r.planner.schedule(&devices, strategy_now)?;
         let plan = self.cfg.plan.as_ref().expect("a running ring has a plan");
-        let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &r.members, plan }, &candidate, &r.policy, r.planner.options.disk_threshold);
-        let switch = strategy.is_some_and(|s| Some(s) != r.strategy) && (candidate.plan != *plan || candidate.members != r.members);
+        let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &running, plan }, &candidate, &r.policy, r.planner.options.disk_threshold);
+        let same = candidate.plan == *plan && addresses(&devices, &candidate.members) == self.cfg.workers;
+        let switch = strategy.is_some_and(|s| Some(s) != r.strategy) && !same;
         let apply = decision.apply || switch;
         check.applied = apply;
         check.current_tpot_ms = Some(decision.current_tpot_s * 1e3);
@@ -346,6 +349,7 @@ impl RingPipeline {
         tracing::info!(drift = ?drift, applied = apply, "re-planning: {}", check.reason);
         // Later drift is measured from what this decision saw.
         r.devices = devices;
+        r.members = running;
         self.board.checked(check);
         if !apply {
             return Ok(false);

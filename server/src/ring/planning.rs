@@ -41,11 +41,14 @@ impl Planner {
         Planner { workers, strategy, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
     }
 
-    /// Fresh profiles of the head and every candidate worker, in that order. The measured
-    /// parts come from each device's cache (a device is measured once, ~3 s); available
-    /// memory and the hop latency are read live. Waits up to `wait` for workers that cannot
-    /// be reached yet; a refusal fails at once.
-    pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration) -> Result<Vec<DeviceProfile>, FormError> {
+    /// Fresh profiles of the head and every candidate worker, in that order; a device's
+    /// `name` is its address (`head` for the head). The measured parts come from each
+    /// device's cache (a device is measured once, ~3 s); available memory and the hop
+    /// latency are read live. Waits up to `wait` for workers that cannot be reached yet; a
+    /// refusal fails at once. A candidate outside `needed` that cannot be reached or
+    /// refuses is left out of the answer when `needed` is given (a worker the running plan
+    /// does not use may come and go without stopping re-planning).
+    pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration, needed: Option<&[String]>) -> Result<Vec<DeviceProfile>, FormError> {
         let mut head = crate::profile_command::serving_profile(self.threads, &self.path, &self.file).map_err(|e| FormError::Refused(format!("profiling the head: {e}")))?;
         crate::profile_command::refresh_memory(&mut head);
         head.name = HEAD_NAME.into();
@@ -56,18 +59,23 @@ impl Planner {
         for w in &self.workers {
             let device = loop {
                 match rt.block_on(worker_profile(w, &self.secret, &config)) {
-                    Ok(d) => break d,
+                    Ok(d) => break Some(d),
                     Err(FormError::Unreachable(e)) if Instant::now() < deadline => {
                         tracing::warn!("waiting for a worker to plan the ring: {e}");
                         std::thread::sleep(RETRY);
                     }
+                    Err(e) if needed.is_some_and(|n| !n.contains(w)) => {
+                        tracing::info!("leaving {w} out of this plan: {e}");
+                        break None;
+                    }
                     Err(e) => return Err(e),
                 }
             };
-            devices.push(device);
+            devices.extend(device);
         }
         // The head's own hop is the last one of the ring, back from a worker: as fast as the others.
-        devices[0].comm_s = devices[1..].iter().map(|d| d.comm_s).sum::<f64>() / self.workers.len().max(1) as f64;
+        let workers = devices.len() - 1;
+        devices[0].comm_s = devices[1..].iter().map(|d| d.comm_s).sum::<f64>() / workers.max(1) as f64;
         Ok(devices)
     }
 
@@ -80,10 +88,12 @@ impl Planner {
         Ok(s)
     }
 
-    /// The workers a schedule keeps, in ring order.
-    pub fn kept(&self, s: &Schedule) -> Vec<String> {
-        s.members[1..].iter().map(|&m| self.workers[m - 1].clone()).collect()
-    }
+}
+
+/// The workers (addresses) that `members`, indices into `devices` from `gather`, keep in
+/// ring order after the head.
+pub fn addresses(devices: &[DeviceProfile], members: &[usize]) -> Vec<String> {
+    members[1..].iter().map(|&m| devices[m].name.clone()).collect()
 }
 
 async fn worker_profile(w: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<DeviceProfile, FormError> {
