@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Speculative decoding through the ring (docs/benchmarks.md): head + 2 workers on loopback,
 # each ring frame delayed like a home Wi-Fi hop (--emulate-hop-ms, default 5 ms), greedy
-# TPOT with and without n-gram drafts on a repetitive text (greedy) and on a sampled answer
-# (temperature 1, fixed seed: the same text either way) whose drafts mostly fail,
+# TPOT with and without speculation (n-gram drafts; the default model as its own draft model)
+# on a repetitive text and a fresh answer (greedy), and on a sampled answer (temperature 1,
+# fixed seed: the same text either way) whose drafts mostly fail,
 # with the tokens per ring traversal and the draft acceptance from the head's metrics.
 #
 #   scripts/spec-bench.sh [HOP_MS] [MAX_TOKENS]
@@ -48,5 +49,10 @@ echo "| setup (hop $HOP ms, k = 1, $TOKENS tokens) | best TPOT ms | median TPOT 
 echo "|---|---:|---:|---:|---:|"
 run "repetitive text, greedy, no speculation" "$REPETITIVE" 0
 run "repetitive text, greedy, --spec-mode ngram" "$REPETITIVE" 0 --spec-mode ngram
+run "repetitive text, greedy, the model as its own --draft-model" "$REPETITIVE" 0 --draft-model "$MODEL"
+run "fresh answer, greedy, no speculation" "$FRESH" 0
+run "fresh answer, greedy, --spec-mode ngram" "$FRESH" 0 --spec-mode ngram
+run "fresh answer, greedy, the model as its own --draft-model" "$FRESH" 0 --draft-model "$MODEL"
 run "sampled answer, no speculation" "$FRESH" 1.0
 run "sampled answer, --spec-mode ngram" "$FRESH" 1.0 --spec-mode ngram
+run "sampled answer, the model as its own --draft-model" "$FRESH" 1.0 --draft-model "$MODEL"

@@ -221,10 +221,16 @@ pub struct ServeArgs {
     /// Bearer token for /admin/* (plan, replan, cluster); without it they are off.
     #[arg(long, env = "HEARTH_ADMIN_KEY")]
     pub admin_key: Option<String>,
-    /// Speculative decoding: `none`, or `ngram` (prompt lookup: drafts copied from earlier
-    /// tokens of the same sequence, verified in one pass; exact, greedy or sampled).
-    #[arg(long, env = "HEARTH_SPEC_MODE", default_value = "none", value_parser = ["none", "ngram"])]
-    pub spec_mode: String,
+    /// Speculative decoding: `none`; `ngram` (prompt lookup: drafts copied from earlier
+    /// tokens of the same sequence); `draft` (a small model's drafts, see --draft-model).
+    /// Drafts are verified in one pass; the answer is the same as without. Default: `draft`
+    /// when --draft-model is given, else `none`.
+    #[arg(long, env = "HEARTH_SPEC_MODE", value_parser = ["none", "ngram", "draft"])]
+    pub spec_mode: Option<String>,
+    /// A small GGUF with the served model's vocabulary that runs whole on the head and
+    /// proposes draft tokens.
+    #[arg(long, env = "HEARTH_DRAFT_MODEL")]
+    pub draft_model: Option<PathBuf>,
     /// Most draft tokens per sequence and step; each sequence adapts below it to how often
     /// its drafts are accepted.
     #[arg(long, env = "HEARTH_SPEC_TOKENS", default_value_t = 8)]

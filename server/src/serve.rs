@@ -10,7 +10,7 @@ use engine::tokenizer::Tokenizer;
 use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 
 use crate::cli::ServeArgs;
-use crate::generation::{Batcher, BatcherConfig};
+use crate::generation::{Batcher, BatcherConfig, DraftModel, Proposer};
 use crate::http::{self, AppState};
 use crate::ring::board::PlanBoard;
 
@@ -45,6 +45,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
         ..StageConfig::whole(&spec)
     };
+    let (n_ctx_seq, threads) = (cfg.n_ctx_seq, cfg.threads);
     // A ring's secret (or loopback-only without one); no ring, no secret needed.
     let mut secret = None;
     if !args.workers.is_empty() {
@@ -85,7 +86,17 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
-    let batcher = Arc::new(Batcher::start(pipeline, tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch, spec_tokens: if args.spec_mode == "ngram" { args.spec_tokens } else { 0 } }));
+    let proposer = match (args.spec_mode.as_deref(), &args.draft_model) {
+        (Some("ngram"), _) => Some(Proposer::Ngram),
+        (Some("draft") | None, Some(draft)) => {
+            let model = DraftModel::load(draft, &tokenizer, parallel, n_ctx_seq, max_batch, threads)?;
+            tracing::info!(draft = %draft.display(), "speculative decoding with a draft model");
+            Some(Proposer::Model(Box::new(model)))
+        }
+        (Some("draft"), None) => return Err("--spec-mode draft needs --draft-model PATH".into()),
+        _ => None,
+    };
+    let batcher = Arc::new(Batcher::start(pipeline, tokenizer.clone(), BatcherConfig { parallel, queue: args.queue_size, max_batch, spec_tokens: args.spec_tokens }, proposer));
     let limits = openapi::Limits { max_n: parallel as u32, ..Default::default() };
     let state = Arc::new(AppState {
         batcher,

@@ -79,3 +79,66 @@ fn ngram_drafts_across_the_ring_give_the_single_node_answer() {
     let tokens = counter(&metrics, "hearth_generated_tokens_total");
     assert!(trips > 0.0 && tokens / (trips / 3.0) > 1.2, "{tokens} tokens in {trips} ring round trips (3 rounds a step):\n{metrics}");
 }
+
+#[test]
+fn the_model_as_its_own_draft_is_always_right_and_changes_nothing() {
+    let plain = Served::start(&["--threads", "2"]);
+    let greedy = complete(&plain.addr, GREEDY);
+    let sampled = complete(&plain.addr, SAMPLED);
+    drop(plain);
+    let model = common::default_model();
+    let spec = Served::start(&["--threads", "2", "--draft-model", model.to_str().unwrap(), "--spec-tokens", "6"]);
+    assert_eq!(complete(&spec.addr, GREEDY), greedy);
+    let metrics = http(&spec.addr, "GET /metrics", "");
+    let (proposed, accepted) = (counter(&metrics, "hearth_spec_draft_tokens_total"), counter(&metrics, "hearth_spec_accepted_tokens_total"));
+    let (steps, tokens) = (counter(&metrics, "hearth_decode_sequence_steps_total"), counter(&metrics, "hearth_generated_tokens_total"));
+    eprintln!("self-draft on one node: {tokens} tokens in {steps} steps; {accepted} of {proposed} drafts accepted");
+    // Greedy drafts of the same weights are the target's own greedy choices. On one node a
+    // draft token costs as much as a step, so drafting does not pay: the sequence only
+    // probes now and then.
+    assert!(proposed > 0.0 && accepted == proposed, "{metrics}");
+    assert!(proposed < tokens / 4.0, "drafts that cost a whole step each: {proposed} proposed");
+    assert_eq!(complete(&spec.addr, SAMPLED), sampled);
+}
+
+#[test]
+fn a_draft_model_with_another_vocabulary_is_refused() {
+    // The default model with one token's text changed ("Ġthe" -> "Ġthf"): same shapes,
+    // other vocabulary.
+    let dir = std::env::temp_dir().join(format!("hearth-spec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let other = dir.join("other-vocab.gguf");
+    let mut bytes = std::fs::read(common::default_model()).unwrap();
+    let needle: Vec<u8> = [&5u64.to_le_bytes()[..], "\u{120}the".as_bytes()].concat();
+    let at = bytes.windows(needle.len()).position(|w| w == needle).expect("the vocabulary has \"Ġthe\"");
+    *bytes.get_mut(at + needle.len() - 1).unwrap() = b'f';
+    std::fs::write(&other, bytes).unwrap();
+    let err = match Served::try_start(&["--threads", "1", "--draft-model", other.to_str().unwrap()]) {
+        Ok(_) => panic!("a draft model with another vocabulary was accepted"),
+        Err(log) => log,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(err.contains("another vocabulary") && err.contains("other-vocab.gguf"), "{err}");
+}
+
+#[test]
+fn a_draft_model_across_the_ring_gives_the_single_node_answer() {
+    let single = Served::start(&["--threads", "1"]);
+    let expected = complete(&single.addr, GREEDY);
+    drop(single);
+    let model = common::default_model();
+    // Links of 20 ms a hop: a step is mostly waiting, a draft token cheap beside it.
+    let hop = ["--emulate-hop-ms", "20"];
+    let w1 = Served::worker(&["--threads", "1", hop[0], hop[1]]);
+    let w2 = Served::worker(&["--threads", "1", hop[0], hop[1]]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start(&["--threads", "1", "--workers", &workers, "--windows", "10,10,10", "--draft-model", model.to_str().unwrap(), hop[0], hop[1]]);
+    assert_eq!(complete(&head.addr, GREEDY), expected);
+    let metrics = http(&head.addr, "GET /metrics", "");
+    let (proposed, accepted) = (counter(&metrics, "hearth_spec_draft_tokens_total"), counter(&metrics, "hearth_spec_accepted_tokens_total"));
+    let (steps, tokens) = (counter(&metrics, "hearth_decode_sequence_steps_total"), counter(&metrics, "hearth_generated_tokens_total"));
+    eprintln!("self-draft on a slow ring: {tokens} tokens in {steps} steps; {accepted} of {proposed} drafts accepted");
+    assert!(proposed > 0.0 && accepted == proposed, "{metrics}");
+    assert!(steps < tokens / 3.0, "{steps} steps for {tokens} tokens");
+    assert_eq!(complete(&head.addr, GREEDY), expected);
+}

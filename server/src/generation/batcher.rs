@@ -15,7 +15,7 @@ use engine::tokenizer::{TextStream, Tokenizer};
 use engine::{BatchToken, Pipeline};
 
 use super::logprobs::logprobs;
-use super::speculation::Drafter;
+use super::speculation::{DraftRequest, Drafter, Proposer};
 use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 use super::stop::StopMatcher;
 use crate::metrics as m;
@@ -28,8 +28,7 @@ pub struct BatcherConfig {
     pub queue: usize,
     /// Tokens per step (decode tokens + prompt chunks).
     pub max_batch: usize,
-    /// Most draft tokens proposed per sequence and step (`--spec-tokens` with
-    /// `--spec-mode ngram`); 0 turns speculation off.
+    /// Most draft tokens proposed per sequence and step (`--spec-tokens`).
     pub spec_tokens: usize,
 }
 
@@ -55,6 +54,8 @@ pub struct Batcher {
 /// Why the pipeline cannot serve (a ring member is lost), shared with the HTTP side.
 type Degraded = Arc<Mutex<Option<String>>>;
 
+/// Weight of the latest step in the running mean of decode-step time.
+const STEP_TIME_WEIGHT: f64 = 0.2;
 /// How long the idle loop sleeps before looking at the shutdown flag again.
 const IDLE_POLL: Duration = Duration::from_millis(100);
 /// How often a broken ring is tried again: often enough that serving resumes about a
@@ -63,7 +64,8 @@ const IDLE_POLL: Duration = Duration::from_millis(100);
 const RECOVER_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Batcher {
-    pub fn start(pipeline: Box<dyn Pipeline>, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig) -> Batcher {
+    /// `proposer`: where speculative drafts come from; `None` turns speculation off.
+    pub fn start(pipeline: Box<dyn Pipeline>, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig, proposer: Option<Proposer>) -> Batcher {
         let (tx, rx) = sync_channel(cfg.queue.max(1));
         let queued = Arc::new(AtomicUsize::new(0));
         let shutting_down = Arc::new(AtomicBool::new(false));
@@ -79,7 +81,9 @@ impl Batcher {
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
             max_batch: cfg.max_batch,
-            spec_tokens: cfg.spec_tokens,
+            spec_tokens: if proposer.is_some() { cfg.spec_tokens } else { 0 },
+            proposer,
+            decode_step_s: 0.0,
             n_ctx,
             last_recovery: Instant::now(),
             idle_since: Instant::now(),
@@ -172,6 +176,10 @@ struct Loop {
     degraded: Degraded,
     max_batch: usize,
     spec_tokens: usize,
+    proposer: Option<Proposer>,
+    /// Seconds per step with decode tokens (a running mean): what a draft token's time is
+    /// weighed against.
+    decode_step_s: f64,
     n_ctx: usize,
     last_recovery: Instant,
     /// When the last step ended.
@@ -330,23 +338,11 @@ impl Loop {
         // Decode tokens first: every generating sequence advances every step, each followed
         // by its draft tokens, if it speculates, within what the batch has room for.
         let n_generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.next.is_some())).count();
-        let mut draft_room = self.max_batch.saturating_sub(n_generating);
-        let n_ctx = self.n_ctx;
+        self.propose_drafts(n_generating);
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(a) = s.active.as_mut() else { continue };
             let Some(t) = a.next else { continue };
             let base = s.cached.len();
-            a.draft.clear();
-            if let Some(d) = &a.drafter {
-                // Room in the context (the sampled token after the drafts needs a cell too)
-                // and in the answer (the token after the last accepted draft is sampled).
-                let limit = draft_room.min(n_ctx.saturating_sub(base + 2)).min(a.req.max_tokens.saturating_sub(a.generated + 1));
-                let mut history = Vec::with_capacity(base + 1);
-                history.extend_from_slice(&s.cached);
-                history.push(t);
-                a.draft = d.draft(&history, limit);
-                draft_room -= a.draft.len();
-            }
             batch.push(BatchToken { seq: s.seq, pos: base as u32, logits: true });
             ids.push(t);
             rows.push(Row { slot: i, wants_logits: true, drafts: a.draft.len(), is_draft: false });
@@ -378,7 +374,12 @@ impl Loop {
         }
         let t0 = Instant::now();
         let result = self.pipeline.forward(&batch, &ids);
-        m::step(t0.elapsed(), batch.len(), n_decode);
+        let took = t0.elapsed();
+        m::step(took, batch.len(), n_decode);
+        if n_decode > 0 {
+            let s = took.as_secs_f64();
+            self.decode_step_s = if self.decode_step_s == 0.0 { s } else { self.decode_step_s + STEP_TIME_WEIGHT * (s - self.decode_step_s) };
+        }
         let logits = match result {
             Ok(l) => l,
             Err(e) => {
@@ -429,6 +430,39 @@ impl Loop {
             k += 1 + drafts;
         }
         self.report_usage();
+    }
+
+    /// Fills each speculating sequence's `draft` for this step, within the batch room left
+    /// after every generating sequence's decode token, the context (the token sampled after
+    /// the drafts needs a cell too) and the answer's `max_tokens`.
+    fn propose_drafts(&mut self, n_generating: usize) {
+        let Some(proposer) = self.proposer.as_mut() else { return };
+        let cost = proposer.cost(self.decode_step_s);
+        let mut room = self.max_batch.saturating_sub(n_generating);
+        let mut requests = Vec::new();
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(a) = s.active.as_mut() else { continue };
+            a.draft.clear();
+            let (Some(t), Some(d)) = (a.next, a.drafter.as_mut()) else { continue };
+            let limit = room.min(self.n_ctx.saturating_sub(s.cached.len() + 2)).min(a.req.max_tokens.saturating_sub(a.generated + 1));
+            let k = d.want(limit, cost);
+            if k == 0 {
+                continue;
+            }
+            room -= k;
+            let mut history = Vec::with_capacity(s.cached.len() + 1);
+            history.extend_from_slice(&s.cached);
+            history.push(t);
+            requests.push(DraftRequest { slot: i, history, k });
+        }
+        if requests.is_empty() {
+            return;
+        }
+        for (r, draft) in requests.iter().zip(proposer.propose(&requests)) {
+            if let Some(a) = self.slots[r.slot].active.as_mut() {
+                a.draft = draft;
+            }
+        }
     }
 
     /// Samples a speculating sequence at its decode token and each of its `n` draft

@@ -11,3 +11,4 @@ mod stop;
 
 pub use batcher::{Batcher, BatcherConfig, SubmitError};
 pub use request::{Event, Finish, GenerationRequest, TokenInfo};
+pub use speculation::{DraftModel, Proposer};
