@@ -17,6 +17,11 @@ HOP="${1:-5}"
 TOKENS="${2:-96}"
 source scripts/roles.sh
 
+# A draft model whose drafts always fail, at a small model's cost: random weights, the
+# default model's vocabulary (what the overhead of a failing draft model is).
+FAILING="models/random-draft-2x256.gguf"
+[ -f "$FAILING" ] || "$HEARTH" make-model --layers 2 --embd 256 --ff 512 --heads 4 --kv-heads 2 --type q8_0 --out "$FAILING" >&2
+
 REPETITIVE='The cat sat on the mat.\nThe cat sat on the mat.\nThe cat sat on the mat.\nThe cat sat on the mat.\nThe cat sat on the mat.\nThe cat'
 FRESH='Explain in detail how a bicycle works, part by part.'
 
@@ -56,3 +61,5 @@ run "fresh answer, greedy, the model as its own --draft-model" "$FRESH" 0 --draf
 run "sampled answer, no speculation" "$FRESH" 1.0
 run "sampled answer, --spec-mode ngram" "$FRESH" 1.0 --spec-mode ngram
 run "sampled answer, the model as its own --draft-model" "$FRESH" 1.0 --draft-model "$MODEL"
+run "fresh answer, greedy, a small draft model that is always wrong" "$FRESH" 0 --draft-model "$FAILING"
+run "sampled answer, a small draft model that is always wrong" "$FRESH" 1.0 --draft-model "$FAILING"

@@ -93,11 +93,10 @@ fn the_model_as_its_own_draft_is_always_right_and_changes_nothing() {
     let (proposed, accepted) = (counter(&metrics, "hearth_spec_draft_tokens_total"), counter(&metrics, "hearth_spec_accepted_tokens_total"));
     let (steps, tokens) = (counter(&metrics, "hearth_decode_sequence_steps_total"), counter(&metrics, "hearth_generated_tokens_total"));
     eprintln!("self-draft on one node: {tokens} tokens in {steps} steps; {accepted} of {proposed} drafts accepted");
-    // Greedy drafts of the same weights are the target's own greedy choices. On one node a
-    // draft token costs as much as a step, so drafting does not pay: the sequence only
-    // probes now and then.
+    // Greedy drafts of the same weights are the target's own greedy choices. (How many it
+    // drafts depends on this machine: a draft token costs about a decode step, a batch of
+    // them verified together less than that many steps.)
     assert!(proposed > 0.0 && accepted == proposed, "{metrics}");
-    assert!(proposed < tokens / 4.0, "drafts that cost a whole step each: {proposed} proposed");
     assert_eq!(complete(&spec.addr, SAMPLED), sampled);
 }
 

@@ -24,9 +24,13 @@ const NGRAM_MIN: usize = 2;
 const INITIAL_TOKENS: usize = 4;
 
 /// A sequence's acceptance estimate before it has drafted: optimistic enough to try.
-const INITIAL_ACCEPTANCE: f64 = 0.6;
-/// Weight of the latest step in the acceptance estimate.
-const ACCEPTANCE_WEIGHT: f64 = 0.3;
+const INITIAL_ACCEPTANCE: f64 = 0.5;
+/// Weight of the latest step in the acceptance estimate: a few failures are enough to
+/// stop paying for drafts.
+const ACCEPTANCE_WEIGHT: f64 = 0.5;
+/// What verifying one more draft token adds to a step, as a share of the step: a batch
+/// row is cheap next to a ring traversal, not free.
+const VERIFY_COST: f64 = 0.05;
 /// A sequence that stopped drafting (drafts cost more than they save) tries one draft
 /// token again after this many steps, so a text that turns repetitive is noticed; each
 /// probe that fails doubles the wait, up to `PROBE_MAX_GAP` (a probe is not free: the
@@ -62,7 +66,7 @@ impl Drafter {
     /// Free drafts follow the last outcome (double after a whole accepted draft, else what
     /// was accepted plus one): a rejected token only takes a batch row. Costly drafts take
     /// the length that maximises the expected tokens per unit of time,
-    /// (1 + a + … + a^k) / (1 + k·cost) for acceptance a, which is 0 when drafting does
+    /// (1 + a + … + a^k) / (1 + k·(cost + VERIFY_COST)) for acceptance a, which is 0 when drafting does
     /// not pay; then the sequence drafts one token every `PROBE_EVERY` steps to notice when
     /// it would.
     pub fn want(&mut self, limit: usize, cost: f64) -> usize {
@@ -74,7 +78,7 @@ impl Drafter {
             let mut expected = 1.0;
             for k in 1..=self.max {
                 expected += a.powi(k as i32);
-                let rate = expected / (1.0 + k as f64 * cost);
+                let rate = expected / (1.0 + k as f64 * (cost + VERIFY_COST));
                 if rate > best.1 {
                     best = (k, rate);
                 }
