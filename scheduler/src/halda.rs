@@ -126,6 +126,12 @@ pub struct Schedule {
     pub ilp_solves: usize,
 }
 
+/// A member whose hops cost at least this share of the predicted TPOT is tried without
+/// (device selection, hearth's addition to the paper's ≤ 1-layer rule).
+const SLOW_LINK_SHARE: f64 = 0.25;
+/// At most this many such tries per schedule: each is one more round of the set iteration.
+const MAX_SLOW_LINK_DROPS: usize = 2;
+
 /// Plan `model` over `devices` (the first is the head) with the chosen strategy.
 pub fn schedule(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Result<Schedule, ScheduleError> {
     validate(devices, model)?;
@@ -485,6 +491,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
         .filter(|&i| i == 0 || cost::fast_disk(&devices[i], opts.disk_threshold) || cost::ram_cap(&devices[i], model, false, 1) >= 0)
         .collect();
     let mut relay_head = false;
+    let mut slow_link_drops = 0;
     let mut warm: Option<(Vec<usize>, Vec<usize>, usize)> = None;
     let mut solves = 0;
     let mut best: Option<(f64, Vec<usize>, Solved)> = None;
@@ -550,7 +557,25 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
         let Some(limit) = opts.drop_at_most_layers else { break };
         let small: Vec<usize> = (0..members.len()).filter(|&m| r.k * r.w[m] <= limit && !(m == 0 && relay_head)).collect();
         if small.is_empty() {
-            break;
+            // hearth's addition: a member whose link alone costs a large share of the
+            // token (a phone at the edge of the Wi-Fi) is never small enough for the rule
+            // above; solve once more without it. The best round wins, so this never makes
+            // the plan worse.
+            let slow = (1..members.len())
+                .filter(|&m| r.w[m] > 0)
+                .map(|m| (m, r.k as f64 * profs[m].comm_s))
+                .filter(|&(_, t)| t >= SLOW_LINK_SHARE * r.cost)
+                .max_by(|a, b| a.1.total_cmp(&b.1));
+            let Some((m, _)) = slow.filter(|_| slow_link_drops < MAX_SLOW_LINK_DROPS) else { break };
+            slow_link_drops += 1;
+            let kept: Vec<usize> = (0..members.len()).filter(|&x| x != m).collect();
+            warm = Some((kept.iter().map(|&x| r.w[x]).collect(), kept.iter().map(|&x| r.n[x]).collect(), r.k));
+            // The dropped member's layers go to the head in the warm start.
+            if let Some((w, _, _)) = warm.as_mut() {
+                w[0] += r.w[m];
+            }
+            members = kept.iter().map(|&x| members[x]).collect();
+            continue;
         }
         if small.contains(&0) {
             relay_head = true;

@@ -79,3 +79,20 @@ fn a_small_gain_is_not_worth_reforming_the_ring() {
     let eager = ReplanPolicy { min_gain: 0.01, ..ReplanPolicy::default() };
     assert!(decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &candidate, &eager, DEFAULT_DISK_THRESHOLD).apply);
 }
+
+#[test]
+fn a_member_behind_a_very_slow_link_is_left_out() {
+    let mut devices = testbed_d1_d4();
+    let m = model("qwen25-32b");
+    let d2 = devices.iter().position(|d| d.name.starts_with("D2")).unwrap();
+    let running = schedule(&devices, &m, &Options::default()).unwrap();
+    assert!(running.members.contains(&d2), "{running:?}");
+    // D2's hop now takes a second: its link alone costs more than running without it.
+    devices[d2].comm_s = 1.0;
+    let s = schedule(&devices, &m, &Options::default()).unwrap();
+    assert!(!s.members.contains(&d2), "{s:?}");
+    assert!(s.prediction.tpot_s < 0.6, "{}", s.prediction.tpot_s);
+    // And it is worth re-planning for.
+    let d = decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &s, &ReplanPolicy::default(), DEFAULT_DISK_THRESHOLD);
+    assert!(d.apply, "{d:?}");
+}
