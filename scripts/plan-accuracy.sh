@@ -10,8 +10,6 @@
 # Needs a release build (cargo build --release --workspace) and the default model.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-HEARTH="${CARGO_TARGET_DIR:-target}/release/hearth"
-MODEL="$(scripts/fetch-model.sh)"
 TOKENS="${1:-96}"
 KEY=plan-accuracy
 source scripts/roles.sh

@@ -11,8 +11,6 @@
 # Needs a release build (cargo build --release --workspace) and the default model.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-HEARTH="${CARGO_TARGET_DIR:-target}/release/hearth"
-MODEL="$(scripts/fetch-model.sh)"
 HOP="${1:-5}"
 TOKENS="${2:-96}"
 source scripts/roles.sh

@@ -10,13 +10,16 @@ use crate::Result;
 pub struct ModelFile {
     pub gguf: GgufFile,
     pub spec: ModelSpec,
+    /// Computed on first use: the ring handshake, every re-planning gathering and the
+    /// profile cache key all ask for it, and it reads pages of every tensor.
+    fingerprint: std::sync::OnceLock<String>,
 }
 
 impl ModelFile {
     pub fn open(path: impl AsRef<Path>) -> Result<ModelFile> {
         let gguf = GgufFile::open(path.as_ref())?;
         let spec = ModelSpec::from_gguf(&gguf)?;
-        Ok(ModelFile { gguf, spec })
+        Ok(ModelFile { gguf, spec, fingerprint: std::sync::OnceLock::new() })
     }
 }
 
@@ -30,6 +33,10 @@ impl ModelFile {
     /// every device runs the same model: the file length, the whole header and the first
     /// and last bytes of each tensor.
     pub fn fingerprint(&self) -> String {
+        self.fingerprint.get_or_init(|| self.compute_fingerprint()).clone()
+    }
+
+    fn compute_fingerprint(&self) -> String {
         use sha2::{Digest, Sha256};
         let bytes = self.gguf.bytes();
         let mut h = Sha256::new();

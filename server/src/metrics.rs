@@ -78,6 +78,7 @@ pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<
         None => gauge!("hearth_plan_predicted_tpot_seconds").set(f64::NAN),
     }
     gauge!("hearth_plan_rounds").set(rounds as f64);
+    // Registers the counter, so it shows (at 0) before the first re-plan.
     counter!("hearth_replans_total").increment(0);
     for (device, layers, gpu) in members {
         gauge!("hearth_device_layers", "device" => device.to_string()).set(layers as f64);

@@ -47,18 +47,7 @@ pub fn run(args: ProfileArgs) -> Result<(), Box<dyn std::error::Error>> {
 /// folder and a typical KV size): from the cache unless `fresh` or stale, else measured
 /// (and how long that took). Also the folder whose disk was measured.
 pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, fresh: bool) -> Result<(DeviceProfile, Option<Duration>, PathBuf), Box<dyn std::error::Error>> {
-    let (disk_dir, kv_bytes) = match model {
-        Some((path, file)) => {
-            let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-            (dir, 2 * file.spec.n_embd_kv() * 2)
-        }
-        None => {
-            let dir = engine::default_model::models_dir();
-            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-            (dir, TYPICAL_KV_BYTES)
-        }
-    };
-    let key = cache_key(threads, &disk_dir, kv_bytes, model.map(|(_, f)| f));
+    let (disk_dir, kv_bytes, key) = target(threads, model)?;
     let cache = cache_path();
     let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten();
     let (profile, took) = match cached {
@@ -127,6 +116,24 @@ fn measure(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> Resul
 
 /// What the cached profile depends on: hearth's version, the CPU, the core and thread
 /// counts, the installed memory and the disk the models are on.
+/// What a profile is measured for: the folder whose disk is measured, one token's K and
+/// V of one layer in bytes, and the cache key of the result.
+fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>) -> Result<(PathBuf, usize, String), String> {
+    let (disk_dir, kv_bytes) = match model {
+        Some((path, file)) => {
+            let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+            (dir, 2 * file.spec.n_embd_kv() * 2)
+        }
+        None => {
+            let dir = engine::default_model::models_dir();
+            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            (dir, TYPICAL_KV_BYTES)
+        }
+    };
+    let key = cache_key(threads, &disk_dir, kv_bytes, model.map(|(_, f)| f));
+    Ok((disk_dir, kv_bytes, key))
+}
+
 /// Tokens decoded before timing (the first ones page the weights in) and timed.
 const CALIBRATION_WARMUP: usize = 4;
 const CALIBRATION_TOKENS: usize = 16;
@@ -237,8 +244,7 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
 /// later step (measured: 27.9 against 10.4 ms per token on 2 threads), so the kernels run
 /// in a process of their own.
 pub fn serving_profile(threads: usize, path: &std::path::Path, file: &engine::ModelFile) -> Result<DeviceProfile, String> {
-    let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    let key = cache_key(threads, &dir, 2 * file.spec.n_embd_kv() * 2, Some(file));
+    let (_, _, key) = target(threads, Some((path, file)))?;
     if let Some(p) = read_cache(&cache_path(), &key) {
         return Ok(p);
     }

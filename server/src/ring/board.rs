@@ -51,6 +51,13 @@ pub struct CheckView {
     pub candidate_tpot_ms: Option<f64>,
 }
 
+impl CheckView {
+    /// A look that applied nothing (yet), now.
+    pub fn new(forced: bool, drift: Vec<String>, reason: String) -> CheckView {
+        CheckView { at: crate::http::now_secs(), forced, drift, applied: false, reason, current_tpot_ms: None, candidate_tpot_ms: None }
+    }
+}
+
 /// `GET /admin/plan`.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanView {
@@ -120,33 +127,18 @@ impl PlanBoard {
     /// A head without workers: one member running every layer.
     pub fn single(n_layer: usize) -> PlanBoard {
         let plan = Plan { n_layer, devices: vec![scheduler::DevicePlan { window: n_layer, gpu_layers: 0 }] };
-        PlanBoard::new(view("single", false, &plan, &[super::planning::HEAD_NAME.to_string()], None, Vec::new()), false)
+        let board = PlanBoard::new(view("single", false, &plan, &[super::planning::HEAD_NAME.to_string()], None, Vec::new()), false);
+        board.export();
+        board
     }
 
     /// A ring head's board; the ring publishes its first plan when it has one.
     pub fn ring() -> PlanBoard {
-        let forming = PlanView {
-            source: "forming".into(),
-            automatic: false,
-            n_layer: 0,
-            rounds: 0,
-            members: Vec::new(),
-            dropped: Vec::new(),
-            predicted_tpot_ms: None,
-            measured_tpot_ms: None,
-            measured_steps: 0,
-            measured_context: None,
-            predicted_tpot_ms_at_measured_context: None,
-            replans: 0,
-            last_check: None,
-        };
-        PlanBoard { view: Mutex::new(forming), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), plannable: true }
+        PlanBoard::new(view("forming", false, &Plan { n_layer: 0, devices: Vec::new() }, &[], None, Vec::new()), true)
     }
 
     fn new(view: PlanView, plannable: bool) -> PlanBoard {
-        let board = PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), plannable };
-        board.export();
-        board
+        PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), plannable }
     }
 
     pub fn view(&self) -> PlanView {

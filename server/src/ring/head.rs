@@ -29,15 +29,8 @@ pub struct RingPipeline {
     rt: tokio::runtime::Runtime,
     file: Arc<ModelFile>,
     stage: Stage,
-    /// Stage window index of the head's window in each round, if it has one.
-    own: Vec<Option<usize>>,
-    embed_window: Option<usize>,
-    output_window: Option<usize>,
-    /// Whether workers hold layers (a plan may give them none).
-    workers_compute: bool,
-    /// Release and read-ahead of the head's own windows, as on workers; `None` when the
-    /// head has no layers.
-    pager: Option<WindowPager>,
+    /// How a step walks the stage's windows under the running plan.
+    layout: Layout,
     /// `None` while the ring is broken.
     links: Option<Links>,
     /// Why the ring is broken.
@@ -118,7 +111,10 @@ struct Layout {
     embed_window: Option<usize>,
     /// The output-only window, when the head's last window does not end the model.
     output_window: Option<usize>,
+    /// Release and read-ahead of the head's own windows, as on workers; `None` when the
+    /// head has no layers.
     pager: Option<WindowPager>,
+    /// Whether workers hold layers (a plan may give them none).
     workers_compute: bool,
 }
 
@@ -205,9 +201,9 @@ impl RingPipeline {
                 (plan, (0..=candidates).collect::<Vec<_>>(), prediction, "windows".to_string())
             }
             None => {
-                let s = planner.schedule(&devices, planner.strategy)?;
+                let s = planner.schedule(&devices, planner.options.strategy)?;
                 tracing::info!("{}", crate::plan_command::table(&devices, &planner.model, &s, &[]));
-                (s.plan, s.members, s.prediction, planner.strategy.to_string())
+                (s.plan, s.members, s.prediction, planner.options.strategy.to_string())
             }
         };
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
@@ -215,15 +211,12 @@ impl RingPipeline {
         let server = rt.block_on(LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None))?;
         cfg.workers = super::planning::addresses(&devices, &members);
         cfg.plan = Some(plan);
-        let strategy = (source != "windows").then_some(planner.strategy);
+        let strategy = (source != "windows").then_some(planner.options.strategy);
+        let n_embd = file.spec.n_embd;
         let mut ring = RingPipeline {
             rt,
             stage,
-            own: layout.own,
-            embed_window: layout.embed_window,
-            output_window: layout.output_window,
-            pager: layout.pager,
-            workers_compute: layout.workers_compute,
+            layout,
             links: None,
             broken: None,
             server,
@@ -233,13 +226,12 @@ impl RingPipeline {
             link_config,
             pending_kv: Vec::new(),
             step: 0,
-            n_embd: 0,
+            n_embd,
             dtype: if cfg.f16 { Dtype::F16 } else { Dtype::F32 },
             replan: Replanning { idle_after: cfg.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
             board,
             cfg,
         };
-        ring.n_embd = ring.file.spec.n_embd;
         ring.publish(&source, Some(&prediction), false);
         if !ring.cfg.workers.is_empty() {
             // Workers may still be starting (one compose file per device, started in any
@@ -287,11 +279,7 @@ impl RingPipeline {
         self.pending_kv.clear();
         let (stage, layout) = Layout::build(&self.file, &plan, &self.cfg).map_err(|e| e.to_string())?;
         self.stage = stage;
-        self.own = layout.own;
-        self.embed_window = layout.embed_window;
-        self.output_window = layout.output_window;
-        self.pager = layout.pager;
-        self.workers_compute = layout.workers_compute;
+        self.layout = layout;
         self.cfg.workers = super::planning::addresses(&self.replan.devices, &members);
         self.cfg.plan = Some(plan);
         self.replan.members = members;
@@ -329,13 +317,13 @@ impl RingPipeline {
         let drift = scheduler::drift(&r.devices, &devices, &r.policy);
         // The running members in the fresh list (workers outside the ring may have come or gone).
         let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or("a member of the ring did not answer")?;
-        let mut check = CheckView { at: crate::http::now_secs(), forced, drift: drift.clone(), applied: false, reason: String::new(), current_tpot_ms: None, candidate_tpot_ms: None };
+        let mut check = CheckView::new(forced, drift.clone(), String::new());
         if !forced && drift.is_empty() {
             check.reason = "no profile drifted".into();
             self.board.checked(check);
             return Ok(false);
         }
-        let strategy_now = strategy.or(r.strategy).unwrap_or(r.planner.strategy);
+        let strategy_now = strategy.or(r.strategy).unwrap_or(r.planner.options.strategy);
         let candidate = r.planner.schedule(&devices, strategy_now)?;
         let plan = self.cfg.plan.as_ref().expect("a running ring has a plan");
         let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &running, plan }, &candidate, &r.policy, r.planner.options.disk_threshold);
@@ -462,28 +450,28 @@ impl RingPipeline {
     }
 
     fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
-        if self.workers_compute && self.links.is_none() {
+        if self.layout.workers_compute && self.links.is_none() {
             return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
         }
         self.step += 1;
         let mut metas: Vec<TokenMeta> = batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect();
         // The hidden state so far; `None` until the tokens are embedded (by the head's
         // first window, or by the embedding-only window of a head without layers).
-        let mut h = match self.embed_window {
+        let mut h = match self.layout.embed_window {
             Some(w) => Some(Self::hidden(self.stage.forward(w, batch, StageInput::Tokens(tokens))?)?),
             None => None,
         };
         // When the previous round's output left for the ring: the head's wait for its next
         // window's input starts then.
         let mut sent: Option<std::time::Instant> = None;
-        for round in 0..self.own.len() {
-            if let Some(w) = self.own[round] {
-                if let Some(p) = self.pager.as_mut() {
+        for round in 0..self.layout.own.len() {
+            if let Some(w) = self.layout.own[round] {
+                if let Some(p) = self.layout.pager.as_mut() {
                     p.before(round, sent.map(|t| t.elapsed()));
                 }
                 let input = h.as_deref().map_or(StageInput::Tokens(tokens), StageInput::Hidden);
                 let out = self.stage.forward(w, batch, input);
-                if let Some(p) = self.pager.as_mut() {
+                if let Some(p) = self.layout.pager.as_mut() {
                     p.after(round);
                 }
                 h = Some(match out? {
@@ -493,7 +481,7 @@ impl RingPipeline {
                 });
             }
             sent = Some(std::time::Instant::now());
-            if self.workers_compute {
+            if self.layout.workers_compute {
                 let hidden = h.take().ok_or_else(|| ring_err("no hidden state to send round the ring"))?;
                 // The token list travels round and comes back: reuse it, no copy per round.
                 let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden };
@@ -506,7 +494,7 @@ impl RingPipeline {
                 });
             }
         }
-        let (Some(w), Some(h)) = (self.output_window, h) else {
+        let (Some(w), Some(h)) = (self.layout.output_window, h) else {
             return Err(ring_err("the plan leaves the output layer unreached"));
         };
         match self.stage.forward(w, batch, StageInput::Hidden(&h))? {
@@ -520,7 +508,7 @@ impl RingPipeline {
         for op in ops {
             super::apply(&mut self.stage, std::slice::from_ref(&op));
             // A broken ring's workers start empty when it forms again.
-            if self.workers_compute && self.links.is_some() {
+            if self.layout.workers_compute && self.links.is_some() {
                 self.pending_kv.push(op);
             }
         }
@@ -568,7 +556,7 @@ impl Pipeline for RingPipeline {
         if requests.is_empty() && !due {
             return Ok(false);
         }
-        if self.workers_compute && self.links.is_none() {
+        if self.layout.workers_compute && self.links.is_none() {
             let why = self.broken.clone().unwrap_or_else(|| "the ring is not formed".into());
             for req in requests {
                 let _ = req.reply.send(Err(format!("the ring is broken, so it cannot be re-planned now: {why}")));
@@ -581,7 +569,7 @@ impl Pipeline for RingPipeline {
         if let Err(e) = &result {
             tracing::warn!("re-planning failed: {e}");
             let reason = format!("re-planning failed: {e}");
-            self.board.checked(CheckView { at: crate::http::now_secs(), forced, drift: Vec::new(), applied: false, reason, current_tpot_ms: None, candidate_tpot_ms: None });
+            self.board.checked(CheckView::new(forced, Vec::new(), reason));
         }
         let view = self.board.view();
         for req in requests {
@@ -590,13 +578,13 @@ impl Pipeline for RingPipeline {
         match result {
             Ok(adopted) => Ok(adopted),
             // A new plan whose ring could not be formed: broken until `recover` forms it.
-            Err(e) if self.workers_compute && self.links.is_none() => Err(ring_err(e)),
+            Err(e) if self.layout.workers_compute && self.links.is_none() => Err(ring_err(e)),
             Err(_) => Ok(false),
         }
     }
 
     fn recover(&mut self) -> engine::Result<bool> {
-        if self.links.is_some() || !self.workers_compute {
+        if self.links.is_some() || !self.layout.workers_compute {
             return Ok(false);
         }
         match self.form() {

@@ -25,8 +25,8 @@ pub const HEAD_NAME: &str = "head";
 /// ring order, whether or not the current plan keeps them) and the model's profile.
 pub struct Planner {
     pub workers: Vec<String>,
-    pub strategy: Strategy,
     pub model: ModelProfile,
+    /// The scheduler's options; `options.strategy` is the one asked for at start.
     pub options: Options,
     secret: ClusterSecret,
     file: Arc<ModelFile>,
@@ -38,7 +38,7 @@ impl Planner {
     pub fn new(file: Arc<ModelFile>, path: PathBuf, workers: Vec<String>, secret: ClusterSecret, threads: usize, ctx: usize, strategy: Strategy) -> Planner {
         let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let model = crate::model_profile::from_gguf(&file, &name, ctx);
-        Planner { workers, strategy, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
+        Planner { workers, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
     }
 
     /// Fresh profiles of the head and every candidate worker, in that order; a device's

@@ -151,8 +151,8 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
         transport::methods::PROFILE => {
             // The device is measured once (a few seconds, then cached on disk too), off the
             // runtime; the windows' figures are live.
-            let device = state.meta().device.clone();
-            let device = match device {
+            let cached = state.meta().device.clone();
+            let mut device = match cached {
                 Some(d) => d,
                 None => {
                     let worker = state.clone();
@@ -166,7 +166,6 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                     measured
                 }
             };
-            let mut device = device;
             crate::profile_command::refresh_memory(&mut device);
             // The window figures wait for a step in progress: off the runtime.
             let worker = state.clone();
