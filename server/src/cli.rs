@@ -235,9 +235,13 @@ pub struct ServeArgs {
     /// its drafts are accepted.
     #[arg(long, env = "HEARTH_SPEC_TOKENS", default_value_t = 8)]
     pub spec_tokens: usize,
-    /// Where the last worker connects back to the head.
+    /// Where the head listens for the last worker's link back (bind address).
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,
+    /// The address the last worker dials to reach --ring-listen, when that is not it: a
+    /// head bound to 0.0.0.0, or behind Docker's port publishing, gives its LAN address.
+    #[arg(long, env = "HEARTH_RING_ADVERTISE")]
+    pub ring_advertise: Option<String>,
     /// Send activations between ring members as f16 (half the bytes, not bit-exact).
     #[arg(long, env = "HEARTH_F16_ACTIVATIONS")]
     pub f16_activations: bool,

@@ -9,10 +9,22 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Latency buckets from 1 ms to 2 minutes: a decode step on a phone-class device is tens
-/// of ms, a long prompt on the ring can take a minute.
-const SECONDS_BUCKETS: &[f64] = &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
+/// Latency buckets from 100 µs to 2 minutes: a hop on a home LAN is a few hundred µs, a
+/// decode step on a phone-class device tens of ms, a long prompt on the ring a minute.
+const SECONDS_BUCKETS: &[f64] = &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0];
 const TOKEN_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0];
+
+const UNLABELLED_COUNTERS: &[&str] = &[
+    "hearth_prompt_tokens_total",
+    "hearth_prompt_cached_tokens_total",
+    "hearth_generated_tokens_total",
+    "hearth_cancelled_total",
+    "hearth_ring_breaks_total",
+    "hearth_ring_recoveries_total",
+    "hearth_decode_sequence_steps_total",
+    "hearth_spec_draft_tokens_total",
+    "hearth_spec_accepted_tokens_total",
+];
 
 pub fn install() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
@@ -23,6 +35,12 @@ pub fn install() -> &'static PrometheusHandle {
             .install_recorder()
             .expect("one metrics recorder per process");
         describe();
+        // Counters show at 0 from the first scrape: a counter that appears only at its
+        // first event makes `rate` and `increase` miss that event, and a dashboard panel
+        // about errors or breaks would show "no data" instead of 0.
+        for name in UNLABELLED_COUNTERS {
+            counter!(*name).increment(0);
+        }
         handle
     })
 }
@@ -48,6 +66,9 @@ fn describe() {
     describe_histogram!("hearth_step_duration_seconds", Unit::Seconds, "Engine step duration by phase: decode (only decode tokens) or prefill (with prompt tokens)");
     describe_gauge!("hearth_kv_cache_usage_ratio", "Share of KV cache cells holding tokens (live and cached prefixes)");
     describe_histogram!("hearth_ring_round_trip_seconds", Unit::Seconds, "One round of one step around the ring: from sending the activations to the first worker until they are back (workers' compute plus every hop)");
+    describe_histogram!("hearth_ring_hop_seconds", Unit::Seconds, "Mean time of one hop between ring members in a round trip: the round trip less every worker's reported compute, over the hops (transfer, (de)serialisation, queueing)");
+    describe_histogram!("hearth_device_compute_seconds", Unit::Seconds, "Time a device's window computed for one frame, by device (head, or a worker's address)");
+    describe_counter!("hearth_device_disk_read_bytes_total", Unit::Bytes, "Bytes a device read from disk by phase: compute (page faults while its window ran, on the critical path) or prefetch (read ahead while others computed)");
     describe_gauge!("hearth_ring_up", "1 while the ring is whole, 0 while a member is lost (requests get 503)");
     describe_counter!("hearth_ring_breaks_total", "Times the ring broke (a member died, froze or failed a step)");
     describe_counter!("hearth_ring_recoveries_total", "Times a broken ring was formed again");
@@ -90,8 +111,28 @@ pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<
     }
 }
 
-pub fn ring_round_trip(d: Duration) {
-    histogram!("hearth_ring_round_trip_seconds").record(d.as_secs_f64());
+/// One round trip of one step: its time, each worker's report (in ring order, matching
+/// `workers`) and, from what the workers did not spend computing, the mean hop.
+pub fn ring_round_trip(d: Duration, workers: &[String], reports: &[transport::StageReport]) {
+    let secs = d.as_secs_f64();
+    histogram!("hearth_ring_round_trip_seconds").record(secs);
+    let mut compute = 0.0;
+    for (device, r) in workers.iter().zip(reports) {
+        device_step(device, r);
+        compute += f64::from(r.compute_us) * 1e-6;
+    }
+    // A frame that lost reports (a ring longer than a frame can report) says nothing of hops.
+    if reports.len() == workers.len() {
+        let hops = (workers.len() + 1) as f64;
+        histogram!("hearth_ring_hop_seconds").record(((secs - compute) / hops).max(0.0));
+    }
+}
+
+/// A device ran its window for one frame.
+pub fn device_step(device: &str, r: &transport::StageReport) {
+    histogram!("hearth_device_compute_seconds", "device" => device.to_string()).record(f64::from(r.compute_us) * 1e-6);
+    counter!("hearth_device_disk_read_bytes_total", "device" => device.to_string(), "phase" => "compute").increment(r.read_bytes);
+    counter!("hearth_device_disk_read_bytes_total", "device" => device.to_string(), "phase" => "prefetch").increment(r.prefetch_bytes);
 }
 
 /// The ring was formed at start.

@@ -56,7 +56,14 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let strategy: scheduler::Strategy = args.plan_strategy.parse()?;
     let (pipeline, board): (Box<dyn engine::Pipeline>, Arc<PlanBoard>) = match secret {
         Some(secret) => {
-            let listen = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
+            let listen: std::net::SocketAddr = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
+            let advertise = match args.ring_advertise.as_deref().filter(|a| !a.is_empty()) {
+                Some(a) => Some(a.to_string()),
+                None if listen.ip().is_unspecified() => {
+                    return Err(format!("--ring-listen {listen} is every interface: say with --ring-advertise HOST:PORT which address the last worker dials").into())
+                }
+                None => None,
+            };
             let windows = (!args.windows.is_empty()).then(|| scheduler::Plan::from_windows(spec.n_layer, &args.windows)).transpose()?;
             // A plan the user pinned stays unless they ask for another (POST /admin/replan).
             let replan_idle = (args.replan_idle > 0 && windows.is_none()).then(|| std::time::Duration::from_secs(args.replan_idle));
@@ -65,6 +72,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
                 secret: secret.clone(),
                 plan: windows,
                 listen,
+                advertise,
                 n_seq: cfg.n_seq,
                 n_ctx_seq: cfg.n_ctx_seq,
                 max_batch: cfg.max_batch,

@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! header      magic "HRTH" | version u16 | kind u8 | flags u8 (reserved, 0) | body_len u32
-//! Activations step u64 | round u32 | n_tokens u32 | n_embd u32 | dtype u8 | 3 reserved bytes
+//! Activations step u64 | round u32 | n_tokens u32 | n_embd u32 | dtype u8 | n_reports u8
+//!             | 2 reserved bytes
 //!             n_tokens × (seq u64 | pos u32 | token flags u32, bit 0 = wants logits)
 //!             n_tokens × n_embd hidden values in dtype (f32 or f16), token-major
+//!             n_reports × (compute_us u32 | read_bytes u64 | prefetch_bytes u64)
 //! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
@@ -26,7 +28,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -35,6 +37,9 @@ pub const DEFAULT_MAX_FRAME_BYTES: usize = 256 << 20;
 
 const ACTIVATIONS_FIXED_LEN: u64 = 24;
 const TOKEN_LEN: u64 = 16;
+const REPORT_LEN: u64 = 20;
+/// One report per member a frame passes; a home ring has a handful.
+pub const MAX_REPORTS: usize = u8::MAX as usize;
 const KV_OPS_FIXED_LEN: u64 = 12;
 const KV_OP_LEN: u64 = 13;
 const WANTS_LOGITS: u32 = 1;
@@ -106,6 +111,30 @@ pub struct Activations {
     pub tokens: Vec<TokenMeta>,
     /// `tokens.len() × n_embd` values, token-major.
     pub hidden: Vec<f32>,
+    /// One per worker the frame passed this round, in ring order (the head sends none):
+    /// what the ring's own timing cannot tell the head, which sees only the round trip.
+    pub reports: Vec<StageReport>,
+}
+
+/// What one ring member did with an activations frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct StageReport {
+    /// Time its window computed (0 for a relay), in microseconds: the rest of the round
+    /// trip is hops.
+    pub compute_us: u32,
+    /// Bytes it read from disk while computing: page faults on the critical path.
+    pub read_bytes: u64,
+    /// Bytes it read ahead while waiting for this frame, overlapped with other devices.
+    pub prefetch_bytes: u64,
+}
+
+impl Activations {
+    /// Adds this member's report; a frame already carrying `MAX_REPORTS` keeps its own.
+    pub fn report(&mut self, r: StageReport) {
+        if self.reports.len() < MAX_REPORTS {
+            self.reports.push(r);
+        }
+    }
 }
 
 /// A KV-cache operation. They travel in-band so every device applies them at the same point
@@ -207,13 +236,19 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
             buf.put_u32_le(a.tokens.len() as u32);
             buf.put_u32_le(a.n_embd);
             buf.put_u8(a.dtype.code());
-            buf.put_bytes(0, 3);
+            buf.put_u8(a.reports.len() as u8);
+            buf.put_bytes(0, 2);
             for t in &a.tokens {
                 buf.put_u64_le(t.seq);
                 buf.put_u32_le(t.pos);
                 buf.put_u32_le(if t.wants_logits { WANTS_LOGITS } else { 0 });
             }
             put_hidden(buf, &a.hidden, a.dtype);
+            for r in &a.reports {
+                buf.put_u32_le(r.compute_us);
+                buf.put_u64_le(r.read_bytes);
+                buf.put_u64_le(r.prefetch_bytes);
+            }
         }
         Frame::KvOps { step, ops } => {
             buf.put_u64_le(*step);
@@ -258,7 +293,10 @@ fn body_len(frame: &Frame) -> Result<u32> {
                     a.n_embd
                 )));
             }
-            ACTIVATIONS_FIXED_LEN + u64::from(n_tokens) * TOKEN_LEN + expected * a.dtype.size() as u64
+            if a.reports.len() > MAX_REPORTS {
+                return Err(Error::Encode(format!("{} stage reports do not fit a frame", a.reports.len())));
+            }
+            ACTIVATIONS_FIXED_LEN + u64::from(n_tokens) * TOKEN_LEN + expected * a.dtype.size() as u64 + a.reports.len() as u64 * REPORT_LEN
         }
         Frame::KvOps { ops, .. } => {
             if u32::try_from(ops.len()).is_err() {
@@ -465,7 +503,8 @@ impl FrameDecoder {
         let n_tokens = r.u32()?;
         let n_embd = r.u32()?;
         let dtype = Dtype::from_code(r.u8()?)?;
-        if r.take(3)? != [0, 0, 0] {
+        let n_reports = r.u8()?;
+        if r.take(2)? != [0, 0] {
             return Err(r.bad("reserved bytes are not zero"));
         }
         if n_tokens == 0 || n_embd == 0 {
@@ -473,10 +512,10 @@ impl FrameDecoder {
         }
         // u32 × u32 × 4 fits u64, so these cannot overflow.
         let values = u64::from(n_tokens) * u64::from(n_embd);
-        let expected = ACTIVATIONS_FIXED_LEN + u64::from(n_tokens) * TOKEN_LEN + values * dtype.size() as u64;
+        let expected = ACTIVATIONS_FIXED_LEN + u64::from(n_tokens) * TOKEN_LEN + values * dtype.size() as u64 + u64::from(n_reports) * REPORT_LEN;
         if expected != body_len {
             return Err(r.bad(format!(
-                "{n_tokens} tokens × n_embd {n_embd} in {dtype:?} need a {expected}-byte body, got {body_len}"
+                "{n_tokens} tokens × n_embd {n_embd} in {dtype:?} and {n_reports} reports need a {expected}-byte body, got {body_len}"
             )));
         }
 
@@ -496,7 +535,11 @@ impl FrameDecoder {
         }
         let raw = r.take(values as usize * dtype.size())?;
         get_hidden(&mut hidden, raw, dtype);
-        Ok(Activations { step, round, n_embd, dtype, tokens, hidden })
+        let mut reports = Vec::with_capacity(n_reports as usize);
+        for _ in 0..n_reports {
+            reports.push(StageReport { compute_us: r.u32()?, read_bytes: r.u64()?, prefetch_bytes: r.u64()? });
+        }
+        Ok(Activations { step, round, n_embd, dtype, tokens, hidden, reports })
     }
 }
 
@@ -562,6 +605,7 @@ mod tests {
                 .map(|i| TokenMeta { seq: i as u64 % 3, pos: i as u32, wants_logits: i % 2 == 0 })
                 .collect(),
             hidden: (0..n_tokens * n_embd as usize).map(|i| (i as f32 * 0.37).sin() * 40.0).collect(),
+            reports: vec![StageReport { compute_us: 1234, read_bytes: 1 << 33, prefetch_bytes: 7 }],
         })
     }
 
@@ -631,9 +675,9 @@ mod tests {
         bad[0] = b'X';
         assert!(matches!(decode_all(&bad[..1], 1024), Err(Error::BadMagic { .. })));
         let mut bad = good.clone();
-        bad[4] = 2;
+        bad[4] = 1;
         let err = decode_all(&bad[..6], 1024).unwrap_err();
-        assert!(matches!(err, Error::VersionMismatch { ours: 1, theirs: 2 }));
+        assert!(matches!(err, Error::VersionMismatch { ours: 2, theirs: 1 }));
         assert!(err.to_string().contains("version 2") && err.to_string().contains("version 1"), "{err}");
         let mut bad = good.clone();
         bad[6] = 99;
@@ -647,6 +691,10 @@ mod tests {
     fn inconsistent_counts_are_malformed() {
         let mut bytes = encoded(&activations(Dtype::F32, 2, 4));
         bytes[HEADER_LEN + 16..HEADER_LEN + 20].copy_from_slice(&u32::MAX.to_le_bytes()); // n_embd
+        assert!(matches!(decode_all(&bytes, 1 << 20), Err(Error::Malformed { .. })));
+
+        let mut bytes = encoded(&activations(Dtype::F32, 2, 4));
+        bytes[HEADER_LEN + 21] = 2; // n_reports: one more than the body holds
         assert!(matches!(decode_all(&bytes, 1 << 20), Err(Error::Malformed { .. })));
 
         let mut bytes = encoded(&Frame::KvOps { step: 1, ops: vec![KvOp::Clear { seq: 1 }] });
@@ -687,15 +735,21 @@ mod tests {
             pos,
             wants_logits,
         });
+        let report = (any::<u32>(), any::<u64>(), any::<u64>()).prop_map(|(compute_us, read_bytes, prefetch_bytes)| StageReport {
+            compute_us,
+            read_bytes,
+            prefetch_bytes,
+        });
         let acts = (1usize..6, 1u32..40, any::<u64>(), any::<u32>(), any::<bool>()).prop_flat_map(
             move |(n, e, step, round, half)| {
                 (
                     proptest::collection::vec(token.clone(), n),
                     proptest::collection::vec(-1.0e5f32..1.0e5, n * e as usize),
+                    proptest::collection::vec(report.clone(), 0..5),
                 )
-                    .prop_map(move |(tokens, hidden)| {
+                    .prop_map(move |(tokens, hidden, reports)| {
                         let dtype = if half { Dtype::F16 } else { Dtype::F32 };
-                        Frame::Activations(Activations { step, round, n_embd: e, dtype, tokens, hidden })
+                        Frame::Activations(Activations { step, round, n_embd: e, dtype, tokens, hidden, reports })
                     })
             },
         );

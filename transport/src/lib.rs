@@ -21,5 +21,5 @@ pub mod link;
 pub use auth::ClusterSecret;
 pub use control::{methods, ControlClient, ControlFailure, ControlHandler};
 pub use error::{Error, Result};
-pub use frame::{encode, Activations, Dtype, Frame, FrameDecoder, KvOp, TokenMeta};
+pub use frame::{encode, Activations, Dtype, Frame, FrameDecoder, KvOp, StageReport, TokenMeta};
 pub use link::{FrameSink, FrameStream, Link, LinkConfig, LinkServer};

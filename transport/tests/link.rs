@@ -26,6 +26,7 @@ fn activations(step: u64, n_tokens: usize, n_embd: u32, dtype: Dtype) -> Frame {
             .map(|i| TokenMeta { seq: i as u64 % 4, pos: i as u32, wants_logits: i + 1 == n_tokens })
             .collect(),
         hidden: (0..n_tokens * n_embd as usize).map(|i| ((i as u64 + step) as f32 * 0.001).sin() * 8.0).collect(),
+        reports: Vec::new(),
     })
 }
 

@@ -81,6 +81,9 @@ pub struct RingConfig {
     pub plan: Option<Plan>,
     /// Where the last worker connects back to; its host must be reachable from it.
     pub listen: SocketAddr,
+    /// What the last worker dials to reach `listen`; `None`: `listen` itself (with the
+    /// port the system chose).
+    pub advertise: Option<String>,
     pub n_seq: usize,
     pub n_ctx_seq: usize,
     pub max_batch: usize,
@@ -367,7 +370,7 @@ impl RingPipeline {
                 }
                 clients.push(client);
             }
-            let back = server.local_addr().to_string();
+            let back = cfg.advertise.clone().unwrap_or_else(|| server.local_addr().to_string());
             for (i, (w, client)) in cfg.workers.iter().zip(&clients).enumerate() {
                 let next = cfg.workers.get(i + 1).cloned().unwrap_or_else(|| back.clone());
                 let wp = WorkerPlan {
@@ -437,8 +440,12 @@ impl RingPipeline {
                 }
             }
         });
-        if result.is_ok() {
-            crate::metrics::ring_round_trip(started.elapsed());
+        if let Ok(frame) = &result {
+            let reports = match frame {
+                Frame::Activations(a) => a.reports.as_slice(),
+                _ => &[],
+            };
+            crate::metrics::ring_round_trip(started.elapsed(), &self.cfg.workers, reports);
         }
         result.map_err(|e| {
             tracing::error!("ring broken: {e}");
@@ -473,6 +480,7 @@ impl RingPipeline {
                 let out = self.stage.forward(w, batch, input);
                 if let Some(p) = self.layout.pager.as_mut() {
                     p.after(round);
+                    crate::metrics::device_step(HEAD_NAME, &p.report(round));
                 }
                 h = Some(match out? {
                     StageOutput::Hidden(h) => h,
@@ -484,7 +492,7 @@ impl RingPipeline {
             if self.layout.workers_compute {
                 let hidden = h.take().ok_or_else(|| ring_err("no hidden state to send round the ring"))?;
                 // The token list travels round and comes back: reuse it, no copy per round.
-                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden };
+                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden, reports: Vec::new() };
                 h = Some(match self.round_trip(Frame::Activations(a))? {
                     Frame::Activations(back) if back.step == self.step && back.round == round as u32 => {
                         metas = back.tokens;

@@ -302,6 +302,9 @@ fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation:
     }
     let Some(stage) = s.stage.as_mut() else {
         if s.relay {
+            // A report all the same: the head reads reports by ring position.
+            let mut a = a;
+            a.report(transport::StageReport::default());
             return Frame::Activations(a);
         }
         return Frame::Error { step: a.step, message: "worker has no plan".into() };
@@ -316,7 +319,11 @@ fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation:
         p.after(round);
     }
     match result {
-        Ok(StageOutput::Hidden(hidden)) => Frame::Activations(Activations { hidden, ..a }),
+        Ok(StageOutput::Hidden(hidden)) => {
+            let mut a = Activations { hidden, ..a };
+            a.report(s.pager.as_ref().map(|p| p.report(round)).unwrap_or_default());
+            Frame::Activations(a)
+        }
         Ok(StageOutput::Logits(_)) => Frame::Error { step: a.step, message: "worker produced logits".into() },
         Err(e) => Frame::Error { step: a.step, message: e.to_string() },
     }
