@@ -389,3 +389,44 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
     let accepted: f64 = accepted[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert!(accepted > 0.0, "no draft was accepted");
 }
+
+/// What Grafana itself would trip over, checked without Grafana (no Debian package):
+/// unique panel ids, panels inside the 24-column grid and not overlapping, every query on
+/// the dashboard's data-source variable, and that variable filled in on import.
+#[test]
+fn the_dashboard_is_well_formed_for_grafana() {
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(repo().join("dashboards/hearth.json")).unwrap()).unwrap();
+    assert_eq!(dashboard["uid"], "hearth");
+    let input = dashboard["__inputs"].as_array().and_then(|i| i.iter().find(|i| i["type"] == "datasource")).expect("a data-source input for import");
+    let input_ref = format!("${{{}}}", input["name"].as_str().unwrap());
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let ds = variables.iter().find(|v| v["type"] == "datasource").expect("a data-source variable");
+    assert_eq!(ds["query"], "prometheus");
+    assert_eq!(ds["current"]["value"].as_str(), Some(input_ref.as_str()), "the import input must set the data-source variable");
+    let ds_ref = format!("${{{}}}", ds["name"].as_str().unwrap());
+
+    let panels = dashboard["panels"].as_array().unwrap();
+    let mut ids = BTreeSet::new();
+    let mut boxes: Vec<(u64, u64, u64, u64, &str)> = Vec::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or("?");
+        assert!(ids.insert(p["id"].as_u64().expect("panel id")), "duplicate panel id in {title}");
+        let g = &p["gridPos"];
+        let (x, y, w, h) = (g["x"].as_u64().unwrap(), g["y"].as_u64().unwrap(), g["w"].as_u64().unwrap(), g["h"].as_u64().unwrap());
+        assert!(w > 0 && h > 0 && x + w <= 24, "{title} leaves the grid: {g}");
+        for &(bx, by, bw, bh, other) in &boxes {
+            let overlap = x < bx + bw && bx < x + w && y < by + bh && by < y + h;
+            assert!(!overlap, "{title} overlaps {other}");
+        }
+        boxes.push((x, y, w, h, title));
+        if p["type"] == "row" {
+            continue;
+        }
+        assert!(p["description"].as_str().is_some_and(|d| !d.is_empty()), "{title} has no description");
+        assert_eq!(p["datasource"]["uid"].as_str(), Some(ds_ref.as_str()), "{title}");
+        let targets = p["targets"].as_array().filter(|t| !t.is_empty()).unwrap_or_else(|| panic!("{title} has no query"));
+        for t in targets {
+            assert_eq!(t["datasource"]["uid"].as_str(), Some(ds_ref.as_str()), "{title}");
+        }
+    }
+}
