@@ -9,6 +9,8 @@ missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 # bindgen loads libclang.so / libclang-N.so; libclang-cpp (often preinstalled) is not it.
 { ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9.]+)?\.so'; } || { ls /usr/lib/llvm-*/lib/ 2>/dev/null | grep -Eq '^libclang(-[0-9.]+)?\.so'; } || missing+=(libclang-dev)
+# Where Docker is, its test (server/tests/docker.rs) makes a base image with debootstrap.
+if command -v docker >/dev/null 2>&1 && ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then missing+=(debootstrap); fi
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

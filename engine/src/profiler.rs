@@ -122,30 +122,52 @@ pub fn kv_copy_secs(kv_bytes: usize) -> f64 {
 
 /// Sequential and random (4 KiB) read throughput, bytes per second, of the disk holding
 /// `dir`, read past the page cache: a fresh scratch file read with O_DIRECT (or, where a
-/// file system refuses O_DIRECT, after dropping it from the cache).
-pub fn disk_read(dir: &Path, time: Duration) -> Result<(f64, f64)> {
+/// file system refuses O_DIRECT, after dropping it from the cache). Where `dir` cannot be
+/// written (a models folder mounted read-only into a container, or owned by another
+/// user), the first `DISK_FILE_BYTES` of `existing` (the model file, on that same disk)
+/// are read instead.
+pub fn disk_read(dir: &Path, existing: Option<&Path>, time: Duration) -> Result<(f64, f64)> {
     let path = dir.join(format!(".hearth-profile-{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&path)?;
-        let block: Vec<u8> = (0..DISK_BLOCK).map(|i| (i.wrapping_mul(31) >> 3) as u8).collect();
-        for _ in 0..DISK_FILE_BYTES / DISK_BLOCK {
-            f.write_all(&block)?;
+    let result = match write_scratch(&path) {
+        Ok(()) => read_rates(&path, DISK_FILE_BYTES, time),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem) && existing.is_some() => {
+            let file = existing.unwrap_or(&path);
+            std::fs::metadata(file).and_then(|m| read_rates(file, (m.len() as usize).min(DISK_FILE_BYTES), time))
         }
-        f.sync_all()?;
-        drop(f);
-        let mut f = open_uncached(&path)?;
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&path);
+    result.map_err(|e| Error::Ggml(format!("disk test in {}: {e}", dir.display())))
+}
+
+fn write_scratch(path: &Path) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    let block: Vec<u8> = (0..DISK_BLOCK).map(|i| (i.wrapping_mul(31) >> 3) as u8).collect();
+    for _ in 0..DISK_FILE_BYTES / DISK_BLOCK {
+        f.write_all(&block)?;
+    }
+    f.sync_all()
+}
+
+/// Reads the first `bytes` of `path` in order, then random pages of them for `time`.
+fn read_rates(path: &Path, bytes: usize, time: Duration) -> std::io::Result<(f64, f64)> {
+    if bytes < PAGE {
+        return Err(std::io::Error::other(format!("{} is too small to time reads", path.display())));
+    }
+    {
+        let mut f = open_uncached(path)?;
         let mut buf = AlignedBuf::new(DISK_BLOCK);
         let start = Instant::now();
         let mut read = 0usize;
-        while read < DISK_FILE_BYTES {
+        while read < bytes {
             match f.read(buf.as_mut())? {
                 0 => break,
                 n => read += n,
             }
         }
         let seq = read as f64 / start.elapsed().as_secs_f64();
-        let mut f = open_uncached(&path)?;
-        let pages = (DISK_FILE_BYTES / PAGE) as u64;
+        let mut f = open_uncached(path)?;
+        let pages = (bytes / PAGE) as u64;
         let start = Instant::now();
         let mut n = 0u64;
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
@@ -159,10 +181,8 @@ pub fn disk_read(dir: &Path, time: Duration) -> Result<(f64, f64)> {
             n += 1;
         }
         let rand = (n as usize * PAGE) as f64 / start.elapsed().as_secs_f64();
-        Ok::<_, std::io::Error>((seq, rand))
-    })();
-    let _ = std::fs::remove_file(&path);
-    result.map_err(|e| Error::Ggml(format!("disk test in {}: {e}", dir.display())))
+        Ok((seq, rand))
+    }
 }
 
 fn open_uncached(path: &Path) -> std::io::Result<std::fs::File> {
@@ -243,9 +263,34 @@ mod tests {
     fn the_disk_is_read_and_the_scratch_file_removed() {
         let dir = std::env::temp_dir().join(format!("hearth-disk-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let (seq, rand) = disk_read(&dir, Duration::from_millis(50)).unwrap();
+        let (seq, rand) = disk_read(&dir, None, Duration::from_millis(50)).unwrap();
         assert!(seq > 1e6 && rand > 1e4, "{seq} {rand}");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "scratch file left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_folder_that_cannot_be_written_is_measured_on_the_file_given() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("hearth-disk-ro-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let model = dir.join("model.bin");
+        std::fs::write(&model, vec![7u8; 8 << 20]).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        // What the fallback reads: a file shorter than the scratch file.
+        let (seq, rand) = read_rates(&model, 8 << 20, Duration::from_millis(20)).unwrap();
+        assert!(seq > 1e6 && rand > 1e4, "{seq} {rand}");
+        // Root writes anyway; then only a non-root run reaches the fallback here (the
+        // Docker test runs it as a non-root user on a read-only mount).
+        let writable = std::fs::File::create(dir.join("probe")).is_ok();
+        let _ = std::fs::remove_file(dir.join("probe"));
+        if !writable {
+            let err = disk_read(&dir, None, Duration::from_millis(20)).unwrap_err().to_string();
+            assert!(err.contains("disk test"), "{err}");
+            let (seq, rand) = disk_read(&dir, Some(&model), Duration::from_millis(20)).unwrap();
+            assert!(seq > 1e6 && rand > 1e4, "{seq} {rand}");
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -238,10 +238,15 @@ pub fn memory_budget_from(proc_self_cgroup: &str, read: impl Fn(&str) -> Option<
         let mut parts = line.splitn(3, ':');
         let (_, controllers, path) = (parts.next(), parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let path = path.trim_end_matches('/');
+        // In a container the process's own cgroup is mounted at the root of the
+        // hierarchy, while /proc/self/cgroup may still name its path on the host
+        // (`/docker/<id>`, cgroup v1 without a cgroup namespace): the path first, the root
+        // when the path is not there. On a host, the root cgroup has no limit.
+        let at = |dir: &str, file: &str| read(&format!("{dir}{path}/{file}")).or_else(|| read(&format!("{dir}/{file}"))).and_then(|t| parse_limit(&t));
         let limit = if controllers.split(',').any(|c| c == "memory") {
-            read(&format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")).and_then(|t| parse_limit(&t)).map(|b| (b, MemorySource::CgroupV1))
+            at("/sys/fs/cgroup/memory", "memory.limit_in_bytes").map(|b| (b, MemorySource::CgroupV1))
         } else if controllers.is_empty() {
-            read(&format!("/sys/fs/cgroup{path}/memory.max")).and_then(|t| parse_limit(&t)).map(|b| (b, MemorySource::CgroupV2))
+            at("/sys/fs/cgroup", "memory.max").map(|b| (b, MemorySource::CgroupV2))
         } else {
             None
         };
@@ -292,6 +297,15 @@ mod tests {
         let cg = "5:devices:/\n4:memory:/hearth/w1\n0::/\n";
         let read = files(&[("/sys/fs/cgroup/memory/hearth/w1/memory.limit_in_bytes", "536870912\n"), ("/proc/meminfo", MEMINFO)]);
         assert_eq!(memory_budget_from(cg, read), Some(MemoryBudget { bytes: 512 << 20, source: MemorySource::CgroupV1 }));
+    }
+
+    #[test]
+    fn in_a_container_the_limit_is_at_the_root_of_the_mount() {
+        // Docker on cgroup v1: /proc/self/cgroup names the host's path, the container
+        // sees its own cgroup at the root.
+        let cg = "4:memory:/docker/0123abcd\n0::/\n";
+        let read = files(&[("/sys/fs/cgroup/memory/memory.limit_in_bytes", "1073741824\n"), ("/proc/meminfo", MEMINFO)]);
+        assert_eq!(memory_budget_from(cg, read), Some(MemoryBudget { bytes: 1 << 30, source: MemorySource::CgroupV1 }));
     }
 
     #[test]

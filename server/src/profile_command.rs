@@ -54,7 +54,7 @@ pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::
         Some(p) => (p, None),
         None => {
             let start = Instant::now();
-            let mut p = measure(threads, &disk_dir, kv_bytes)?;
+            let mut p = measure(threads, &disk_dir, model.map(|(path, _)| path), kv_bytes)?;
             if let Some((path, file)) = model {
                 calibrate(&mut p, path, file, threads)?;
             }
@@ -78,10 +78,10 @@ pub fn refresh_memory(p: &mut DeviceProfile) {
     p.swap_available = swap_available as f64;
 }
 
-fn measure(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize) -> Result<DeviceProfile, Box<dyn std::error::Error>> {
+fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<&std::path::Path>, kv_bytes: usize) -> Result<DeviceProfile, Box<dyn std::error::Error>> {
     let rate = |ty| profiler::matvec_flops(ty, threads, KERNEL_TIME);
     let cpu_flops = PerQuant { q4_0: rate(GgmlType::Q4_0)?, q4_1: rate(GgmlType::Q4_1)?, q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)? };
-    let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, RANDOM_READ_TIME)?;
+    let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, model, RANDOM_READ_TIME)?;
     let (ram_total, _, _) = profiler::meminfo();
     let os = if std::path::Path::new("/system/build.prop").exists() {
         Os::Android

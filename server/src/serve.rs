@@ -20,7 +20,11 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     let rt = http_runtime()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let shutdown = shutdown_signal()?;
+        let signal = shutdown_signal()?;
+        let shutdown = async move {
+            signal.await;
+            tracing::info!("shutting down: finishing running requests");
+        };
         tracing::info!("hearth listening on http://{}", listener.local_addr()?);
         let batcher = state.batcher.clone();
         axum::serve(listener, http::router(state)).with_graceful_shutdown(shutdown).await?;
@@ -162,7 +166,7 @@ fn lower_thread_priority(nice: i32) {
 /// Resolves on SIGTERM or Ctrl-C. The handlers are registered when this is called, not
 /// when the future is first polled: a signal that arrives right after "listening" (a
 /// supervisor stopping us at once) must shut down gracefully, not kill the process.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+pub(crate) fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -170,12 +174,10 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
         let mut int = signal(SignalKind::interrupt())?;
         Ok(async move {
             tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-            tracing::info!("shutting down: finishing running requests");
         })
     }
     #[cfg(not(unix))]
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("shutting down: finishing running requests");
     })
 }

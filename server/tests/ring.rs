@@ -422,3 +422,41 @@ fn a_head_listening_on_every_interface_advertises_the_address_to_dial() {
     let head = Served::start(&[&base[..], &["--ring-listen", &listen, "--ring-advertise", &advertise]].concat());
     assert!(!chat(&head.addr, false).is_empty());
 }
+
+#[test]
+fn a_worker_stops_at_once_on_sigterm() {
+    // `docker stop` sends SIGTERM to the container's first process, which has no default
+    // action for it: the worker must handle it itself.
+    let mut w = Served::worker(&["--threads", "1"]);
+    w.terminate();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = w.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker ignored SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_idle_head_notices_a_lost_worker_without_a_request() {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let mut w2 = Served::worker(&["--threads", "1"]);
+    let head = Served::start(&["--threads", "1", "--workers", &format!("{},{}", w1.addr, w2.addr), "--windows", "10,10,10"]);
+    assert!(!chat(&head.addr, false).is_empty());
+    assert_eq!(health(&head.addr)["status"], "ok");
+    w2.child.kill().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let h = loop {
+        let h = health(&head.addr);
+        if h["status"] == "degraded" {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "still {h} 5 s after a worker died, with no request");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Named by its address, not the port its link back to the head came from.
+    assert!(h["reason"].as_str().unwrap().contains(&w2.addr), "{h}");
+}

@@ -231,6 +231,12 @@ impl FrameStream {
         }
     }
 
+    /// Names the peer in errors by what the receiver knows it to be: an accepted stream
+    /// knows only the dialer's socket address, whose port is an ephemeral one.
+    pub fn set_peer(&mut self, peer: &str) {
+        self.peer = peer.into();
+    }
+
     /// Like `recv` with an explicit limit, e.g. the head waiting for a step to come round.
     /// A timeout loses nothing: partial bytes stay buffered for the next call.
     pub async fn recv_within(&mut self, limit: Duration) -> Result<Option<Frame>> {

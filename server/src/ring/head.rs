@@ -399,6 +399,7 @@ impl RingPipeline {
                 .map_err(|_| FormError::Refused("the last worker did not connect back to the head (is --ring-listen reachable from it?)".into()))?
                 .ok_or_else(|| FormError::Refused("the head's ring listener closed".into()))?
                 .stream;
+            from_last.set_peer(cfg.workers.last().map_or("the last worker", String::as_str));
             to_first.send(&Frame::KvOps { step: probe, ops: Vec::new() }).await.map_err(|e| FormError::Unreachable(e.to_string()))?;
             match from_last.recv_within(cfg.step_timeout).await {
                 Ok(Some(Frame::KvOps { step, .. })) if step == probe => Ok(Links { to_first, from_last }),
@@ -511,6 +512,32 @@ impl RingPipeline {
         }
     }
 
+    /// While idle nothing travels the ring, so a worker that died would go unnoticed until
+    /// the next request. Any worker's death closes the link back to the head (each member
+    /// ends its outgoing link when its incoming one ends, and keep-alive pings end a link
+    /// to a frozen one), so a look at that link, without waiting, tells.
+    fn watch_links(&mut self) -> engine::Result<()> {
+        let Some(links) = self.links.as_mut() else { return Ok(()) };
+        let lost = self.rt.block_on(async {
+            match tokio::time::timeout(Duration::ZERO, links.from_last.recv()).await {
+                Err(_) => None,
+                Ok(Ok(None)) => Some(format!("{} closed the ring link", links.from_last.peer())),
+                Ok(Ok(Some(f))) => Some(format!("an unexpected {} frame came round while idle", f.kind_name())),
+                Ok(Err(e)) => Some(e.to_string()),
+            }
+        });
+        match lost {
+            None => Ok(()),
+            Some(e) => {
+                tracing::error!("ring broken while idle: {e}");
+                crate::metrics::ring_broke();
+                self.links = None;
+                self.broken = Some(e.clone());
+                Err(ring_err(e))
+            }
+        }
+    }
+
     /// Applies KV operations here now and queues them for the workers' next frame.
     fn kv(&mut self, ops: impl IntoIterator<Item = KvOp>) {
         for op in ops {
@@ -558,6 +585,13 @@ impl Pipeline for RingPipeline {
     }
 
     fn idle(&mut self, idle_for: Duration) -> engine::Result<bool> {
+        // Before the early return below: a lost worker must show on /health while idle.
+        if let Err(e) = self.watch_links() {
+            for req in self.board.take_requests() {
+                let _ = req.reply.send(Err(format!("the ring is broken, so it cannot be re-planned now: {e}")));
+            }
+            return Err(e);
+        }
         let requests = self.board.take_requests();
         let r = &self.replan;
         let due = r.idle_after.is_some_and(|after| idle_for >= after && r.last_check.elapsed() >= after);

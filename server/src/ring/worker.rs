@@ -128,21 +128,35 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
     let config = LinkConfig { send_delay: super::hop_delay(args.emulate_hop_ms), ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
     let links = ring_thread(RingContext { rt: rt.handle().clone(), worker: state.clone(), secret: secret.clone(), config: config.clone() })?;
-    rt.block_on(async move {
+    let served: Result<(), Box<dyn std::error::Error>> = rt.block_on(async move {
         let handler_state = state.clone();
         let handler = move |method: String, body: Value| {
             let state = handler_state.clone();
             async move { control(&state, &method, body, threads).await }
         };
         let mut server = LinkServer::bind(addr, secret, config, Some(Arc::new(handler))).await?;
+        // As a container's first process a worker gets no default action for SIGTERM:
+        // without a handler `docker stop` would wait out its grace period and kill it.
+        let stop = crate::serve::shutdown_signal()?;
+        tokio::pin!(stop);
         tracing::info!("hearth worker listening on {}", server.local_addr());
-        while let Some(link) = server.accept().await {
-            if links.send(link).is_err() {
-                return Err("the ring thread stopped".into());
+        loop {
+            tokio::select! {
+                _ = &mut stop => {
+                    // Nothing to drain: the head sees its links close and reports the ring broken.
+                    tracing::info!("worker stopping");
+                    return Ok(());
+                }
+                link = server.accept() => {
+                    let Some(link) = link else { return Ok(()) };
+                    if links.send(link).is_err() {
+                        return Err("the ring thread stopped".into());
+                    }
+                }
             }
         }
-        Ok::<(), Box<dyn std::error::Error>>(())
-    })
+    });
+    served
 }
 
 async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize) -> Result<Value, ControlFailure> {
