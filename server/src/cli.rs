@@ -261,6 +261,10 @@ pub struct ServeArgs {
     /// to emulate a home network's link latency on one machine.
     #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
     pub emulate_hop_ms: f64,
+    /// Tests and benchmarks only: every device releases each window after running it, as
+    /// devices whose memory cannot hold their windows do (reads them from disk again).
+    #[arg(long, env = "HEARTH_RELEASE_WINDOWS", hide = true)]
+    pub release_windows: bool,
 }
 
 #[derive(Args, Debug, Clone)]

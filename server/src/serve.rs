@@ -87,6 +87,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
                 startup_wait: std::time::Duration::from_secs(args.ring_wait),
                 replan_idle,
                 hop_delay: crate::ring::hop_delay(args.emulate_hop_ms),
+                release: args.release_windows.then_some(true),
             };
             let planner = crate::ring::planning::Planner::new(file.clone(), path.clone(), args.workers.clone(), secret, cfg.threads, cfg.n_ctx_seq, strategy);
             let board = Arc::new(PlanBoard::ring());

@@ -282,22 +282,13 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
     let exprs = expressions(&dashboard);
     assert!(exprs.len() >= 20, "only {} expressions found", exprs.len());
 
-    // The setup where every panel has data: a ring whose workers hold layers, speculation.
+    // The setup where every panel has data: a ring whose workers hold layers, speculation,
+    // and devices that release their windows after use and read them again (as devices
+    // short of memory do), so the disk panels show bytes.
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    let head = Served::start(&[
-        "--threads",
-        "1",
-        "--parallel",
-        "2",
-        "--workers",
-        &workers,
-        "--windows",
-        "10,10,10",
-        "--spec-mode",
-        "ngram",
-    ]);
+    let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &workers, "--windows", "10,10,10", "--spec-mode", "ngram", "--release-windows"]);
     let prom = start_prometheus(&binary, &head.addr);
 
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -384,6 +375,14 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
             devices.contains(d),
             "no compute reported for {d}: {devices:?}"
         );
+    }
+    let read = query(&prom.addr, "sum by (device) (hearth_device_disk_read_bytes_total)").unwrap();
+    for s in query(&prom.addr, "hearth_device_disk_read_bytes_total").unwrap() {
+        eprintln!("disk read: {} {} {}", s["metric"]["device"], s["metric"]["phase"], s["value"][1]);
+    }
+    for d in [w1.addr.as_str(), w2.addr.as_str()] {
+        let bytes: f64 = read.iter().find(|s| s["metric"]["device"] == d).and_then(|s| s["value"][1].as_str()).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+        assert!(bytes > 0.0, "{d} read nothing from disk while releasing its window: {read:?}");
     }
     let accepted = query(&prom.addr, "hearth_spec_accepted_tokens_total").unwrap();
     let accepted: f64 = accepted[0]["value"][1].as_str().unwrap().parse().unwrap();

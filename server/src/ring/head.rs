@@ -99,6 +99,9 @@ pub struct RingConfig {
     pub replan_idle: Option<Duration>,
     /// Added to every frame the head sends (`--emulate-hop-ms`, benchmarks only).
     pub hop_delay: Duration,
+    /// `Some(true)`: every device releases its windows after use (`--release-windows`);
+    /// `None`: each decides from the memory it may use.
+    pub release: Option<bool>,
 }
 
 /// The head's part of a plan: its stage's windows and how a step walks them. The head's
@@ -142,7 +145,7 @@ impl Layout {
             StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true },
         )?;
         // Made after the stage, so the stage's own memory counts against the budget.
-        let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.prefetch, None));
+        let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.prefetch, cfg.release));
         if let Some(p) = &pager {
             tracing::info!("head windows: {}", p.describe());
         }
@@ -380,7 +383,7 @@ impl RingPipeline {
                     n_seq: cfg.n_seq,
                     n_ctx_seq: cfg.n_ctx_seq,
                     max_batch: cfg.max_batch,
-                    release: None,
+                    release: cfg.release,
                     head: head_id.clone(),
                 };
                 let body = serde_json::to_value(&wp).map_err(|e| FormError::Refused(e.to_string()))?;
