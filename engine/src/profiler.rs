@@ -130,11 +130,12 @@ pub fn disk_read(dir: &Path, existing: Option<&Path>, time: Duration) -> Result<
     let path = dir.join(format!(".hearth-profile-{}.tmp", std::process::id()));
     let result = match write_scratch(&path) {
         Ok(()) => read_rates(&path, DISK_FILE_BYTES, time),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem) && existing.is_some() => {
-            let file = existing.unwrap_or(&path);
-            std::fs::metadata(file).and_then(|m| read_rates(file, (m.len() as usize).min(DISK_FILE_BYTES), time))
-        }
-        Err(e) => Err(e),
+        Err(e) => match existing {
+            Some(file) if matches!(e.kind(), std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem) => {
+                std::fs::metadata(file).and_then(|m| read_rates(file, (m.len() as usize).min(DISK_FILE_BYTES), time))
+            }
+            _ => Err(e),
+        },
     };
     let _ = std::fs::remove_file(&path);
     result.map_err(|e| Error::Ggml(format!("disk test in {}: {e}", dir.display())))

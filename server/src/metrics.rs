@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Histogram, Unit};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -111,28 +111,69 @@ pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<
     }
 }
 
-/// One round trip of one step: its time, each worker's report (in ring order, matching
-/// `workers`) and, from what the workers did not spend computing, the mean hop.
-pub fn ring_round_trip(d: Duration, workers: &[String], reports: &[transport::StageReport]) {
-    let secs = d.as_secs_f64();
-    histogram!("hearth_ring_round_trip_seconds").record(secs);
-    let mut compute = 0.0;
-    for (device, r) in workers.iter().zip(reports) {
-        device_step(device, r);
-        compute += f64::from(r.compute_us) * 1e-6;
+/// The ring's per-step metrics, registered once per plan (device names are labels):
+/// recording a frame then costs no allocation and no registry lookup.
+pub struct RingMeter {
+    round_trip: Histogram,
+    hop: Histogram,
+    head: DeviceMeter,
+    /// In ring order, matching the reports a frame brings back.
+    workers: Vec<DeviceMeter>,
+}
+
+struct DeviceMeter {
+    compute: Histogram,
+    read: Counter,
+    prefetch: Counter,
+}
+
+impl DeviceMeter {
+    fn new(device: &str) -> DeviceMeter {
+        DeviceMeter {
+            compute: histogram!("hearth_device_compute_seconds", "device" => device.to_string()),
+            read: counter!("hearth_device_disk_read_bytes_total", "device" => device.to_string(), "phase" => "compute"),
+            prefetch: counter!("hearth_device_disk_read_bytes_total", "device" => device.to_string(), "phase" => "prefetch"),
+        }
     }
-    // A frame that lost reports (a ring longer than a frame can report) says nothing of hops.
-    if reports.len() == workers.len() {
-        let hops = (workers.len() + 1) as f64;
-        histogram!("hearth_ring_hop_seconds").record(((secs - compute) / hops).max(0.0));
+
+    fn record(&self, r: &transport::StageReport) {
+        self.compute.record(f64::from(r.compute_us) * 1e-6);
+        self.read.increment(r.read_bytes);
+        self.prefetch.increment(r.prefetch_bytes);
     }
 }
 
-/// A device ran its window for one frame.
-pub fn device_step(device: &str, r: &transport::StageReport) {
-    histogram!("hearth_device_compute_seconds", "device" => device.to_string()).record(f64::from(r.compute_us) * 1e-6);
-    counter!("hearth_device_disk_read_bytes_total", "device" => device.to_string(), "phase" => "compute").increment(r.read_bytes);
-    counter!("hearth_device_disk_read_bytes_total", "device" => device.to_string(), "phase" => "prefetch").increment(r.prefetch_bytes);
+impl RingMeter {
+    pub fn new(head: &str, workers: &[String]) -> RingMeter {
+        RingMeter {
+            round_trip: histogram!("hearth_ring_round_trip_seconds"),
+            hop: histogram!("hearth_ring_hop_seconds"),
+            head: DeviceMeter::new(head),
+            workers: workers.iter().map(|w| DeviceMeter::new(w)).collect(),
+        }
+    }
+
+    /// The head ran one of its windows.
+    pub fn head_step(&self, r: &transport::StageReport) {
+        self.head.record(r);
+    }
+
+    /// One round trip of one step: its time, each worker's report and, from what the
+    /// workers did not spend computing, the mean hop.
+    pub fn round_trip(&self, d: Duration, reports: &[transport::StageReport]) {
+        let secs = d.as_secs_f64();
+        self.round_trip.record(secs);
+        let mut compute = 0.0;
+        for (device, r) in self.workers.iter().zip(reports) {
+            device.record(r);
+            compute += f64::from(r.compute_us) * 1e-6;
+        }
+        // A frame that lost reports (a ring longer than a frame can report) says nothing of hops.
+        if reports.len() == self.workers.len() {
+            let hops = (self.workers.len() + 1) as f64;
+            self.hop.record(((secs - compute) / hops).max(0.0));
+        }
+    }
 }
 
 /// The ring was formed at start.

@@ -11,8 +11,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -65,14 +63,6 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn start_prometheus(binary: &Path, head: &str) -> Prometheus {
     let shipped = std::fs::read_to_string(repo().join("dashboards/prometheus.yml")).unwrap();
     assert!(
@@ -88,7 +78,7 @@ fn start_prometheus(binary: &Path, head: &str) -> Prometheus {
         shipped.replace(SHIPPED_TARGET, &format!("\"{head}\"")),
     )
     .unwrap();
-    let addr = format!("127.0.0.1:{}", free_port());
+    let addr = format!("127.0.0.1:{}", common::free_port());
     let child = Command::new(binary)
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
@@ -107,30 +97,6 @@ fn start_prometheus(binary: &Path, head: &str) -> Prometheus {
     }
 }
 
-fn http(addr: &str, request: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    s.write_all(request.as_bytes()).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = resp
-        .find("\r\n\r\n")
-        .map_or(String::new(), |i| resp[i + 4..].to_string());
-    (status, body)
-}
-
-fn get(addr: &str, path: &str) -> (u16, String) {
-    http(
-        addr,
-        &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
-    )
-}
-
-fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
-    http(addr, &format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()))
-}
-
 fn url_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
@@ -142,33 +108,27 @@ fn url_encode(s: &str) -> String {
         .collect()
 }
 
-/// Prometheus's answer to an instant query: `Ok(series)` or `Err(its error)`.
-fn query(prom: &str, expr: &str) -> Result<Vec<Value>, String> {
-    let (status, body) = get(prom, &format!("/api/v1/query?query={}", url_encode(expr)));
-    let v: Value = serde_json::from_str(&body)
-        .map_err(|e| format!("HTTP {status}, not JSON ({e}): {body}"))?;
+/// The `data` of a Prometheus HTTP API answer, or the error it gave.
+fn prometheus_api(prom: &str, path: &str) -> Result<Value, String> {
+    let r = common::http(prom, "GET", path, "", "")?;
+    let v: Value = serde_json::from_str(&r.body).map_err(|e| format!("HTTP {}, not JSON ({e}): {}", r.status, r.body))?;
     if v["status"] != "success" {
         return Err(format!("{}: {}", v["errorType"], v["error"]));
     }
-    Ok(v["data"]["result"].as_array().cloned().unwrap_or_default())
+    Ok(v["data"].clone())
+}
+
+/// Prometheus's answer to an instant query: `Ok(series)` or `Err(its error)`.
+fn query(prom: &str, expr: &str) -> Result<Vec<Value>, String> {
+    let data = prometheus_api(prom, &format!("/api/v1/query?query={}", url_encode(expr)))?;
+    Ok(data["result"].as_array().cloned().unwrap_or_default())
 }
 
 /// A variable's `label_values(METRIC, LABEL)` is Grafana's, not PromQL: it asks
 /// Prometheus for LABEL's values on METRIC's series, as Grafana does.
 fn label_values(prom: &str, metric: &str, label: &str) -> Result<Vec<Value>, String> {
-    let (status, body) = get(
-        prom,
-        &format!(
-            "/api/v1/label/{label}/values?match[]={}",
-            url_encode(metric)
-        ),
-    );
-    let v: Value = serde_json::from_str(&body)
-        .map_err(|e| format!("HTTP {status}, not JSON ({e}): {body}"))?;
-    if v["status"] != "success" {
-        return Err(format!("{}: {}", v["errorType"], v["error"]));
-    }
-    Ok(v["data"].as_array().cloned().unwrap_or_default())
+    let data = prometheus_api(prom, &format!("/api/v1/label/{label}/values?match[]={}", url_encode(metric)))?;
+    Ok(data.as_array().cloned().unwrap_or_default())
 }
 
 /// Evaluates a panel's expression, or a variable's `label_values(...)` query.
@@ -249,9 +209,9 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 
 /// Metric families the head exports (`# TYPE` lines of /metrics).
 fn exported(head: &str) -> BTreeSet<String> {
-    let (status, body) = get(head, "/metrics");
-    assert_eq!(status, 200);
-    body.lines()
+    let r = common::http(head, "GET", "/metrics", "", "").unwrap();
+    assert_eq!(r.status, 200);
+    r.body.lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_string)
@@ -260,8 +220,8 @@ fn exported(head: &str) -> BTreeSet<String> {
 
 fn chat(head: &str, content: &str, max_tokens: usize) {
     let body = serde_json::json!({"model": "", "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0});
-    let (status, resp) = post(head, "/v1/chat/completions", &body.to_string());
-    assert_eq!(status, 200, "{resp}");
+    let r = common::http(head, "POST", "/v1/chat/completions", "", &body.to_string()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 }
 
 #[test]
@@ -291,27 +251,14 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
     let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &workers, "--windows", "10,10,10", "--spec-mode", "ngram", "--release-windows"]);
     let prom = start_prometheus(&binary, &head.addr);
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let listening = TcpStream::connect(&prom.addr).is_ok();
-        let up = listening
-            .then(|| query(&prom.addr, "up{job=\"hearth\"}"))
-            .and_then(|r| r.ok())
-            .and_then(|r| r.first().map(|s| s["value"][1] == "1"));
-        if up == Some(true) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "Prometheus never scraped the head"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    common::wait_for("Prometheus to scrape the head", Duration::from_secs(60), || {
+        query(&prom.addr, "up{job=\"hearth\"}").ok().filter(|r| r.first().is_some_and(|s| s["value"][1] == "1"))
+    });
 
     // Traffic over several scrapes, so rates have two samples: answers that repeat (drafts
     // get accepted), a cached prompt, and a client error.
-    let (status, _) = post(&head.addr, "/v1/chat/completions", "{not json");
-    assert_eq!(status, 400);
+    let r = common::http(&head.addr, "POST", "/v1/chat/completions", "", "{not json").unwrap();
+    assert_eq!(r.status, 400);
     let traffic_until = Instant::now() + Duration::from_secs(16);
     while Instant::now() < traffic_until {
         chat(

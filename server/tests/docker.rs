@@ -11,12 +11,11 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_port, wait_for, Response};
 use serde_json::Value;
 
 /// An unusual private subnet: Docker's own pools are 172.17-31.x and 192.168.x.
@@ -91,13 +90,6 @@ fn compose_command() -> Option<Vec<String>> {
         .into_iter()
         .find(|c| output(Command::new(c[0]).args(&c[1..]).arg("version")).is_ok())
         .map(|c| c.into_iter().map(str::to_string).collect())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// The containers of a compose project (by the label both Compose versions set).
@@ -220,37 +212,9 @@ impl Project {
     }
 }
 
-struct Response {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-/// One HTTP/1.1 request; Err when the connection fails (a server not up yet).
+/// One request to the head, with the API key.
 fn http(addr: &str, method: &str, path: &str, body: &str) -> Result<Response, String> {
-    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))
-        .map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .map_err(|e| e.to_string())?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
-    let (head, body) = resp
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("not an HTTP response: {resp:?}"))?;
-    let status = head
-        .get(9..12)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("not an HTTP response: {resp:?}"))?;
-    Ok(Response {
-        status,
-        headers: head.to_ascii_lowercase(),
-        body: body.to_string(),
-    })
+    common::http(addr, method, path, &format!("Authorization: Bearer {API_KEY}\r\n"), body)
 }
 
 fn health(addr: &str) -> Option<Value> {
@@ -262,18 +226,6 @@ fn health(addr: &str) -> Option<Value> {
 
 fn chat(addr: &str) -> Result<Response, String> {
     http(addr, "POST", "/v1/chat/completions", CHAT)
-}
-
-/// Polls `check` every half second until it gives a value; panics with `what` after `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// A 503 with the OpenAI error envelope, `ring_unavailable`, a message naming `names`,

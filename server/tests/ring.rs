@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::Served;
@@ -15,13 +13,9 @@ const TOKENS: usize = 48;
 
 fn chat(addr: &str, stream: bool) -> String {
     let body = format!(r#"{{"model":"","messages":[{{"role":"user","content":"{PROMPT}"}}],"max_tokens":{TOKENS},"temperature":0,"stream":{stream}}}"#);
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    let body = &resp[resp.find("\r\n\r\n").unwrap() + 4..];
+    let (status, body) = raw(addr, "POST /v1/chat/completions", &body);
+    assert_eq!(status, 200, "{body}");
+    let body = body.as_str();
     if !stream {
         let v: Value = serde_json::from_str(body).unwrap();
         return v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
@@ -84,13 +78,9 @@ fn raw(addr: &str, method_path: &str, body: &str) -> (u16, String) {
 
 /// `headers`: extra header lines, each ending in `\r\n`.
 fn raw_with(addr: &str, method_path: &str, headers: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(s, "{method_path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    (status, resp[resp.find("\r\n\r\n").unwrap() + 4..].to_string())
+    let (method, path) = method_path.split_once(' ').unwrap();
+    let r = common::http(addr, method, path, headers, body).unwrap();
+    (r.status, r.body)
 }
 
 const LONG: &str = r#"{"model":"","messages":[{"role":"user","content":"Write a very long story."}],"max_tokens":900,"temperature":0}"#;
@@ -417,7 +407,7 @@ fn a_head_listening_on_every_interface_advertises_the_address_to_dial() {
     };
     assert!(err.contains("--ring-advertise"), "{err}");
     // As in a container: bound to every interface, the last worker told another address.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = common::free_port();
     let (listen, advertise) = (format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}"));
     let head = Served::start(&[&base[..], &["--ring-listen", &listen, "--ring-advertise", &advertise]].concat());
     assert!(!chat(&head.addr, false).is_empty());
@@ -429,15 +419,8 @@ fn a_worker_stops_at_once_on_sigterm() {
     // action for it: the worker must handle it itself.
     let mut w = Served::worker(&["--threads", "1"]);
     w.terminate();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(status) = w.child.try_wait().unwrap() {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the worker ignored SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let status = common::wait_for("the worker to exit on SIGTERM", Duration::from_secs(5), || w.child.try_wait().unwrap());
+    assert!(status.success(), "{status}");
 }
 
 #[test]
@@ -448,15 +431,7 @@ fn an_idle_head_notices_a_lost_worker_without_a_request() {
     assert!(!chat(&head.addr, false).is_empty());
     assert_eq!(health(&head.addr)["status"], "ok");
     w2.child.kill().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let h = loop {
-        let h = health(&head.addr);
-        if h["status"] == "degraded" {
-            break h;
-        }
-        assert!(Instant::now() < deadline, "still {h} 5 s after a worker died, with no request");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let h = common::wait_for("/health to say degraded, with no request", Duration::from_secs(5), || Some(health(&head.addr)).filter(|h| h["status"] == "degraded"));
     // Named by its address, not the port its link back to the head came from.
     assert!(h["reason"].as_str().unwrap().contains(&w2.addr), "{h}");
 }

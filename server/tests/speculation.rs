@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
 
 use common::Served;
 use serde_json::Value;
@@ -16,13 +13,10 @@ const PROMPT: &str = "The cat sat on the mat.\\nThe cat sat on the mat.\\nThe ca
 const TOKENS: usize = 64;
 
 fn http(addr: &str, method_path: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(s, "{method_path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
-    resp[resp.find("\r\n\r\n").unwrap() + 4..].to_string()
+    let (method, path) = method_path.split_once(' ').unwrap();
+    let r = common::http(addr, method, path, "", body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
 }
 
 /// The completion's text; `sampling` adds fields such as `"temperature":0`.

@@ -24,6 +24,7 @@ use super::board::{self, CheckView, PlanBoard};
 use super::paging::WindowPager;
 use super::planning::{addresses, Planner, HEAD_NAME};
 use super::WorkerPlan;
+use crate::metrics::RingMeter;
 
 pub struct RingPipeline {
     rt: tokio::runtime::Runtime,
@@ -49,6 +50,8 @@ pub struct RingPipeline {
     dtype: Dtype,
     replan: Replanning,
     board: Arc<PlanBoard>,
+    /// Per-device metrics of the running plan's members.
+    meter: RingMeter,
 }
 
 /// What re-planning a running ring needs besides the planner.
@@ -219,6 +222,7 @@ impl RingPipeline {
         cfg.plan = Some(plan);
         let strategy = (source != "windows").then_some(planner.options.strategy);
         let n_embd = file.spec.n_embd;
+        let meter = RingMeter::new(HEAD_NAME, &cfg.workers);
         let mut ring = RingPipeline {
             rt,
             stage,
@@ -236,6 +240,7 @@ impl RingPipeline {
             dtype: if cfg.f16 { Dtype::F16 } else { Dtype::F32 },
             replan: Replanning { idle_after: cfg.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
             board,
+            meter,
             cfg,
         };
         ring.publish(&source, Some(&prediction), false);
@@ -287,6 +292,7 @@ impl RingPipeline {
         self.stage = stage;
         self.layout = layout;
         self.cfg.workers = super::planning::addresses(&self.replan.devices, &members);
+        self.meter = RingMeter::new(HEAD_NAME, &self.cfg.workers);
         self.cfg.plan = Some(plan);
         self.replan.members = members;
         self.publish(source, Some(prediction), true);
@@ -449,15 +455,18 @@ impl RingPipeline {
                 Frame::Activations(a) => a.reports.as_slice(),
                 _ => &[],
             };
-            crate::metrics::ring_round_trip(started.elapsed(), &self.cfg.workers, reports);
+            self.meter.round_trip(started.elapsed(), reports);
         }
-        result.map_err(|e| {
-            tracing::error!("ring broken: {e}");
-            crate::metrics::ring_broke();
-            self.links = None;
-            self.broken = Some(e.clone());
-            ring_err(e)
-        })
+        result.map_err(|e| self.break_ring(e))
+    }
+
+    /// The ring is broken: the links are gone until `recover`, and why is kept for /health.
+    fn break_ring(&mut self, why: String) -> engine::Error {
+        tracing::error!("ring broken: {why}");
+        crate::metrics::ring_broke();
+        self.links = None;
+        self.broken = Some(why.clone());
+        ring_err(why)
     }
 
     fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
@@ -484,7 +493,7 @@ impl RingPipeline {
                 let out = self.stage.forward(w, batch, input);
                 if let Some(p) = self.layout.pager.as_mut() {
                     p.after(round);
-                    crate::metrics::device_step(HEAD_NAME, &p.report(round));
+                    self.meter.head_step(&p.report(round));
                 }
                 h = Some(match out? {
                     StageOutput::Hidden(h) => h,
@@ -531,13 +540,7 @@ impl RingPipeline {
         });
         match lost {
             None => Ok(()),
-            Some(e) => {
-                tracing::error!("ring broken while idle: {e}");
-                crate::metrics::ring_broke();
-                self.links = None;
-                self.broken = Some(e.clone());
-                Err(ring_err(e))
-            }
+            Some(e) => Err(self.break_ring(format!("while idle: {e}"))),
         }
     }
 

@@ -201,7 +201,7 @@ impl WindowPager {
 
     /// Window `r`'s last step, as it travels to the head in the frame.
     pub fn report(&self, r: usize) -> transport::StageReport {
-        let s = self.stats.get(r).cloned().unwrap_or_default();
+        let Some(s) = self.stats.get(r) else { return transport::StageReport::default() };
         transport::StageReport {
             compute_us: u32::try_from(s.compute_last.as_micros()).unwrap_or(u32::MAX),
             read_bytes: s.read_compute_last,

@@ -1,10 +1,12 @@
-//! Shared by the server's process-level tests: the default model, and `hearth serve`
-//! started as a child process on a free port.
+//! Shared by the server's process-level tests: the default model, `hearth serve` started
+//! as a child process on a free port, a plain HTTP/1.1 client and polling.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub fn default_model() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
@@ -85,6 +87,44 @@ impl Drop for Served {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// An HTTP answer: status, the header block lower-cased, body.
+pub struct Response {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+/// One HTTP/1.1 request on a connection of its own. `headers`: extra header lines, each
+/// ending in `\r\n`. Err when the connection fails (a server not up yet) or the answer is
+/// not HTTP.
+pub fn http(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> Result<Response, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).map_err(|e| e.to_string())?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).map_err(|e| e.to_string())?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
+    let (head, body) = resp.split_once("\r\n\r\n").ok_or_else(|| format!("not an HTTP response: {resp:?}"))?;
+    let status = head.get(9..12).and_then(|c| c.parse().ok()).ok_or_else(|| format!("not an HTTP response: {resp:?}"))?;
+    Ok(Response { status, headers: head.to_ascii_lowercase(), body: body.to_string() })
+}
+
+/// Polls `check` until it gives a value; panics naming `what` after `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A loopback port free now (for a process that must be told its port up front).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 pub const SIGTERM: i32 = 15;
