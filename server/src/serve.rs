@@ -151,9 +151,9 @@ pub fn ring_runtime() -> std::io::Result<tokio::runtime::Runtime> {
 
 /// nice value of HTTP threads (0 is normal, 19 lowest): low enough to yield to the engine
 /// under contention, high enough not to starve when the machine is busy elsewhere.
-const HTTP_NICE: i32 = 10;
+pub(crate) const HTTP_NICE: i32 = 10;
 
-fn lower_thread_priority(nice: i32) {
+pub(crate) fn lower_thread_priority(nice: i32) {
     #[cfg(target_os = "linux")]
     // SAFETY: setpriority on this thread's own id; failure only leaves the priority as is.
     unsafe {
