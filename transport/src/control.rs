@@ -4,15 +4,25 @@
 //! `{"ok": <value>}` or `{"error": {"message": "..."}}` with a matching HTTP status. What a
 //! method means is the caller's business: this crate carries opaque JSON.
 //!
-//! Every request carries `x-hearth-auth: <unix ms>.<hex HMAC>` over the timestamp, HTTP
-//! method, path and body. The server refuses (401) a missing or wrong MAC and a timestamp
-//! more than a minute off its clock, so a captured request stops working soon after. The
-//! server signs its answer over the request's MAC, status and body, so the caller knows the
-//! answer came from a member of the cluster and belongs to its own request.
+//! Calls travel on connections that proved the cluster secret in their handshake (`link`),
+//! and each call is signed on its own as well: `x-hearth-auth` is
+//! `<receiver id>.<unix ms>.<nonce>.<body SHA-256>.<HMAC>` (hex, dot-separated), the HMAC
+//! taken over all of these plus the HTTP method and path. The receiver id is the one the
+//! server announced in the handshake (random per server process), the nonce 16 fresh random
+//! bytes. From the header alone, before reading a byte of the body, the server refuses (401)
+//! a missing or wrong MAC, a call addressed to another server, a timestamp more than a
+//! minute off its clock and a nonce it has already accepted (it remembers nonces for as long
+//! as their timestamp is acceptable); it refuses (413) a declared length over the limit.
+//! Only then does it read the body, up to the limit, and check it against the signed digest.
+//! A captured call is thus refused by every other server, by its own server again, and by
+//! that server once restarted. The server signs its answer over the request's MAC, status
+//! and body, so the caller knows the answer came from a member of the cluster and belongs
+//! to its own request.
 
 use std::future::Future;
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -20,14 +30,15 @@ use hmac::Mac;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
-use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 use tokio::time::timeout;
 use tracing::warn;
 
-use crate::auth::{ClusterSecret, HmacSha256};
+use crate::auth::{random, ClusterSecret, HmacSha256, PeerId};
 use crate::error::{Error, Result};
 use crate::link::{open_h2, ConnGuard, LinkConfig};
 
@@ -44,12 +55,17 @@ pub mod methods {
 /// Home devices' clocks drift and phones sync rarely; a minute tolerates that while a
 /// captured request soon goes stale.
 const MAX_CLOCK_SKEW_MS: u64 = 60_000;
-/// Plans and profiles are kilobytes; this bounds what an unauthenticated caller can make a
-/// node buffer before its MAC is checked.
+/// Plans and profiles are kilobytes; this bounds what a signed call can make a node buffer.
 const MAX_BODY_BYTES: usize = 4 << 20;
 const MAX_METHOD_LEN: usize = 64;
-const REQUEST_LABEL: &[u8] = b"hearth control request v1";
-const RESPONSE_LABEL: &[u8] = b"hearth control response v1";
+/// 128 random bits: a nonce repeats by chance never, so a repeat is a replay.
+pub const REQUEST_NONCE_LEN: usize = 16;
+/// Nonces remembered at once. Only calls with a valid MAC add one, so only a member of
+/// the cluster can fill it (about 2 000 calls a second for the whole window, 3 MB); when it
+/// is full, new calls are refused (503) rather than let a replay through.
+const MAX_REMEMBERED_NONCES: usize = 1 << 16;
+const REQUEST_LABEL: &[u8] = b"hearth control request v2";
+const RESPONSE_LABEL: &[u8] = b"hearth control response v2";
 const JSON: &str = "application/json";
 
 /// The wire envelope of every control answer.
@@ -107,14 +123,29 @@ fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-fn request_mac(secret: &ClusterSecret, unix_ms: u64, method: &str, path: &str, body: &[u8]) -> HmacSha256 {
+type RequestNonce = [u8; REQUEST_NONCE_LEN];
+type BodyDigest = [u8; 32];
+
+/// What `x-hearth-auth` carries besides the MAC.
+struct Signed {
+    receiver: PeerId,
+    unix_ms: u64,
+    nonce: RequestNonce,
+    digest: BodyDigest,
+}
+
+fn request_mac(secret: &ClusterSecret, signed: &Signed, method: &str, path: &str) -> HmacSha256 {
     let mut mac = secret.mac();
-    // NUL separators: none of the fields can contain one, so no two requests share an input.
-    for part in [REQUEST_LABEL, unix_ms.to_string().as_bytes(), method.as_bytes(), path.as_bytes()] {
+    mac.update(REQUEST_LABEL);
+    // Fixed lengths first; NUL after each variable field, which none of them can contain,
+    // so no two requests share an input.
+    mac.update(&signed.receiver);
+    mac.update(&signed.nonce);
+    mac.update(&signed.digest);
+    for part in [signed.unix_ms.to_string().as_bytes(), method.as_bytes(), path.as_bytes()] {
         mac.update(part);
         mac.update(&[0]);
     }
-    mac.update(body);
     mac
 }
 
@@ -127,15 +158,44 @@ fn response_mac(secret: &ClusterSecret, request_tag: &[u8], status: u16, body: &
     mac
 }
 
-/// The `x-hearth-auth` value for a request; public so tools and tests can craft calls.
-pub fn sign_request(secret: &ClusterSecret, unix_ms: u64, method: &str, path: &str, body: &[u8]) -> String {
-    let tag = request_mac(secret, unix_ms, method, path, body).finalize().into_bytes();
-    format!("{unix_ms}.{}", hex(&tag))
+fn auth_value(signed: &Signed, tag: &[u8]) -> String {
+    format!(
+        "{}.{}.{}.{}.{}",
+        hex(&signed.receiver),
+        signed.unix_ms,
+        hex(&signed.nonce),
+        hex(&signed.digest),
+        hex(tag)
+    )
 }
 
-fn parse_auth(value: &str) -> Option<(u64, Vec<u8>)> {
-    let (ts, tag) = value.split_once('.')?;
-    Some((ts.parse().ok()?, unhex(tag)?))
+/// An `x-hearth-auth` value for a call to the server `receiver`, with a fresh nonce; public
+/// so tools and tests can craft calls.
+pub fn sign_request(
+    secret: &ClusterSecret,
+    receiver: &PeerId,
+    unix_ms: u64,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> String {
+    let signed = Signed { receiver: *receiver, unix_ms, nonce: random(), digest: Sha256::digest(body).into() };
+    auth_value(&signed, &request_mac(secret, &signed, method, path).finalize().into_bytes())
+}
+
+fn parse_auth(value: &str) -> Option<(Signed, Vec<u8>)> {
+    let mut parts = value.split('.');
+    let mut next_hex = || unhex(parts.next()?);
+    let receiver = next_hex()?.try_into().ok()?;
+    let unix_ms = parts.next()?.parse().ok()?;
+    let mut next_hex = || unhex(parts.next()?);
+    let nonce = next_hex()?.try_into().ok()?;
+    let digest = next_hex()?.try_into().ok()?;
+    let tag = next_hex()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((Signed { receiver, unix_ms, nonce, digest }, tag))
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -149,13 +209,42 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
     (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
 }
 
+/// The nonces of accepted calls, each with the time after which its timestamp is refused
+/// anyway (so it need not be remembered past then).
+#[derive(Default)]
+struct Replays {
+    seen: HashMap<RequestNonce, u64>,
+}
+
+enum Fresh {
+    Yes,
+    Replayed,
+    Full,
+}
+
+impl Replays {
+    fn check_and_remember(&mut self, nonce: RequestNonce, unix_ms: u64, now: u64) -> Fresh {
+        if self.seen.contains_key(&nonce) {
+            return Fresh::Replayed;
+        }
+        if self.seen.len() >= MAX_REMEMBERED_NONCES {
+            self.seen.retain(|_, forget_at| *forget_at >= now);
+            if self.seen.len() >= MAX_REMEMBERED_NONCES {
+                return Fresh::Full;
+            }
+        }
+        self.seen.insert(nonce, unix_ms.saturating_add(MAX_CLOCK_SKEW_MS));
+        Fresh::Yes
+    }
+}
+
 fn envelope_bytes(envelope: &Envelope) -> Bytes {
     // Serialising a Value-bearing enum cannot fail (no non-string map keys exist in Value).
     Bytes::from(serde_json::to_vec(envelope).unwrap_or_default())
 }
 
-fn respond(status: StatusCode, envelope: &Envelope, signature: Option<String>) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(envelope_bytes(envelope)));
+fn respond(status: StatusCode, body: Bytes, signature: Option<String>) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
     if let Some(value) = signature.and_then(|s| HeaderValue::from_str(&s).ok()) {
@@ -166,72 +255,102 @@ fn respond(status: StatusCode, envelope: &Envelope, signature: Option<String>) -
 
 /// An unsigned error answer.
 pub(crate) fn plain(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
-    respond(status, &Envelope::Error { message: message.to_owned() }, None)
+    respond(status, envelope_bytes(&Envelope::Error { message: message.to_owned() }), None)
 }
 
-/// Serves one control call; also says whether the caller proved the secret.
-pub(crate) async fn serve(
-    req: Request<Incoming>,
-    method: &str,
-    secret: &ClusterSecret,
-    handler: Option<&dyn ControlHandler>,
-    peer: &str,
+/// The server side of control calls: who this server is, what it has accepted.
+pub(crate) struct Receiver {
+    secret: ClusterSecret,
+    id: PeerId,
+    handler: Option<Arc<dyn ControlHandler>>,
     read_timeout: Duration,
-) -> (Response<Full<Bytes>>, bool) {
-    let refuse = |reason: String| {
-        warn!(%peer, %method, "refused control call: {reason}");
-        (plain(StatusCode::UNAUTHORIZED, &format!("unauthorized: {reason}")), false)
-    };
-    let auth = req.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).and_then(parse_auth);
-    let Some((sent_at, tag)) = auth else {
-        return refuse(format!("missing or malformed {AUTH_HEADER} header"));
-    };
-    let skew = unix_ms().abs_diff(sent_at);
-    if skew > MAX_CLOCK_SKEW_MS {
-        return refuse(format!(
-            "timestamp is {} s off this node's clock (stale request, or clocks out of sync)",
-            skew / 1000
-        ));
-    }
-    let http_method = req.method().as_str().to_owned();
-    let path = req.uri().path().to_owned();
-    let body = match timeout(read_timeout, Limited::new(req.into_body(), MAX_BODY_BYTES).collect()).await {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return (plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large"), false)
-        }
-        Ok(Err(e)) => return (plain(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")), false),
-        Err(_) => return (plain(StatusCode::REQUEST_TIMEOUT, "body did not arrive in time"), false),
-    };
-    if request_mac(secret, sent_at, &http_method, &path, &body).verify_slice(&tag).is_err() {
-        return refuse("wrong signature (wrong cluster secret?)".into());
+    replays: Mutex<Replays>,
+}
+
+impl Receiver {
+    pub(crate) fn new(
+        secret: ClusterSecret,
+        id: PeerId,
+        handler: Option<Arc<dyn ControlHandler>>,
+        read_timeout: Duration,
+    ) -> Receiver {
+        Receiver { secret, id, handler, read_timeout, replays: Mutex::default() }
     }
 
-    let result = if !valid_method(method) {
-        Err(ControlFailure::unknown_method(method))
-    } else {
-        match (serde_json::from_slice::<Value>(&body), handler) {
-            (Err(e), _) => Err(ControlFailure::bad_request(format!("body is not JSON: {e}"))),
-            (Ok(_), None) => Err(ControlFailure::unknown_method(method)),
-            (Ok(value), Some(handler)) => handler.call(method, value).await,
+    /// Serves one control call, checking everything the headers say before reading the body.
+    pub(crate) async fn serve(&self, req: Request<Incoming>, method: &str, peer: &str) -> Response<Full<Bytes>> {
+        let refuse = |reason: String| {
+            warn!(%peer, %method, "refused control call: {reason}");
+            plain(StatusCode::UNAUTHORIZED, &format!("unauthorized: {reason}"))
+        };
+        let auth = req.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).and_then(parse_auth);
+        let Some((signed, tag)) = auth else {
+            return refuse(format!("missing or malformed {AUTH_HEADER} header"));
+        };
+        if signed.receiver != self.id {
+            return refuse(format!(
+                "the call is addressed to ring member {}, this is {}",
+                hex(&signed.receiver),
+                hex(&self.id)
+            ));
         }
-    };
-    let (status, envelope) = match result {
-        Ok(value) => (StatusCode::OK, Envelope::Ok(value)),
-        Err(f) => (
-            StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            Envelope::Error { message: f.message },
-        ),
-    };
-    let bytes = envelope_bytes(&envelope);
-    let signature = hex(&response_mac(secret, &tag, status.as_u16(), &bytes).finalize().into_bytes());
-    let mut response = Response::new(Full::new(bytes));
-    *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
-    if let Ok(value) = HeaderValue::from_str(&signature) {
-        response.headers_mut().insert(AUTH_HEADER, value);
+        let now = unix_ms();
+        let skew = now.abs_diff(signed.unix_ms);
+        if skew > MAX_CLOCK_SKEW_MS {
+            return refuse(format!(
+                "timestamp is {} s off this node's clock (stale request, or clocks out of sync)",
+                skew / 1000
+            ));
+        }
+        let path = req.uri().path().to_owned();
+        if request_mac(&self.secret, &signed, req.method().as_str(), &path).verify_slice(&tag).is_err() {
+            return refuse("wrong signature (wrong cluster secret?)".into());
+        }
+        let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+            return plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large");
+        }
+        let fresh = self.replays.lock().unwrap_or_else(|e| e.into_inner()).check_and_remember(signed.nonce, signed.unix_ms, now);
+        match fresh {
+            Fresh::Yes => {}
+            Fresh::Replayed => return refuse("replayed request (its nonce was used already)".into()),
+            Fresh::Full => {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "too many control calls in the last minutes; retry later")
+            }
+        }
+        let read = Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
+        let body = match timeout(self.read_timeout, read).await {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large")
+            }
+            Ok(Err(e)) => return plain(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")),
+            Err(_) => return plain(StatusCode::REQUEST_TIMEOUT, "body did not arrive in time"),
+        };
+        if <[u8; 32]>::from(Sha256::digest(&body)) != signed.digest {
+            return refuse("the body is not the one signed".into());
+        }
+
+        let result = if !valid_method(method) {
+            Err(ControlFailure::unknown_method(method))
+        } else {
+            match (serde_json::from_slice::<Value>(&body), &self.handler) {
+                (Err(e), _) => Err(ControlFailure::bad_request(format!("body is not JSON: {e}"))),
+                (Ok(_), None) => Err(ControlFailure::unknown_method(method)),
+                (Ok(value), Some(handler)) => handler.call(method, value).await,
+            }
+        };
+        let (status, envelope) = match result {
+            Ok(value) => (StatusCode::OK, Envelope::Ok(value)),
+            Err(f) => (
+                StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                Envelope::Error { message: f.message },
+            ),
+        };
+        let bytes = envelope_bytes(&envelope);
+        let signature = hex(&response_mac(&self.secret, &tag, status.as_u16(), &bytes).finalize().into_bytes());
+        respond(status, bytes, Some(signature))
     }
-    (response, true)
 }
 
 /// Calls control methods on one ring member over its own HTTP/2 connection. Cheap to clone;
@@ -240,6 +359,7 @@ pub(crate) async fn serve(
 pub struct ControlClient {
     send: SendRequest<Full<Bytes>>,
     authority: String,
+    receiver: PeerId,
     peer: Arc<str>,
     secret: ClusterSecret,
     timeout: Duration,
@@ -248,10 +368,11 @@ pub struct ControlClient {
 
 impl ControlClient {
     pub async fn connect(peer: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<ControlClient> {
-        let (send, addr, killer) = open_h2(peer, config).await?;
+        let (send, addr, killer, receiver) = open_h2(peer, secret, config).await?;
         Ok(ControlClient {
             send,
             authority: addr.to_string(),
+            receiver,
             peer: peer.into(),
             secret: secret.clone(),
             timeout: config.control_timeout,
@@ -263,6 +384,11 @@ impl ControlClient {
         &self.peer
     }
 
+    /// The id the server announced in the handshake; every call is signed for it.
+    pub fn receiver(&self) -> PeerId {
+        self.receiver
+    }
+
     /// Calls `method` with `body`; the peer's `ok` value, or an error naming the peer.
     pub async fn call(&self, method: &str, body: &Value) -> Result<Value> {
         if !valid_method(method) {
@@ -270,11 +396,12 @@ impl ControlClient {
         }
         let path = format!("{PATH_PREFIX}{method}");
         let body = serde_json::to_vec(body).map_err(|e| Error::Encode(e.to_string()))?;
-        let sent_at = unix_ms();
-        let tag = request_mac(&self.secret, sent_at, "POST", &path, &body).finalize().into_bytes();
+        let signed =
+            Signed { receiver: self.receiver, unix_ms: unix_ms(), nonce: random(), digest: Sha256::digest(&body).into() };
+        let tag = request_mac(&self.secret, &signed, "POST", &path).finalize().into_bytes();
         let request = Request::post(format!("http://{}{path}", self.authority))
             .header(CONTENT_TYPE, JSON)
-            .header(AUTH_HEADER, format!("{sent_at}.{}", hex(&tag)))
+            .header(AUTH_HEADER, auth_value(&signed, &tag))
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| Error::http(&self.peer, "building a control request", e))?;
         let mut send = self.send.clone();
@@ -325,6 +452,7 @@ impl ControlClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::PEER_ID_LEN;
 
     #[test]
     fn hex_round_trips_and_rejects_junk() {
@@ -337,15 +465,46 @@ mod tests {
     #[test]
     fn signatures_bind_every_field() {
         let s = ClusterSecret::new("k").unwrap();
-        let base = sign_request(&s, 1, "POST", "/control/health", b"{}");
-        assert_ne!(base, sign_request(&s, 2, "POST", "/control/health", b"{}"));
-        assert_ne!(base, sign_request(&s, 1, "GET", "/control/health", b"{}"));
-        assert_ne!(base, sign_request(&s, 1, "POST", "/control/profile", b"{}"));
-        assert_ne!(base, sign_request(&s, 1, "POST", "/control/health", b"[]"));
-        assert_ne!(base, sign_request(&ClusterSecret::new("j").unwrap(), 1, "POST", "/control/health", b"{}"));
-        let (ts, tag) = parse_auth(&base).unwrap();
-        assert_eq!(ts, 1);
-        assert_eq!(tag.len(), 32);
+        let signed = Signed { receiver: [1; PEER_ID_LEN], unix_ms: 1, nonce: [2; REQUEST_NONCE_LEN], digest: [3; 32] };
+        let tag = |s: &ClusterSecret, signed: &Signed, method, path| -> Vec<u8> {
+            request_mac(s, signed, method, path).finalize().into_bytes().to_vec()
+        };
+        let base = tag(&s, &signed, "POST", "/control/health");
+        assert_ne!(base, tag(&s, &Signed { receiver: [9; PEER_ID_LEN], ..signed }, "POST", "/control/health"));
+        assert_ne!(base, tag(&s, &Signed { unix_ms: 2, ..signed }, "POST", "/control/health"));
+        assert_ne!(base, tag(&s, &Signed { nonce: [9; REQUEST_NONCE_LEN], ..signed }, "POST", "/control/health"));
+        assert_ne!(base, tag(&s, &Signed { digest: [9; 32], ..signed }, "POST", "/control/health"));
+        assert_ne!(base, tag(&s, &signed, "GET", "/control/health"));
+        assert_ne!(base, tag(&s, &signed, "POST", "/control/profile"));
+        assert_ne!(base, tag(&ClusterSecret::new("j").unwrap(), &signed, "POST", "/control/health"));
+
+        let value = sign_request(&s, &[1; PEER_ID_LEN], 7, "POST", "/control/health", b"{}");
+        let (parsed, tag) = parse_auth(&value).unwrap();
+        assert_eq!((parsed.receiver, parsed.unix_ms, tag.len()), ([1; PEER_ID_LEN], 7, 32));
+        assert_eq!(parsed.digest, <[u8; 32]>::from(Sha256::digest(b"{}")));
+        // Two signatures of the same call differ: each has its own nonce.
+        assert_ne!(value, sign_request(&s, &[1; PEER_ID_LEN], 7, "POST", "/control/health", b"{}"));
+        assert!(parse_auth("1.abcd").is_none());
+        assert!(parse_auth(&format!("{value}.00")).is_none());
+    }
+
+    #[test]
+    fn a_nonce_is_accepted_once_and_the_memory_is_bounded() {
+        let mut replays = Replays::default();
+        assert!(matches!(replays.check_and_remember([1; REQUEST_NONCE_LEN], 1_000, 1_000), Fresh::Yes));
+        assert!(matches!(replays.check_and_remember([1; REQUEST_NONCE_LEN], 1_000, 1_000), Fresh::Replayed));
+        for i in 0..MAX_REMEMBERED_NONCES as u32 - 1 {
+            let mut nonce = [0; REQUEST_NONCE_LEN];
+            nonce[..4].copy_from_slice(&i.to_le_bytes());
+            nonce[15] = 2;
+            assert!(matches!(replays.check_and_remember(nonce, 1_000, 1_000), Fresh::Yes));
+        }
+        // Full of nonces whose timestamps are still acceptable: refused, not forgotten.
+        assert!(matches!(replays.check_and_remember([3; REQUEST_NONCE_LEN], 1_000, 1_000), Fresh::Full));
+        // Once they are past the window they make room.
+        let later = 1_000 + MAX_CLOCK_SKEW_MS + 1;
+        assert!(matches!(replays.check_and_remember([3; REQUEST_NONCE_LEN], later, later), Fresh::Yes));
+        assert_eq!(replays.seen.len(), 1);
     }
 
     #[test]

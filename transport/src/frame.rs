@@ -12,7 +12,8 @@
 //! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
-//! Auth*       32-byte nonce or proof (the link's handshake, see `auth`)
+//! Auth*       32-byte nonce or proof; AuthChallenge adds the 16-byte server id (the
+//!             connection's handshake before HTTP/2, see `auth`)
 //! ```
 //!
 //! The header's length tells a reader the whole frame size before any body arrives, so a
@@ -23,12 +24,12 @@
 use bytes::{Buf, BufMut, BytesMut};
 use half::{f16, slice::HalfFloatSliceExt};
 
-use crate::auth::{Nonce, Proof};
+use crate::auth::{Nonce, PeerId, Proof, PEER_ID_LEN};
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -171,6 +172,7 @@ pub enum Frame {
     },
     AuthChallenge {
         nonce: Nonce,
+        server: PeerId,
     },
     AuthProof {
         proof: Proof,
@@ -268,10 +270,13 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
             buf.put_slice(message.as_bytes());
         }
         Frame::Ping(v) | Frame::Pong(v) => buf.put_u64_le(*v),
-        Frame::AuthHello { nonce: b }
-        | Frame::AuthChallenge { nonce: b }
-        | Frame::AuthProof { proof: b }
-        | Frame::AuthWelcome { proof: b } => buf.put_slice(b),
+        Frame::AuthChallenge { nonce, server } => {
+            buf.put_slice(nonce);
+            buf.put_slice(server);
+        }
+        Frame::AuthHello { nonce: b } | Frame::AuthProof { proof: b } | Frame::AuthWelcome { proof: b } => {
+            buf.put_slice(b)
+        }
     }
     Ok(())
 }
@@ -306,9 +311,8 @@ fn body_len(frame: &Frame) -> Result<u32> {
         }
         Frame::Error { message, .. } => 8 + message.len() as u64,
         Frame::Ping(_) | Frame::Pong(_) => 8,
-        Frame::AuthHello { .. } | Frame::AuthChallenge { .. } | Frame::AuthProof { .. } | Frame::AuthWelcome { .. } => {
-            32
-        }
+        Frame::AuthChallenge { .. } => 32 + PEER_ID_LEN as u64,
+        Frame::AuthHello { .. } | Frame::AuthProof { .. } | Frame::AuthWelcome { .. } => 32,
     };
     u32::try_from(len).map_err(|_| Error::Encode(format!("a {}-byte body does not fit a frame", len)))
 }
@@ -487,7 +491,7 @@ impl FrameDecoder {
             KIND_PING => Frame::Ping(r.u64()?),
             KIND_PONG => Frame::Pong(r.u64()?),
             KIND_AUTH_HELLO => Frame::AuthHello { nonce: r.array()? },
-            KIND_AUTH_CHALLENGE => Frame::AuthChallenge { nonce: r.array()? },
+            KIND_AUTH_CHALLENGE => Frame::AuthChallenge { nonce: r.array()?, server: r.array()? },
             KIND_AUTH_PROOF => Frame::AuthProof { proof: r.array()? },
             KIND_AUTH_WELCOME => Frame::AuthWelcome { proof: r.array()? },
             other => return Err(Error::UnknownKind(other)),
@@ -765,7 +769,7 @@ mod tests {
             any::<u64>().prop_map(Frame::Ping),
             any::<u64>().prop_map(Frame::Pong),
             nonce.prop_map(|nonce| Frame::AuthHello { nonce }),
-            nonce.prop_map(|nonce| Frame::AuthChallenge { nonce }),
+            (nonce, any::<PeerId>()).prop_map(|(nonce, server)| Frame::AuthChallenge { nonce, server }),
             nonce.prop_map(|proof| Frame::AuthProof { proof }),
             nonce.prop_map(|proof| Frame::AuthWelcome { proof }),
         ]

@@ -1,14 +1,15 @@
 //! Moves activations and control messages between ring neighbours: one persistent HTTP/2
 //! connection per hop carrying length-prefixed binary frames (hidden states, in-band KV
 //! operations, per-step errors), plus JSON control RPCs (health, load plan, profile) on the
-//! same server, all authenticated by the cluster secret.
+//! same server. Every connection proves the cluster secret before HTTP/2 starts on it, and
+//! every control call is signed on its own, for one receiver, once.
 //!
 //! It moves bytes and frames only: it must not depend on the engine or the server. Frames
 //! hold plain f32 data and sequence ids; what they mean is the caller's business.
 //!
 //! - [`frame`]: the wire format and its codec; nothing a peer sends can make it panic or
 //!   allocate beyond the configured frame limit.
-//! - [`auth`]: the cluster secret and the HMAC challenge-response every link starts with.
+//! - [`auth`]: the cluster secret and the HMAC challenge-response every connection starts with.
 //! - [`link`]: the persistent HTTP/2 link, client ([`Link::connect`]) and server ([`LinkServer`]).
 //! - [`control`]: signed JSON control calls ([`ControlClient`], [`ControlHandler`]).
 
@@ -18,7 +19,7 @@ pub mod error;
 pub mod frame;
 pub mod link;
 
-pub use auth::ClusterSecret;
+pub use auth::{ClusterSecret, PeerId};
 pub use control::{methods, ControlClient, ControlFailure, ControlHandler};
 pub use error::{Error, Result};
 pub use frame::{encode, Activations, Dtype, Frame, FrameDecoder, KvOp, StageReport, TokenMeta};

@@ -3,17 +3,24 @@
 //! The predecessor dials its successor once and opens a single long-lived stream on
 //! `POST /ring/link`: the request body carries frames to the successor, the response body
 //! frames back (handshake, acks, step errors). Frames are cut from the byte stream by the
-//! codec, so HTTP/2's own DATA framing never has to line up with ours. The auth handshake
-//! runs first, in-band; until it succeeds the server accepts nothing but handshake frames of
-//! a few bytes, and a peer that fails it, stalls, or breaks the frame protocol has its whole
-//! TCP connection shut down while the server keeps serving everyone else.
+//! codec, so HTTP/2's own DATA framing never has to line up with ours.
+//!
+//! Every connection, link or control, starts with the auth handshake (`auth`) on the raw
+//! TCP socket, before HTTP/2: a peer that has not proved the cluster secret never reaches
+//! the HTTP/2 server, so it cannot make it buffer a header or a body byte, nor hold one of
+//! the slots that serve authenticated peers. Connections still in the handshake have a
+//! budget of their own, with a deadline; when it is full the oldest waiting one makes room,
+//! so idle or slow strangers cannot lock a ring member out. A peer that fails the handshake,
+//! stalls, or breaks the frame protocol has its whole TCP connection shut down while the
+//! server keeps serving everyone else.
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,15 +31,16 @@ use hyper::client::conn::http2::SendRequest;
 use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
-use crate::auth::{ClientHandshake, ClusterSecret, ServerHandshake};
+use crate::auth::{fresh_peer_id, ClientHandshake, ClusterSecret, PeerId, ServerHandshake};
 use crate::control::{self, ControlHandler};
 use crate::error::{Error, Result};
-use crate::frame::{encode, Frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES};
+use crate::frame::{encode, Frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
 
 pub const LINK_PATH: &str = "/ring/link";
 
@@ -48,11 +56,20 @@ const MAX_H2_FRAME: u32 = 1 << 20;
 const SEND_BUFFER: usize = 8 << 20;
 /// A hop needs one link stream and a few concurrent control calls.
 const MAX_STREAMS_PER_CONNECTION: u32 = 16;
-/// A ring has a handful of members; the cap bounds what a connection flood can take.
+/// Authenticated connections: a ring has a handful of members, each with a link and a
+/// control connection or two; the cap bounds what a member gone wrong can take.
 const MAX_CONNECTIONS: usize = 64;
-/// The largest handshake frame is 44 bytes: before a peer proves the secret it cannot make
+/// Connections still in the handshake. A real member needs one round trip in it, so a
+/// small budget is plenty; a full one evicts its oldest (see the module docs).
+const MAX_PENDING: usize = 64;
+/// The largest handshake frame is 60 bytes: before a peer proves the secret it cannot make
 /// us buffer more than this.
 const HANDSHAKE_MAX_FRAME_BYTES: usize = 256;
+/// Control calls carry a few short headers; hyper's default allows 16 MiB of them.
+const MAX_HEADER_LIST_BYTES: u32 = 16 << 10;
+/// What a server tells a client whose proof is wrong before closing: the client can then
+/// say "wrong secret" rather than "connection closed". It reveals nothing about the secret.
+const WRONG_SECRET: &str = "wrong cluster secret";
 /// Encoded frames queued ahead of the socket: enough to overlap encoding with sending, few
 /// enough that a peer that stops reading pushes back at once.
 const SEND_QUEUE_FRAMES: usize = 4;
@@ -67,8 +84,8 @@ const OCTET_STREAM: &str = "application/octet-stream";
 pub struct LinkConfig {
     /// Name resolution plus TCP connect.
     pub connect_timeout: Duration,
-    /// HTTP/2 setup plus the auth handshake; also how long a server keeps a connection
-    /// that has not authenticated anything.
+    /// The auth handshake plus HTTP/2 setup; also how long a server waits for a new
+    /// connection to prove the secret, and for a control call's body.
     pub handshake_timeout: Duration,
     /// How long a frame may wait for room in the send queue, i.e. for the peer to read.
     pub send_timeout: Duration,
@@ -309,10 +326,10 @@ pub struct Link {
 }
 
 impl Link {
-    /// Dials `peer` (`host:port` or `http://host:port`), opens the link stream and runs the
-    /// handshake. Fails with an error naming the peer if any step fails or stalls.
+    /// Dials `peer` (`host:port` or `http://host:port`), runs the handshake and opens the
+    /// link stream. Fails with an error naming the peer if any step fails or stalls.
     pub async fn connect(peer: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<Link> {
-        let (mut send, addr, killer) = open_h2::<ChannelBody>(peer, config).await?;
+        let (mut send, addr, killer, _) = open_h2::<ChannelBody>(peer, secret, config).await?;
         let label: Arc<str> = peer.into();
         // Until the link exists nothing else shuts the connection down on failure.
         let on_failure = killer.clone();
@@ -328,15 +345,12 @@ impl Link {
                 return Err(Error::http(peer, "opening the link", reason));
             }
             let guard = Arc::new(ConnGuard::new(killer, Some(Box::new(send))));
-            let mut link = Link::new(label, response.into_body(), tx, config, guard);
-            client_handshake(&mut link, secret).await?;
-            Ok(link)
+            Ok(Link::new(label, response.into_body(), tx, config, guard))
         };
-        let opened = timeout(config.handshake_timeout, opening).await.unwrap_or_else(|_| {
-            Err(Error::timeout(peer, "opening and authenticating the link", config.handshake_timeout))
-        });
-        let mut link = opened.inspect_err(|_| on_failure.kill())?;
-        link.stream.decoder.set_max_frame_bytes(config.max_frame_bytes);
+        let opened = timeout(config.handshake_timeout, opening)
+            .await
+            .unwrap_or_else(|_| Err(Error::timeout(peer, "opening the link", config.handshake_timeout)));
+        let link = opened.inspect_err(|_| on_failure.kill())?;
         debug!(%peer, "ring link open");
         Ok(link)
     }
@@ -364,7 +378,7 @@ impl Link {
             stream: FrameStream {
                 body,
                 buf: BytesMut::new(),
-                decoder: FrameDecoder::new(HANDSHAKE_MAX_FRAME_BYTES),
+                decoder: FrameDecoder::new(config.max_frame_bytes),
                 peer,
                 recv_timeout: config.recv_timeout,
                 guard,
@@ -374,44 +388,85 @@ impl Link {
 }
 
 fn unexpected(peer: &str, frame: Option<Frame>) -> Error {
-    let got = frame.map_or("the end of the stream", |f| f.kind_name());
-    Error::auth(peer, format!("expected the next handshake frame, got {got}"))
-}
-
-async fn client_handshake(link: &mut Link, secret: &ClusterSecret) -> Result<()> {
-    let peer = link.peer().to_owned();
-    let mut handshake = ClientHandshake::new(secret);
-    link.sink.send(&Frame::AuthHello { nonce: handshake.hello() }).await?;
-    let nonce = match link.stream.next_any().await? {
-        Some(Frame::AuthChallenge { nonce }) => nonce,
-        other => return Err(unexpected(&peer, other)),
-    };
-    link.sink.send(&Frame::AuthProof { proof: handshake.on_challenge(nonce) }).await?;
-    match link.stream.next_any().await {
-        Ok(Some(Frame::AuthWelcome { proof })) if handshake.on_welcome(&proof) => Ok(()),
-        Ok(Some(Frame::AuthWelcome { .. })) => Err(Error::auth(&peer, "the peer does not know the cluster secret")),
-        Ok(None) | Err(Error::Http { .. }) => {
-            Err(Error::auth(&peer, "the peer closed the link after our proof (wrong cluster secret?)"))
-        }
-        Ok(other) => Err(unexpected(&peer, other)),
-        Err(e) => Err(e),
+    match frame {
+        // Evicted, timed out or shut down: nothing was refused, a retry may get through.
+        None => Error::closed(peer),
+        Some(f) => Error::auth(peer, format!("expected the next handshake frame, got {}", f.kind_name())),
     }
 }
 
-async fn server_handshake(link: &mut Link, secret: &ClusterSecret) -> Result<()> {
-    let peer = link.peer().to_owned();
-    let nonce = match link.stream.next_any().await? {
+/// Reads exactly one handshake frame off the socket (what follows it is HTTP/2's);
+/// `None` at a clean end of the connection.
+async fn read_handshake_frame(tcp: &mut TcpStream, peer: &str) -> Result<Option<Frame>> {
+    let io = |error| Error::Io { peer: peer.to_owned(), what: "reading the handshake", error };
+    let protocol = |detail| Error::Protocol { peer: peer.to_owned(), detail: Box::new(detail) };
+    let mut decoder = FrameDecoder::new(HANDSHAKE_MAX_FRAME_BYTES);
+    let mut buf = BytesMut::zeroed(HEADER_LEN);
+    match tcp.read_exact(&mut buf).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(io(e)),
+    }
+    // Checks the header, its length against the handshake limit included.
+    if let Some(frame) = decoder.decode(&mut buf).map_err(protocol)? {
+        return Ok(Some(frame));
+    }
+    let body_len = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]) as usize;
+    buf.resize(HEADER_LEN + body_len, 0);
+    tcp.read_exact(&mut buf[HEADER_LEN..]).await.map_err(io)?;
+    match decoder.decode(&mut buf).map_err(protocol)? {
+        Some(frame) => Ok(Some(frame)),
+        None => Err(protocol(Error::malformed("handshake", "incomplete after its announced length"))),
+    }
+}
+
+async fn write_handshake_frame(tcp: &mut TcpStream, frame: &Frame, peer: &str) -> Result<()> {
+    let mut buf = BytesMut::new();
+    encode(frame, &mut buf)?;
+    tcp.write_all(&buf).await.map_err(|error| Error::Io { peer: peer.to_owned(), what: "sending the handshake", error })
+}
+
+/// The client's side of the handshake on a freshly dialled socket; HTTP/2 may start on it
+/// once this returns. Returns the server's id, which control calls are signed for. Public
+/// so tools and tests can speak to a ring port by hand.
+pub async fn client_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, peer: &str) -> Result<PeerId> {
+    let mut handshake = ClientHandshake::new(secret);
+    write_handshake_frame(tcp, &Frame::AuthHello { nonce: handshake.hello() }, peer).await?;
+    let (nonce, server) = match read_handshake_frame(tcp, peer).await? {
+        Some(Frame::AuthChallenge { nonce, server }) => (nonce, server),
+        other => return Err(unexpected(peer, other)),
+    };
+    let proof = handshake.on_challenge(nonce, server);
+    write_handshake_frame(tcp, &Frame::AuthProof { proof }, peer).await?;
+    match read_handshake_frame(tcp, peer).await? {
+        Some(Frame::AuthWelcome { proof }) => {
+            handshake.on_welcome(&proof).ok_or_else(|| Error::auth(peer, "the peer does not know the cluster secret"))
+        }
+        Some(Frame::Error { message, .. }) => Err(Error::auth(peer, format!("the peer refused us: {message}"))),
+        other => Err(unexpected(peer, other)),
+    }
+}
+
+async fn server_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, id: PeerId, peer: &str) -> Result<()> {
+    let nonce = match read_handshake_frame(tcp, peer).await? {
         Some(Frame::AuthHello { nonce }) => nonce,
-        other => return Err(unexpected(&peer, other)),
+        other => return Err(unexpected(peer, other)),
     };
-    let handshake = ServerHandshake::new(secret, nonce);
-    link.sink.send(&Frame::AuthChallenge { nonce: handshake.challenge() }).await?;
-    let proof = match link.stream.next_any().await? {
+    let handshake = ServerHandshake::new(secret, id, nonce);
+    let (nonce, server) = handshake.challenge();
+    write_handshake_frame(tcp, &Frame::AuthChallenge { nonce, server }, peer).await?;
+    let proof = match read_handshake_frame(tcp, peer).await? {
         Some(Frame::AuthProof { proof }) => proof,
-        other => return Err(unexpected(&peer, other)),
+        other => return Err(unexpected(peer, other)),
     };
-    let welcome = handshake.on_proof(&proof).ok_or_else(|| Error::auth(&peer, "wrong cluster secret"))?;
-    link.sink.send(&Frame::AuthWelcome { proof: welcome }).await
+    match handshake.on_proof(&proof) {
+        Some(welcome) => write_handshake_frame(tcp, &Frame::AuthWelcome { proof: welcome }, peer).await,
+        None => {
+            let refusal = Frame::Error { step: 0, message: WRONG_SECRET.into() };
+            let _ = write_handshake_frame(tcp, &refusal, peer).await;
+            Err(Error::auth(peer, WRONG_SECRET))
+        }
+    }
 }
 
 fn host_port(peer: &str) -> Result<&str> {
@@ -450,14 +505,22 @@ async fn dial(peer: &str, config: &LinkConfig) -> Result<(TcpStream, SocketAddr)
     Ok((tcp, addr))
 }
 
-/// Dials `peer` and sets up an HTTP/2 client connection with the ring's settings.
-pub(crate) async fn open_h2<B>(peer: &str, config: &LinkConfig) -> Result<(SendRequest<B>, SocketAddr, Killer)>
+/// Dials `peer`, authenticates, and sets up an HTTP/2 client connection with the ring's
+/// settings; also returns the server's id.
+pub(crate) async fn open_h2<B>(
+    peer: &str,
+    secret: &ClusterSecret,
+    config: &LinkConfig,
+) -> Result<(SendRequest<B>, SocketAddr, Killer, PeerId)>
 where
     B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let (tcp, addr) = dial(peer, config).await?;
+    let (mut tcp, addr) = dial(peer, config).await?;
+    let server_id = timeout(config.handshake_timeout, client_handshake(&mut tcp, secret, peer))
+        .await
+        .map_err(|_| Error::timeout(peer, "authenticating", config.handshake_timeout))??;
     let (tcp, killer) =
         Killer::new(tcp).map_err(|error| Error::Io { peer: peer.to_owned(), what: "setting up the socket", error })?;
     let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
@@ -482,31 +545,71 @@ where
         }
         state.mark_closed();
     });
-    Ok((send, addr, killer))
+    Ok((send, addr, killer, server_id))
 }
 
 /// What every connection of one server shares.
 struct Shared {
     secret: ClusterSecret,
+    id: PeerId,
     config: LinkConfig,
-    control: Option<Arc<dyn ControlHandler>>,
+    control: control::Receiver,
     links: mpsc::Sender<Link>,
     h2: hyper::server::conn::http2::Builder<TokioExecutor>,
+    /// Slots of authenticated connections.
+    slots: Arc<Semaphore>,
+    pending: Arc<Mutex<Pending>>,
 }
 
-/// One accepted connection.
+/// One authenticated connection.
 struct Conn {
     shared: Arc<Shared>,
     peer: Arc<str>,
     killer: Killer,
-    /// Set once anything on this connection has proved the secret; a connection still
-    /// unauthenticated after the handshake timeout is shut down.
-    authed: AtomicBool,
+}
+
+/// The connections still in the handshake, oldest first, each with the signal that evicts it.
+#[derive(Default)]
+struct Pending {
+    next: u64,
+    waiting: BTreeMap<u64, Arc<Notify>>,
+}
+
+/// A place in `Pending`, given up when dropped (the handshake ended, one way or another).
+struct PendingSlot {
+    registry: Arc<Mutex<Pending>>,
+    key: u64,
+    evicted: Arc<Notify>,
+}
+
+impl PendingSlot {
+    /// Takes a place, evicting the oldest waiting connections if the budget is spent.
+    fn admit(registry: &Arc<Mutex<Pending>>) -> PendingSlot {
+        let mut pending = registry.lock().unwrap_or_else(|e| e.into_inner());
+        while pending.waiting.len() >= MAX_PENDING {
+            if let Some((_, oldest)) = pending.waiting.pop_first() {
+                // Stores a permit if its task is not waiting yet, so the eviction is never lost.
+                oldest.notify_one();
+            }
+        }
+        let key = pending.next;
+        pending.next += 1;
+        let evicted = Arc::new(Notify::new());
+        pending.waiting.insert(key, evicted.clone());
+        PendingSlot { registry: registry.clone(), key, evicted }
+    }
+}
+
+impl Drop for PendingSlot {
+    fn drop(&mut self) {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner()).waiting.remove(&self.key);
+    }
 }
 
 /// Listens for ring links and control calls on one port.
 pub struct LinkServer {
     local_addr: SocketAddr,
+    id: PeerId,
     links: mpsc::Receiver<Link>,
     accept_task: tokio::task::JoinHandle<()>,
     /// Dropping it tells every connection task to shut its connection down.
@@ -535,16 +638,34 @@ impl LinkServer {
             .max_frame_size(MAX_H2_FRAME)
             .max_send_buf_size(SEND_BUFFER)
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .max_header_list_size(MAX_HEADER_LIST_BYTES)
             .keep_alive_interval(config.keep_alive_interval)
             .keep_alive_timeout(config.keep_alive_timeout);
-        let shared = Arc::new(Shared { secret, config, control, links: links_tx, h2 });
+        let id = fresh_peer_id();
+        let control = control::Receiver::new(secret.clone(), id, control, config.handshake_timeout);
+        let shared = Arc::new(Shared {
+            secret,
+            id,
+            config,
+            control,
+            links: links_tx,
+            h2,
+            slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            pending: Arc::default(),
+        });
         let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx));
         info!(%local_addr, "ring server listening");
-        Ok(LinkServer { local_addr, links, accept_task, _shutdown: shutdown })
+        Ok(LinkServer { local_addr, id, links, accept_task, _shutdown: shutdown })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// This server's id (random per server): what clients learn in the handshake and sign
+    /// their control calls for.
+    pub fn id(&self) -> PeerId {
+        self.id
     }
 
     /// The next authenticated link. Peers that fail authentication never show up here.
@@ -560,7 +681,6 @@ impl Drop for LinkServer {
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: watch::Receiver<()>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -570,64 +690,60 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: watch
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            warn!(%peer, "refusing connection: {MAX_CONNECTIONS} connections already open");
-            continue;
-        };
-        tokio::spawn(serve_connection(tcp, peer, shared.clone(), slot, shutdown.clone()));
+        let pending = PendingSlot::admit(&shared.pending);
+        tokio::spawn(serve_connection(tcp, peer, shared.clone(), pending, shutdown.clone()));
     }
 }
 
 async fn serve_connection(
-    tcp: TcpStream,
+    mut tcp: TcpStream,
     peer: SocketAddr,
     shared: Arc<Shared>,
-    _slot: OwnedSemaphorePermit,
+    pending: PendingSlot,
     mut shutdown: watch::Receiver<()>,
 ) {
     if let Err(e) = tcp.set_nodelay(true) {
         debug!(%peer, "TCP_NODELAY: {e}");
     }
+    let label = peer.to_string();
+    let limit = shared.config.handshake_timeout;
+    let handshake = tokio::select! {
+        outcome = timeout(limit, server_handshake(&mut tcp, &shared.secret, shared.id, &label)) => {
+            outcome.unwrap_or_else(|_| Err(Error::timeout(&label, "authentication", limit)))
+        }
+        _ = pending.evicted.notified() => {
+            Err(Error::timeout(&label, "authentication (evicted: too many connections waiting)", limit))
+        }
+        _ = shutdown.changed() => return,
+    };
+    drop(pending);
+    match handshake {
+        Ok(()) => {}
+        Err(e @ Error::Auth { .. }) => return warn!(%peer, "refused connection: {e}"),
+        // Strangers and port scanners: not worth a warning each.
+        Err(e) => return debug!(%peer, "dropped connection: {e}"),
+    }
+    let Ok(_slot) = shared.slots.clone().try_acquire_owned() else {
+        return warn!(%peer, "refusing connection: {MAX_CONNECTIONS} authenticated connections already open");
+    };
     let (tcp, killer) = match Killer::new(tcp) {
         Ok(pair) => pair,
         Err(e) => return warn!(%peer, "dropping connection: {e}"),
     };
-    let conn = Arc::new(Conn {
-        shared: shared.clone(),
-        peer: peer.to_string().into(),
-        killer: killer.clone(),
-        authed: AtomicBool::new(false),
-    });
+    let conn = Arc::new(Conn { shared: shared.clone(), peer: label.into(), killer: killer.clone() });
     let service = {
         let conn = conn.clone();
         hyper::service::service_fn(move |req| route(req, conn.clone()))
     };
     let serving = shared.h2.serve_connection(TokioIo::new(tcp), service);
-    tokio::pin!(serving);
-    let deadline = tokio::time::sleep(shared.config.handshake_timeout);
-    tokio::pin!(deadline);
-    let mut deadline_checked = false;
-    loop {
-        tokio::select! {
-            result = &mut serving => {
-                if let Err(e) = result {
-                    debug!(%peer, "ring connection ended: {e}");
-                }
-                killer.mark_closed();
-                return;
+    tokio::select! {
+        result = serving => {
+            if let Err(e) = result {
+                debug!(%peer, "ring connection ended: {e}");
             }
-            _ = &mut deadline, if !deadline_checked => {
-                deadline_checked = true;
-                if !conn.authed.load(Ordering::Acquire) {
-                    warn!(%peer, "closing connection: not authenticated within {:?}", shared.config.handshake_timeout);
-                    killer.kill();
-                }
-            }
-            _ = shutdown.changed() => {
-                killer.kill();
-                return;
-            }
+            killer.mark_closed();
         }
+        _ = shutdown.changed() => killer.kill(),
     }
 }
 
@@ -644,47 +760,23 @@ async fn route(req: Request<Incoming>, conn: Arc<Conn>) -> Result<Response<Serve
     let Some(method) = path.strip_prefix(control::PATH_PREFIX) else {
         return Ok(control::plain(StatusCode::NOT_FOUND, "no such path").map(Either::Right));
     };
-    let shared = &conn.shared;
-    let (response, authed) = control::serve(
-        req,
-        method,
-        &shared.secret,
-        shared.control.as_deref(),
-        &conn.peer,
-        shared.config.handshake_timeout,
-    )
-    .await;
-    if authed {
-        conn.authed.store(true, Ordering::Release);
-    }
+    let response = conn.shared.control.serve(req, method, &conn.peer).await;
     Ok(response.map(Either::Right))
 }
 
-/// Answers the link request at once with a streaming body, then runs the handshake on it.
+/// Answers the link request at once with a streaming body; the connection has proved the
+/// secret already, so the link is ready.
 fn open_link(req: Request<Incoming>, conn: Arc<Conn>) -> Response<ChannelBody> {
     let (tx, rx) = mpsc::channel(SEND_QUEUE_FRAMES);
-    tokio::spawn(accept_link(req.into_body(), tx, conn));
+    let guard = Arc::new(ConnGuard::new(conn.killer.clone(), None));
+    let link = Link::new(conn.peer.clone(), req.into_body(), tx, &conn.shared.config, guard);
+    info!(peer = %conn.peer, "ring link opened");
+    tokio::spawn(async move {
+        if conn.shared.links.send(link).await.is_err() {
+            debug!(peer = %conn.peer, "ring server gone; closing the new link");
+        }
+    });
     let mut response = Response::new(ChannelBody(rx));
     response.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(OCTET_STREAM));
     response
-}
-
-async fn accept_link(body: Incoming, tx: mpsc::Sender<Bytes>, conn: Arc<Conn>) {
-    let config = &conn.shared.config;
-    let guard = Arc::new(ConnGuard::new(conn.killer.clone(), None));
-    let mut link = Link::new(conn.peer.clone(), body, tx, config, guard);
-    let outcome = timeout(config.handshake_timeout, server_handshake(&mut link, &conn.shared.secret))
-        .await
-        .unwrap_or_else(|_| Err(Error::timeout(&conn.peer, "authentication", config.handshake_timeout)));
-    if let Err(e) = outcome {
-        // Dropping the link drops the last guard, which shuts the connection down.
-        warn!(peer = %conn.peer, "refused ring link: {e}");
-        return;
-    }
-    conn.authed.store(true, Ordering::Release);
-    link.stream.decoder.set_max_frame_bytes(config.max_frame_bytes);
-    info!(peer = %conn.peer, "ring link authenticated");
-    if conn.shared.links.send(link).await.is_err() {
-        debug!(peer = %conn.peer, "ring server gone; closing the new link");
-    }
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use common::{config, echo_server, secret, Raw};
+use common::{config, echo_server, echo_server_with, eof_within, secret, Raw};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use transport::frame::{f16_round_trip, MAGIC, VERSION};
 use transport::{Activations, Dtype, Error, Frame, KvOp, Link, TokenMeta};
 
@@ -98,34 +99,28 @@ async fn wrong_secret_is_refused_and_cannot_inject() {
     assert!(matches!(err, Error::Auth { .. }), "{err}");
     assert!(err.to_string().contains(&echo.addr.to_string()), "error names the peer: {err}");
 
-    // A client that ignores its failed proof and pushes activations anyway.
-    let mut raw = Raw::open(echo.addr).await;
+    // A client that ignores its failed proof and speaks HTTP/2 anyway.
+    let mut tcp = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
     let mut handshake = transport::auth::ClientHandshake::new(&secret("wrong"));
-    raw.send(&Frame::AuthHello { nonce: handshake.hello() }).await;
-    let Some(Frame::AuthChallenge { nonce }) = raw.recv().await else { panic!("no challenge") };
-    raw.send(&Frame::AuthProof { proof: handshake.on_challenge(nonce) }).await;
-    raw.send(&activations(1, 1, SMALL_EMBD, Dtype::F32)).await;
-    assert!(raw.closed_within(Duration::from_secs(3)).await, "connection closed");
+    let hello = Frame::AuthHello { nonce: handshake.hello() };
+    write_frame(&mut tcp, &hello).await;
+    let Some(Frame::AuthChallenge { nonce, server }) = read_frame(&mut tcp).await else { panic!("no challenge") };
+    assert_eq!(server, echo.id, "the challenge names the server");
+    write_frame(&mut tcp, &Frame::AuthProof { proof: handshake.on_challenge(nonce, server) }).await;
+    let refusal = read_frame(&mut tcp).await;
+    assert!(matches!(&refusal, Some(Frame::Error { message, .. }) if message.contains("wrong cluster secret")), "{refusal:?}");
+    let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    assert!(eof_within(&mut tcp, Duration::from_secs(3)).await, "connection closed");
 
-    // One that skips the handshake altogether.
-    let mut raw = Raw::open(echo.addr).await;
-    raw.send(&activations(1, 1, SMALL_EMBD, Dtype::F32)).await;
-    assert!(raw.closed_within(Duration::from_secs(3)).await, "connection closed");
+    // One that skips the handshake and speaks HTTP/2 (or an older hearth) at once.
+    let mut tcp = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
+    tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    assert!(eof_within(&mut tcp, Duration::from_secs(3)).await, "connection closed");
 
-    // One that opens a connection and says nothing.
+    // One that opens a connection and says nothing: the server says nothing either, and
+    // gives up on it after the handshake timeout.
     let mut idle = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
-    let mut byte = [0u8; 1];
-    let read = tokio::time::timeout(Duration::from_secs(5), async {
-        use tokio::io::AsyncReadExt;
-        loop {
-            // The server's HTTP/2 preface arrives first; EOF comes when it gives up on us.
-            match idle.read(&mut byte).await {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
-        }
-    });
-    assert!(read.await.is_ok(), "unauthenticated idle connection closed");
+    assert!(eof_within(&mut idle, Duration::from_secs(5)).await, "unauthenticated idle connection closed");
 
     assert_eq!(echo.links.load(Ordering::SeqCst), 0, "the handler never saw a link");
     assert_eq!(echo.frames.load(Ordering::SeqCst), 0, "the handler never saw a frame");
@@ -134,6 +129,28 @@ async fn wrong_secret_is_refused_and_cannot_inject() {
     let mut link = Link::connect(&echo.addr.to_string(), &secret("right"), &config()).await.unwrap();
     link.sink.send(&Frame::Ping(7)).await.unwrap();
     assert_eq!(link.stream.recv().await.unwrap(), Some(Frame::Ping(7)));
+}
+
+async fn write_frame(tcp: &mut tokio::net::TcpStream, frame: &Frame) {
+    let mut buf = BytesMut::new();
+    transport::encode(frame, &mut buf).unwrap();
+    tcp.write_all(&buf).await.unwrap();
+}
+
+/// One handshake frame off a raw socket, or `None` if the server closed it.
+async fn read_frame(tcp: &mut tokio::net::TcpStream) -> Option<Frame> {
+    let mut decoder = transport::FrameDecoder::new(1024);
+    let mut buf = BytesMut::new();
+    loop {
+        if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            return Some(frame);
+        }
+        let mut chunk = [0u8; 256];
+        match tcp.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 fn header(version: u16, body_len: u32) -> Bytes {
@@ -294,4 +311,51 @@ async fn an_emulated_hop_delay_holds_every_frame_back() {
         // The echo side sends without delay: one delayed hop per round trip.
         assert!(sent.elapsed() >= delay, "round trip {:?} under the {delay:?} hop", sent.elapsed());
     }
+}
+
+/// Strangers that connect and say nothing, or trickle a byte now and then, hold no slot that
+/// a ring member needs: with more of them open than the server lets wait, a member still
+/// authenticates and links, and the oldest stranger is the one turned away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_strangers_do_not_lock_members_out() {
+    const IDLE: usize = 64;
+    const SLOW: usize = 64;
+    let s = secret("right");
+    // The server waits long for a handshake, so only eviction can make room during the test.
+    let patient = transport::LinkConfig { handshake_timeout: Duration::from_secs(60), ..config() };
+    let echo = echo_server_with(s.clone(), None, patient).await;
+
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        idle.push(tokio::net::TcpStream::connect(echo.addr).await.unwrap());
+    }
+    let mut slow = Vec::new();
+    for _ in 0..SLOW {
+        let mut tcp = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
+        tcp.write_all(b"HR").await.unwrap();
+        slow.push(tcp);
+    }
+    let trickle = tokio::spawn(async move {
+        // Each slow stranger sends one more byte of a valid header now and then, and never finishes.
+        for byte in b"TH" {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            for tcp in &mut slow {
+                let _ = tcp.write_all(&[*byte]).await;
+            }
+        }
+        std::future::pending::<()>().await;
+        drop(slow);
+    });
+
+    let member = async {
+        let mut link = Link::connect(&echo.addr.to_string(), &s, &config()).await.unwrap();
+        link.sink.send(&Frame::Ping(42)).await.unwrap();
+        assert_eq!(link.stream.recv().await.unwrap(), Some(Frame::Ping(42)));
+    };
+    tokio::time::timeout(Duration::from_secs(10), member).await.expect("a member links within 10 s");
+
+    // The first stranger was evicted to make room; it was never served.
+    assert!(eof_within(&mut idle[0], Duration::from_secs(10)).await, "the oldest idle stranger is closed");
+    assert_eq!(echo.links.load(Ordering::SeqCst), 1, "only the member's link got through");
+    trickle.abort();
 }

@@ -13,11 +13,12 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use hyper::body::{Body, Frame as BodyFrame, Incoming};
+use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::mpsc;
-use transport::auth::ClientHandshake;
 use transport::frame::DEFAULT_MAX_FRAME_BYTES;
-use transport::{encode, ClusterSecret, ControlHandler, Frame, FrameDecoder, LinkConfig, LinkServer};
+use transport::link::client_handshake;
+use transport::{encode, ClusterSecret, ControlHandler, Frame, FrameDecoder, LinkConfig, LinkServer, PeerId};
 
 pub fn secret(s: &str) -> ClusterSecret {
     ClusterSecret::new(s).unwrap()
@@ -31,14 +32,27 @@ pub fn config() -> LinkConfig {
 /// A server that echoes every frame of every authenticated link, counting what it saw.
 pub struct Echo {
     pub addr: SocketAddr,
+    pub id: PeerId,
     pub links: Arc<AtomicUsize>,
     pub frames: Arc<AtomicUsize>,
 }
 
 pub async fn echo_server(secret: ClusterSecret, control: Option<Arc<dyn ControlHandler>>) -> Echo {
-    let mut server = LinkServer::bind("127.0.0.1:0".parse().unwrap(), secret, config(), control).await.unwrap();
-    let echo =
-        Echo { addr: server.local_addr(), links: Arc::new(AtomicUsize::new(0)), frames: Arc::new(AtomicUsize::new(0)) };
+    echo_server_with(secret, control, config()).await
+}
+
+pub async fn echo_server_with(
+    secret: ClusterSecret,
+    control: Option<Arc<dyn ControlHandler>>,
+    config: LinkConfig,
+) -> Echo {
+    let mut server = LinkServer::bind("127.0.0.1:0".parse().unwrap(), secret, config, control).await.unwrap();
+    let echo = Echo {
+        addr: server.local_addr(),
+        id: server.id(),
+        links: Arc::new(AtomicUsize::new(0)),
+        frames: Arc::new(AtomicUsize::new(0)),
+    };
     let (links, frames) = (echo.links.clone(), echo.frames.clone());
     tokio::spawn(async move {
         while let Some(link) = server.accept().await {
@@ -59,7 +73,7 @@ pub async fn echo_server(secret: ClusterSecret, control: Option<Arc<dyn ControlH
     echo
 }
 
-struct ChannelBody(mpsc::Receiver<Bytes>);
+pub struct ChannelBody(pub mpsc::Receiver<Bytes>);
 
 impl Body for ChannelBody {
     type Data = Bytes;
@@ -80,12 +94,40 @@ pub struct Raw {
     decoder: FrameDecoder,
 }
 
+/// A raw HTTP/2 connection after a real handshake with `secret`, and the server's id.
+pub async fn h2<B>(addr: SocketAddr, secret: &ClusterSecret) -> (SendRequest<B>, PeerId)
+where
+    B: Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let id = client_handshake(&mut tcp, secret, &addr.to_string()).await.unwrap();
+    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(conn);
+    (send, id)
+}
+
+/// Whether the server closes `tcp` within `limit` (whatever it sends first is ignored).
+pub async fn eof_within(tcp: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    tokio::time::timeout(limit, async {
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
 impl Raw {
-    pub async fn open(addr: SocketAddr) -> Raw {
-        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut send, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.unwrap();
-        tokio::spawn(conn);
+    /// Opens a link stream by hand on a connection that proved `secret`.
+    pub async fn authenticated(addr: SocketAddr, secret: &ClusterSecret) -> Raw {
+        let (mut send, _) = h2(addr, secret).await;
         let (tx, rx) = mpsc::channel(16);
         let request = hyper::Request::post(format!("http://{addr}/ring/link")).body(ChannelBody(rx)).unwrap();
         let response = send.send_request(request).await.unwrap();
@@ -95,18 +137,6 @@ impl Raw {
             buf: BytesMut::new(),
             decoder: FrameDecoder::new(DEFAULT_MAX_FRAME_BYTES),
         }
-    }
-
-    /// Opens a link and proves `secret` by hand, as the real client does.
-    pub async fn authenticated(addr: SocketAddr, secret: &ClusterSecret) -> Raw {
-        let mut raw = Raw::open(addr).await;
-        let mut handshake = ClientHandshake::new(secret);
-        raw.send(&Frame::AuthHello { nonce: handshake.hello() }).await;
-        let Some(Frame::AuthChallenge { nonce }) = raw.recv().await else { panic!("no challenge") };
-        raw.send(&Frame::AuthProof { proof: handshake.on_challenge(nonce) }).await;
-        let Some(Frame::AuthWelcome { proof }) = raw.recv().await else { panic!("no welcome") };
-        assert!(handshake.on_welcome(&proof));
-        raw
     }
 
     pub async fn send(&self, frame: &Frame) {
