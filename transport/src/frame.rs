@@ -681,8 +681,8 @@ mod tests {
         let mut bad = good.clone();
         bad[4] = 1;
         let err = decode_all(&bad[..6], 1024).unwrap_err();
-        assert!(matches!(err, Error::VersionMismatch { ours: 2, theirs: 1 }));
-        assert!(err.to_string().contains("version 2") && err.to_string().contains("version 1"), "{err}");
+        assert!(matches!(err, Error::VersionMismatch { ours: VERSION, theirs: 1 }));
+        assert!(err.to_string().contains(&format!("version {VERSION}")) && err.to_string().contains("version 1"), "{err}");
         let mut bad = good.clone();
         bad[6] = 99;
         assert!(matches!(decode_all(&bad, 1024), Err(Error::UnknownKind(99))));
