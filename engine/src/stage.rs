@@ -93,6 +93,15 @@ struct Window {
     cache: KvCache,
 }
 
+impl Window {
+    /// Records a computed batch's tokens in the cache.
+    fn commit(&mut self, plan: &BatchPlan) {
+        for s in &plan.seqs {
+            self.cache.commit(s.seq, s.slot, s.new_len);
+        }
+    }
+}
+
 pub struct Stage {
     file: Arc<ModelFile>,
     weights: Weights,
@@ -263,6 +272,14 @@ impl Stage {
         let plan = plan_batch(&win.cache, batch)?;
         let last = self.owns_output && layers.end == spec.n_layer;
         let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
+        if last && out_rows.is_empty() && layers.is_empty() {
+            // The output-only window of a batch that wants no logits (a prompt chunk
+            // before the last) has nothing to compute: its graph would read no input, and
+            // ggml leaves unread inputs unallocated (setting one aborts the process).
+            // It still follows the sequences' lengths, as every window does.
+            self.windows[window].commit(&plan);
+            return Ok(StageOutput::Logits(Logits { rows: Vec::new(), n_vocab: spec.n_vocab, data: Vec::new() }));
+        }
 
         let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv)).collect(), n_out: out_rows.len() };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
@@ -289,10 +306,7 @@ impl Stage {
             run_graph(self.sched, g, spec, batch, input, &plan, &out_rows)?
         };
 
-        let cache = &mut self.windows[window].cache;
-        for s in &plan.seqs {
-            cache.commit(s.seq, s.slot, s.new_len);
-        }
+        self.windows[window].commit(&plan);
         Ok(match output {
             None => StageOutput::Logits(Logits { rows: Vec::new(), n_vocab: spec.n_vocab, data: Vec::new() }),
             Some(data) if last => {

@@ -214,3 +214,35 @@ fn fingerprints_tell_models_apart() {
     assert_ne!(ModelFile::open(&p).unwrap().fingerprint(), fp);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The ring head's layout: layers 0..10 and the output layer 30..30 on one stage, the rest
+/// on another. A prompt longer than a batch is fed in chunks and only the last chunk wants
+/// logits; the output-only window of an earlier chunk has nothing to compute. Building
+/// its graph anyway left its input unallocated and aborted the process (every ring prompt
+/// over 512 tokens killed the head).
+#[test]
+fn a_prompt_chunk_that_wants_no_logits_passes_an_output_only_window() {
+    let path = common::default_model();
+    let tk = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let prompt = &tk.tokenize(&text, false)[..600];
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let mut head = Stage::new(file.clone(), stage_config(vec![0..10, 30..30], 1)).unwrap();
+    let mut rest = Stage::new(file, StageConfig { owns_output: false, ..stage_config(vec![10..30], 1) }).unwrap();
+    let chunk = 256;
+    let mut last = None;
+    for (ci, part) in prompt.chunks(chunk).enumerate() {
+        let batch: Vec<BatchToken> = (0..part.len()).map(|i| BatchToken { seq: 0, pos: (ci * chunk + i) as u32, logits: ci * chunk + i + 1 == prompt.len() }).collect();
+        let StageOutput::Hidden(h) = head.forward(0, &batch, StageInput::Tokens(part)).unwrap() else { panic!("layers 0..10 give hidden states") };
+        let StageOutput::Hidden(h) = rest.forward(0, &batch, StageInput::Hidden(&h)).unwrap() else { panic!("layers 10..30 of a worker give hidden states") };
+        match head.forward(1, &batch, StageInput::Hidden(&h)).unwrap() {
+            StageOutput::Logits(l) if batch.iter().any(|t| t.logits) => last = Some(l.row(0).to_vec()),
+            StageOutput::Logits(l) => assert!(l.rows.is_empty(), "chunk {ci} wanted no logits"),
+            StageOutput::Hidden(_) => panic!("the output window gives logits"),
+        }
+    }
+    let expected = pipeline(&path, &[vec![0..30]], 1).prefill(0, prompt, chunk).unwrap();
+    let got = last.expect("the last chunk wants logits");
+    assert_eq!(argmax(&got), argmax(&expected));
+    assert!(common::rel_rms(&got, &expected) < 1e-5, "relative RMS error {}", common::rel_rms(&got, &expected));
+}

@@ -1,0 +1,194 @@
+//! What users send, through the single node and the ring: prompts from 600 tokens to the
+//! context limit in every window shape the ring tests use, a 20-turn conversation that
+//! reuses its cache across turns, long and short requests at once, and speculation on
+//! long prompts. The text is real prose (testdata/), because repeated words tokenize and
+//! attend unlike what users send. The ring must give the single node's greedy output.
+//!
+//! A prompt longer than the largest batch (512 tokens) is fed in chunks; only the last
+//! chunk wants logits. Every ring test before these used ~48-token prompts, and the head
+//! aborted on the first chunk that wanted none.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::Served;
+use engine::tokenizer::Tokenizer;
+use serde_json::{json, Value};
+
+/// Context per sequence in these tests: long enough for three prompt chunks, short
+/// enough that a prompt at the limit stays a test of seconds, not minutes.
+const CTX: usize = 2048;
+/// Every ring shape of the ring tests and the report: k = 1, uneven, a head that only
+/// embeds and samples, a head with most layers, a relaying worker.
+const SHAPES: &[&str] = &["10,10,10", "8,11,11", "0,15,15", "20,5,5", "15,0,15"];
+
+fn excerpt() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The excerpt's paragraphs of real prose (headings and author lines left out).
+fn paragraphs() -> Vec<String> {
+    excerpt().split("\n\n").map(str::trim).filter(|p| p.len() > 200).map(str::to_string).collect()
+}
+
+/// The first `n` tokens of the excerpt (no BOS: a prompt of ids is taken as it is).
+fn excerpt_tokens(n: usize) -> Vec<u32> {
+    let tk = Tokenizer::load(&common::default_model()).unwrap();
+    let ids = tk.tokenize(&excerpt(), false);
+    assert!(ids.len() >= n, "the excerpt has {} tokens, {n} wanted", ids.len());
+    ids[..n].iter().map(|&t| t as u32).collect()
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Value {
+    let r = common::http(addr, "POST", path, "", &body.to_string()).unwrap();
+    assert_eq!(r.status, 200, "{path}: {}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+/// A greedy completion of a prompt of token ids: (text, finish reason).
+fn complete(addr: &str, prompt: &[u32], max_tokens: usize) -> (String, String) {
+    let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}));
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len(), "{v}");
+    (v["choices"][0]["text"].as_str().unwrap().to_string(), v["choices"][0]["finish_reason"].as_str().unwrap().to_string())
+}
+
+/// Prompt lengths: two chunks, three chunks, and at the context limit (the answer stops
+/// for length when the context is full).
+fn long_prompts() -> Vec<(Vec<u32>, usize)> {
+    vec![(excerpt_tokens(600), 16), (excerpt_tokens(1100), 16), (excerpt_tokens(CTX - 9), 32)]
+}
+
+fn workers() -> (Served, Served, String) {
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let list = format!("{},{}", w1.addr, w2.addr);
+    (w1, w2, list)
+}
+
+fn head(workers: &str, windows: &str, extra: &[&str]) -> Served {
+    let ctx = CTX.to_string();
+    let mut args = vec!["--threads", "1", "--parallel", "4", "--ctx-size", &ctx, "--workers", workers, "--windows", windows];
+    args.extend_from_slice(extra);
+    Served::start(&args)
+}
+
+fn single(extra: &[&str]) -> Served {
+    let ctx = CTX.to_string();
+    let mut args = vec!["--threads", "2", "--parallel", "4", "--ctx-size", &ctx];
+    args.extend_from_slice(extra);
+    Served::start(&args)
+}
+
+#[test]
+fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_shape() {
+    let prompts = long_prompts();
+    let node = single(&[]);
+    let expected: Vec<(String, String)> = prompts.iter().map(|(p, m)| complete(&node.addr, p, *m)).collect();
+    assert_eq!(expected[2].1, "length", "a prompt at the limit stops when the context is full");
+    let too_long = excerpt_tokens(CTX);
+    let r = common::http(&node.addr, "POST", "/v1/completions", "", &json!({"model": "", "prompt": too_long, "max_tokens": 4}).to_string()).unwrap();
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("context_length_exceeded"), "{}", r.body);
+    drop(node);
+
+    let (_w1, _w2, list) = workers();
+    for windows in SHAPES {
+        let h = head(&list, windows, &[]);
+        for ((prompt, max), want) in prompts.iter().zip(&expected) {
+            assert_eq!(&complete(&h.addr, prompt, *max), want, "windows {windows}, a prompt of {} tokens", prompt.len());
+        }
+        // The head is still whole and serving after the long prompts.
+        let health: Value = serde_json::from_str(&common::http(&h.addr, "GET", "/health", "", "").unwrap().body).unwrap();
+        assert_eq!(health["status"], "ok", "windows {windows}: {health}");
+    }
+}
+
+/// Plays a conversation of `turns` user turns (paragraphs of the paper), each answered
+/// greedily and sent back as the assistant's message. Returns the answers and the cached
+/// prompt tokens each turn reported.
+fn conversation(addr: &str, turns: usize) -> (Vec<String>, Vec<u64>) {
+    let paras = paragraphs();
+    assert!(paras.len() >= turns + 1, "{} paragraphs for {turns} turns", paras.len());
+    let mut messages = vec![json!({"role": "system", "content": format!("You are a helpful reviewer of this paper. {}", paras[0])})];
+    let (mut answers, mut cached) = (Vec::new(), Vec::new());
+    for p in &paras[1..=turns] {
+        // A paragraph cut at a character boundary near 500 bytes: a few sentences.
+        let cut = p.char_indices().map(|(i, _)| i).take_while(|&i| i <= 500).last().unwrap_or(p.len());
+        messages.push(json!({"role": "user", "content": format!("What does this say? {}", &p[..cut])}));
+        let v = post(addr, "/v1/chat/completions", &json!({"model": "", "messages": messages, "max_tokens": 24, "temperature": 0}));
+        let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0));
+        messages.push(json!({"role": "assistant", "content": answer}));
+        answers.push(answer);
+    }
+    (answers, cached)
+}
+
+#[test]
+fn a_twenty_turn_conversation_through_the_ring_equals_the_single_node() {
+    const TURNS: usize = 20;
+    let node = single(&[]);
+    let (expected, _) = conversation(&node.addr, TURNS);
+    drop(node);
+    let (_w1, _w2, list) = workers();
+    let h = head(&list, "8,11,11", &[]);
+    let (got, cached) = conversation(&h.addr, TURNS);
+    for (turn, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert_eq!(g, e, "turn {}", turn + 1);
+    }
+    // Each turn after the first continues the previous prompt: the ring reuses its cache.
+    let reused = cached[1..].iter().filter(|&&c| c > 0).count();
+    assert!(reused >= TURNS - 2, "cached prompt tokens per turn: {cached:?}");
+}
+
+#[test]
+fn long_and_short_requests_at_once_through_the_ring_give_their_answers_alone() {
+    let long = excerpt_tokens(1500);
+    let questions = ["Explain in detail how a bicycle works.", "Name three planets and one fact about each.", "Write a haiku about home clusters."];
+    let chat = |addr: &str, q: &str| {
+        let v = post(addr, "/v1/chat/completions", &json!({"model": "", "messages": [{"role": "user", "content": q}], "max_tokens": 32, "temperature": 0}));
+        v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    let node = single(&[]);
+    let long_alone = complete(&node.addr, &long, 24);
+    let short_alone: Vec<String> = questions.iter().map(|q| chat(&node.addr, q)).collect();
+    drop(node);
+
+    let (_w1, _w2, list) = workers();
+    let h = head(&list, "10,10,10", &[]);
+    std::thread::scope(|s| {
+        let addr = h.addr.as_str();
+        let long_run = s.spawn(|| complete(addr, &long, 24));
+        let shorts: Vec<_> = questions.iter().map(|q| s.spawn(move || chat(addr, q))).collect();
+        for (i, t) in shorts.into_iter().enumerate() {
+            assert_eq!(t.join().unwrap(), short_alone[i], "short request {i} beside a long one");
+        }
+        assert_eq!(long_run.join().unwrap(), long_alone, "the long request beside short ones");
+    });
+}
+
+#[test]
+fn speculation_on_long_prompts_gives_the_plain_answer() {
+    // A passage the model tends to continue by copying: drafts get accepted and rejected.
+    let prompt = excerpt_tokens(1100);
+    let node = single(&[]);
+    let expected = complete(&node.addr, &prompt, 48);
+    drop(node);
+
+    let ngram = single(&["--spec-mode", "ngram"]);
+    assert_eq!(complete(&ngram.addr, &prompt, 48), expected, "n-gram drafts, one node");
+    drop(ngram);
+    let model = common::default_model();
+    let draft = single(&["--draft-model", model.to_str().unwrap()]);
+    assert_eq!(complete(&draft.addr, &prompt, 48), expected, "the model as its own draft, one node");
+    drop(draft);
+
+    let (_w1, _w2, list) = workers();
+    let h = head(&list, "8,11,11", &["--spec-mode", "ngram"]);
+    assert_eq!(complete(&h.addr, &prompt, 48), expected, "n-gram drafts through the ring");
+    drop(h);
+    let h = head(&list, "0,15,15", &["--draft-model", model.to_str().unwrap()]);
+    assert_eq!(complete(&h.addr, &prompt, 48), expected, "a draft model through the ring");
+}
