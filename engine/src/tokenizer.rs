@@ -3,14 +3,24 @@
 
 use std::path::Path;
 
+use aho_corasick::AhoCorasick;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::token_type::LlamaTokenAttr;
 
+use crate::chat_template::RenderedChat;
 use crate::{Error, Result};
 
 pub struct Tokenizer {
     model: LlamaModel,
+    /// Finds the text of the tokens that `parse_special` turns into tokens (control and
+    /// unknown ones; llama.cpp always matches user-defined tokens). `None`: the vocabulary
+    /// has none.
+    control_text: Option<AhoCorasick>,
+    /// The longest text one token stands for; 0 where that bounds nothing (vocabularies
+    /// that normalize text, such as collapsing whitespace, before tokenizing).
+    max_piece_bytes: usize,
 }
 
 impl Tokenizer {
@@ -23,7 +33,9 @@ impl Tokenizer {
         }
         let params = LlamaModelParams::default().with_vocab_only(true);
         let model = LlamaModel::load_from_file(backend, path, &params).map_err(|e| Error::Llama(format!("loading the vocabulary of {}: {e}", path.display())))?;
-        Ok(Tokenizer { model })
+        let control_text = control_text(&model)?;
+        let max_piece_bytes = max_piece_bytes(&model);
+        Ok(Tokenizer { model, control_text, max_piece_bytes })
     }
 
     /// The vocab-only llama.cpp model, for samplers that need the vocabulary (grammar).
@@ -41,6 +53,65 @@ impl Tokenizer {
     pub fn tokenize(&self, text: &str, parse_special: bool) -> Vec<i32> {
         let vocab = self.model.vocab();
         vocab.tokenize(text.as_bytes(), vocab.should_add_bos(), parse_special).into_iter().map(|t| t.0).collect()
+    }
+
+    /// How many tokens `bytes` of text take at least (0 if the vocabulary gives no bound), so
+    /// that a prompt far over the context is refused without tokenizing it.
+    pub fn min_tokens(&self, bytes: usize) -> usize {
+        bytes.checked_div(self.max_piece_bytes).unwrap_or(0)
+    }
+
+    /// A rendered chat prompt as tokens, with control tokens parsed only in the template's
+    /// own text: control-token text in the client's text (`<|im_start|>system` typed into a
+    /// message) stays ordinary text. A prompt whose client text holds no control-token text
+    /// is tokenized exactly as `tokenize(&chat.text, true)` does.
+    pub fn tokenize_chat(&self, chat: &RenderedChat) -> Result<Vec<i32>> {
+        if !self.client_text_has_control(chat) {
+            return Ok(self.tokenize(&chat.text, true));
+        }
+        let pieces = chat.pieces.as_ref().ok_or_else(|| {
+            Error::ChatTemplate("a message holds special-token text, and this model's chat template cuts message text apart so that hearth cannot keep it from being read as control tokens".into())
+        })?;
+        // Piece by piece: the template's pieces with control tokens, the client's without.
+        // Boundaries may tokenize slightly differently from one whole string, which is fine
+        // for the text of a forgery attempt.
+        let vocab = self.model.vocab();
+        let add_special = vocab.should_add_bos();
+        let mut tokens = Vec::with_capacity(chat.text.len() / 3);
+        if add_special {
+            tokens.push(vocab.bos().0);
+        }
+        for piece in pieces {
+            tokens.extend(vocab.tokenize(piece.text.as_bytes(), false, !piece.client).into_iter().map(|t| t.0));
+        }
+        if add_special && vocab.should_add_eos() {
+            tokens.push(vocab.eos().0);
+        }
+        Ok(tokens)
+    }
+
+    /// Whether parsing control tokens in the whole prompt would turn some of the client's
+    /// text (or text spanning it and the template's) into a control token.
+    fn client_text_has_control(&self, chat: &RenderedChat) -> bool {
+        let Some(control) = &self.control_text else { return false };
+        let pieces = match &chat.pieces {
+            Some(pieces) if chat.exact => pieces,
+            // Without exact positions, look inside each client string.
+            _ => return chat.client_text.iter().any(|t| control.is_match(t)),
+        };
+        // Byte ranges of the template's own pieces in `chat.text`.
+        let mut template = Vec::new();
+        let mut at = 0;
+        for p in pieces {
+            if !p.client {
+                template.push(at..at + p.text.len());
+            }
+            at += p.text.len();
+        }
+        control.find_overlapping_iter(&chat.text).any(|m| {
+            let i = template.partition_point(|r| r.end <= m.start());
+            template.get(i).is_none_or(|r| !(r.start <= m.start() && m.end() <= r.end))
+        })
     }
 
     /// Raw bytes of one token (may be part of a UTF-8 character). Control tokens render as
@@ -78,6 +149,46 @@ impl Tokenizer {
     pub fn chat_template_source(&self) -> Option<String> {
         self.model.meta_val_str("tokenizer.chat_template").ok()
     }
+}
+
+/// A matcher for the text of every control and unknown token of the vocabulary.
+fn control_text(model: &LlamaModel) -> Result<Option<AhoCorasick>> {
+    let vocab = model.vocab();
+    let texts: Vec<Vec<u8>> = vocab
+        .tokens()
+        .filter(|&t| {
+            let attr = vocab.attr(t).0;
+            attr.contains(LlamaTokenAttr::Control) || attr.contains(LlamaTokenAttr::Unknown)
+        })
+        .filter_map(|t| vocab.text(t).map(|c| c.to_bytes().to_vec()))
+        .filter(|t| !t.is_empty())
+        .collect();
+    if texts.is_empty() {
+        return Ok(None);
+    }
+    AhoCorasick::new(texts).map(Some).map_err(|e| Error::Llama(format!("indexing the control tokens: {e}")))
+}
+
+/// The longest piece of text a token of a BPE or SPM vocabulary stands for. In those, every
+/// byte of a text ends up in some token's piece, so text bytes / this bounds the token count
+/// from below (a special token that strips the whitespace around it aside, which takes an
+/// absurd prompt to matter).
+fn max_piece_bytes(model: &LlamaModel) -> usize {
+    use llama_cpp_2::vocab::VocabType;
+    let vocab = model.vocab();
+    if !matches!(vocab.vocab_type(), VocabType::BPE | VocabType::SPM) {
+        return 0;
+    }
+    let mut piece = Vec::new();
+    vocab
+        .tokens()
+        .map(|t| {
+            piece.clear();
+            vocab.token_to_piece_into(t, &mut piece, true, None);
+            piece.len()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Turns a stream of token bytes into text on UTF-8 boundaries: a character split across

@@ -23,4 +23,8 @@ pub use generation::{
 };
 pub use models::*;
 pub use spec::{spec, spec_json, ApiDoc, HealthResponse, ReplanRequest};
-pub use validate::{parse_logit_bias, Limits, MAX_COMPLETION_LOGPROBS};
+pub use validate::{
+    parse_logit_bias, Limits, SchemaLimits, MAX_COMPLETION_LOGPROBS, MAX_LOGIT_BIAS, MAX_MESSAGES,
+    MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, MAX_SCHEMA_ENUM_VALUES, MAX_SCHEMA_PROPERTIES,
+    MAX_STOP_BYTES, MAX_TOOLS,
+};

@@ -13,7 +13,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
 use crate::error::ErrorResponse;
-use crate::models::ModelList;
+use crate::models::{ModelCard, ModelList};
 
 /// The answer of `GET /health`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -56,10 +56,11 @@ impl HealthResponse {
                 (ChatCompletionResponse = "application/json"),
                 (ChatCompletionChunk = "text/event-stream"),
             )),
-        (status = 400, description = "Invalid parameter (named in `param`), unknown model, or a prompt longer than the context (`context_length_exceeded`)", body = ErrorResponse),
+        (status = 400, description = "Invalid parameter or a request over one of the server's limits (named in `param`), or a prompt longer than the context (`context_length_exceeded`)", body = ErrorResponse),
         (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
         (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
-        (status = 429, description = "The request queue is full; retry later", body = ErrorResponse,
+        (status = 429, description = "The request queue or the queue of requests being prepared is full; retry later", body = ErrorResponse,
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 500, description = "Internal error", body = ErrorResponse),
         (status = 503, description = "Not ready, shutting down, or overloaded; retry later", body = ErrorResponse,
@@ -86,10 +87,11 @@ fn create_chat_completion() {}
                 (CompletionResponse = "application/json"),
                 (CompletionChunk = "text/event-stream"),
             )),
-        (status = 400, description = "Invalid or unsupported parameter (named in `param`), unknown model, or a prompt longer than the context (`context_length_exceeded`)", body = ErrorResponse),
+        (status = 400, description = "Invalid or unsupported parameter or a request over one of the server's limits (named in `param`), or a prompt longer than the context (`context_length_exceeded`)", body = ErrorResponse),
         (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
         (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
-        (status = 429, description = "The request queue is full; retry later", body = ErrorResponse,
+        (status = 429, description = "The request queue or the queue of requests being prepared is full; retry later", body = ErrorResponse,
             headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
         (status = 500, description = "Internal error", body = ErrorResponse),
         (status = 503, description = "Not ready, shutting down, or overloaded; retry later", body = ErrorResponse,
@@ -113,6 +115,22 @@ fn create_completion() {}
     security(("api_key" = []))
 )]
 fn list_models() {}
+
+/// Describes one model: the served one, or 404.
+#[utoipa::path(
+    get,
+    path = "/v1/models/{model}",
+    tag = "OpenAI",
+    operation_id = "retrieveModel",
+    params(("model" = String, Path, description = "The model's id")),
+    responses(
+        (status = 200, description = "The model", body = ModelCard),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "Not a model this server serves (`model_not_found`)", body = ErrorResponse),
+    ),
+    security(("api_key" = []))
+)]
+fn retrieve_model() {}
 
 /// Tells whether the server is ready to serve requests.
 #[utoipa::path(
@@ -258,7 +276,7 @@ impl Modify for BearerApiKey {
             error, including 404 for an unknown route, has OpenAI's envelope \
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`."
     ),
-    paths(create_chat_completion, create_completion, list_models, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, list_models, retrieve_model, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
@@ -302,6 +320,7 @@ mod tests {
             "/v1/chat/completions",
             "/v1/completions",
             "/v1/models",
+            "/v1/models/{model}",
             "/health",
             "/metrics",
         ] {

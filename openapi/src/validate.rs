@@ -15,7 +15,37 @@ use crate::generation::Stop;
 /// The most alternatives per position the legacy completions `logprobs` may ask for.
 pub const MAX_COMPLETION_LOGPROBS: u32 = 5;
 
-/// Server-chosen bounds on what one request may ask for.
+/// The most messages in one chat request. Rendering and tokenizing are linear in them; the
+/// cap is far above any real conversation (the context ends long before) and stops a body of
+/// tiny messages from costing a template call per byte.
+pub const MAX_MESSAGES: usize = 2048;
+/// The most tools in one chat request: OpenAI's own limit.
+pub const MAX_TOOLS: usize = 128;
+/// The most `logit_bias` entries. Every entry is applied at every sampled token; 1024 is
+/// more than OpenAI allows (300) and still costs nothing next to a decode step.
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// The longest stop sequence, in bytes. Generated text that may still become a stop
+/// sequence is held back from a stream, so this also bounds how far a stream may lag.
+pub const MAX_STOP_BYTES: usize = 1024;
+/// The most bytes of JSON Schema in one request (`response_format` and every tool's
+/// `parameters`, as compact JSON). OpenAI caps the strings of a schema at 120,000
+/// characters; this leaves room for descriptions while keeping grammar conversion cheap.
+pub const MAX_SCHEMA_BYTES: usize = 128 * 1024;
+/// The most properties of one object in a schema. llama.cpp's schema-to-grammar conversion
+/// costs the cube of an object's optional properties (and recursed once per property on the
+/// stack: 5,000 overflowed it); at this cap one all-optional object converts in well under a
+/// second.
+pub const MAX_SCHEMA_PROPERTIES: usize = 256;
+/// The most `enum` values in all schemas of one request: OpenAI's limit. Grammar sampling
+/// checks candidate tokens against every alternative still open, so a huge enum makes every
+/// generated token slow.
+pub const MAX_SCHEMA_ENUM_VALUES: usize = 1000;
+/// The deepest nesting of one schema's JSON (objects and arrays), root = 1. OpenAI allows
+/// 10 levels of objects, which take about 2 JSON levels each, plus arrays and `anyOf`.
+pub const MAX_SCHEMA_DEPTH: usize = 64;
+
+/// Server-chosen bounds on what one request may ask for. Each bound keeps one request's
+/// cost (preparation, memory, time per token) small enough that it cannot stall the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// The most choices (`n`) per prompt.
@@ -24,8 +54,43 @@ pub struct Limits {
     pub max_top_logprobs: u32,
     /// The most stop sequences; OpenAI allows 4.
     pub max_stop: usize,
+    /// The longest stop sequence in bytes ([`MAX_STOP_BYTES`]).
+    pub max_stop_bytes: usize,
     /// The most prompts in one `/v1/completions` batch.
     pub max_prompts: usize,
+    /// The most chat messages ([`MAX_MESSAGES`]).
+    pub max_messages: usize,
+    /// The most tools ([`MAX_TOOLS`]).
+    pub max_tools: usize,
+    /// The most `logit_bias` entries ([`MAX_LOGIT_BIAS`]).
+    pub max_logit_bias: usize,
+    /// Bounds on the JSON Schemas of one request.
+    pub schema: SchemaLimits,
+}
+
+/// Bounds on the JSON Schemas of one request (`response_format.json_schema.schema` and
+/// the tools' `parameters`), which are turned into sampling grammars.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaLimits {
+    /// All schemas together, as compact JSON ([`MAX_SCHEMA_BYTES`]).
+    pub max_bytes: usize,
+    /// Properties of any one object ([`MAX_SCHEMA_PROPERTIES`]).
+    pub max_properties: usize,
+    /// `enum` values of all schemas together ([`MAX_SCHEMA_ENUM_VALUES`]).
+    pub max_enum_values: usize,
+    /// JSON nesting of any one schema ([`MAX_SCHEMA_DEPTH`]).
+    pub max_depth: usize,
+}
+
+impl Default for SchemaLimits {
+    fn default() -> Self {
+        SchemaLimits {
+            max_bytes: MAX_SCHEMA_BYTES,
+            max_properties: MAX_SCHEMA_PROPERTIES,
+            max_enum_values: MAX_SCHEMA_ENUM_VALUES,
+            max_depth: MAX_SCHEMA_DEPTH,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -34,7 +99,12 @@ impl Default for Limits {
             max_n: 8,
             max_top_logprobs: 20,
             max_stop: 4,
+            max_stop_bytes: MAX_STOP_BYTES,
             max_prompts: 8,
+            max_messages: MAX_MESSAGES,
+            max_tools: MAX_TOOLS,
+            max_logit_bias: MAX_LOGIT_BIAS,
+            schema: SchemaLimits::default(),
         }
     }
 }
@@ -129,6 +199,16 @@ impl Sampling<'_> {
         check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
         if let Some(bias) = self.logit_bias {
+            if bias.len() > limits.max_logit_bias {
+                return Err(invalid(
+                    "logit_bias",
+                    format!(
+                        "Invalid 'logit_bias': at most {} entries are allowed, got {}.",
+                        limits.max_logit_bias,
+                        bias.len()
+                    ),
+                ));
+            }
             parse_logit_bias(bias)?;
         }
         if let Some(stop) = self.stop {
@@ -147,6 +227,16 @@ impl Sampling<'_> {
                 return Err(invalid(
                     "stop",
                     "Invalid 'stop': stop sequences must not be empty.",
+                ));
+            }
+            if let Some(long) = stops.iter().find(|s| s.len() > limits.max_stop_bytes) {
+                return Err(invalid(
+                    "stop",
+                    format!(
+                        "Invalid 'stop': a stop sequence may be at most {} bytes long, got {}.",
+                        limits.max_stop_bytes,
+                        long.len()
+                    ),
                 ));
             }
         }
@@ -190,10 +280,109 @@ fn valid_function_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// What the schemas of one request have used of [`SchemaLimits`]: bytes and `enum` values
+/// add up over all schemas, depth and properties per object hold for each.
+struct SchemaBudget<'a> {
+    limits: &'a SchemaLimits,
+    bytes: usize,
+    enum_values: usize,
+}
+
+/// Counts bytes written, so a schema's compact JSON size is known without building it.
+struct ByteCount(usize);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> SchemaBudget<'a> {
+    fn new(limits: &'a SchemaLimits) -> Self {
+        SchemaBudget {
+            limits,
+            bytes: 0,
+            enum_values: 0,
+        }
+    }
+
+    /// Charges `schema` (found at `param`) to the budget; the error names `param`.
+    fn spend(&mut self, param: &str, schema: &serde_json::Value) -> Result<(), WireError> {
+        let mut size = ByteCount(0);
+        // Writing a Value to a counter cannot fail.
+        let _ = serde_json::to_writer(&mut size, schema);
+        self.bytes += size.0;
+        if self.bytes > self.limits.max_bytes {
+            return Err(invalid(
+                param,
+                format!(
+                    "Invalid '{param}': the JSON Schemas of a request may take at most {} bytes in all, got {}.",
+                    self.limits.max_bytes, self.bytes
+                ),
+            ));
+        }
+        self.walk(param, schema, 1)
+    }
+
+    fn walk(&mut self, param: &str, value: &serde_json::Value, depth: usize) -> Result<(), WireError> {
+        use serde_json::Value;
+        if depth > self.limits.max_depth {
+            return Err(invalid(
+                param,
+                format!(
+                    "Invalid '{param}': the schema nests deeper than {} levels of objects and arrays.",
+                    self.limits.max_depth
+                ),
+            ));
+        }
+        match value {
+            Value::Object(map) => {
+                // Keys are not schema keywords everywhere (a property may be called "enum"),
+                // so a count may include a few non-keywords: it errs on the safe side.
+                if let Some(Value::Object(properties)) = map.get("properties") {
+                    if properties.len() > self.limits.max_properties {
+                        return Err(invalid(
+                            param,
+                            format!(
+                                "Invalid '{param}': an object may have at most {} properties, got {}.",
+                                self.limits.max_properties,
+                                properties.len()
+                            ),
+                        ));
+                    }
+                }
+                if let Some(Value::Array(values)) = map.get("enum") {
+                    self.enum_values += values.len();
+                    if self.enum_values > self.limits.max_enum_values {
+                        return Err(invalid(
+                            param,
+                            format!(
+                                "Invalid '{param}': the schemas of a request may list at most {} enum values in all, got {}.",
+                                self.limits.max_enum_values, self.enum_values
+                            ),
+                        ));
+                    }
+                }
+                map.values()
+                    .try_for_each(|v| self.walk(param, v, depth + 1))
+            }
+            Value::Array(items) => items
+                .iter()
+                .try_for_each(|v| self.walk(param, v, depth + 1)),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl ChatCompletionRequest {
     /// Checks the request against OpenAI's rules and the server's `limits`.
     pub fn validate(&self, limits: &Limits) -> Result<(), WireError> {
-        self.validate_messages()?;
+        self.validate_messages(limits)?;
         Sampling {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -227,26 +416,37 @@ impl ChatCompletionRequest {
                 ));
             }
         }
+        let mut budget = SchemaBudget::new(&limits.schema);
         if let Some(ResponseFormat::JsonSchema { json_schema }) = &self.response_format {
-            if !json_schema
-                .schema
-                .as_ref()
-                .is_some_and(serde_json::Value::is_object)
-            {
-                return Err(invalid(
-                    "response_format.json_schema.schema",
-                    "Invalid 'response_format.json_schema.schema': a JSON Schema object is required.",
-                ));
+            let param = "response_format.json_schema.schema";
+            match &json_schema.schema {
+                Some(schema) if schema.is_object() => budget.spend(param, schema)?,
+                _ => {
+                    return Err(invalid(
+                        param,
+                        format!("Invalid '{param}': a JSON Schema object is required."),
+                    ))
+                }
             }
         }
-        self.validate_tools()
+        self.validate_tools(limits, &mut budget)
     }
 
-    fn validate_messages(&self) -> Result<(), WireError> {
+    fn validate_messages(&self, limits: &Limits) -> Result<(), WireError> {
         if self.messages.is_empty() {
             return Err(invalid(
                 "messages",
                 "Invalid 'messages': expected at least one message, got none.",
+            ));
+        }
+        if self.messages.len() > limits.max_messages {
+            return Err(invalid(
+                "messages",
+                format!(
+                    "Invalid 'messages': at most {} messages are allowed, got {}.",
+                    limits.max_messages,
+                    self.messages.len()
+                ),
             ));
         }
         for (i, message) in self.messages.iter().enumerate() {
@@ -325,9 +525,19 @@ impl ChatCompletionRequest {
         Ok(())
     }
 
-    fn validate_tools(&self) -> Result<(), WireError> {
+    fn validate_tools(&self, limits: &Limits, budget: &mut SchemaBudget) -> Result<(), WireError> {
         // An empty `tools` array is treated as no tools: some clients always send one.
         let tools = self.tools.as_deref().unwrap_or_default();
+        if tools.len() > limits.max_tools {
+            return Err(invalid(
+                "tools",
+                format!(
+                    "Invalid 'tools': at most {} tools are allowed, got {}.",
+                    limits.max_tools,
+                    tools.len()
+                ),
+            ));
+        }
         let mut names = HashSet::new();
         for (i, tool) in tools.iter().enumerate() {
             let name = &tool.function.name;
@@ -343,18 +553,15 @@ impl ChatCompletionRequest {
                     format!("Invalid 'tools[{i}].function.name': the function '{name}' is defined twice."),
                 ));
             }
-            if tool
-                .function
-                .parameters
-                .as_ref()
-                .is_some_and(|p| !p.is_object())
-            {
-                return Err(invalid(
-                    format!("tools[{i}].function.parameters"),
-                    format!(
-                        "Invalid 'tools[{i}].function.parameters': expected a JSON Schema object."
-                    ),
-                ));
+            if let Some(parameters) = &tool.function.parameters {
+                let param = format!("tools[{i}].function.parameters");
+                if !parameters.is_object() {
+                    return Err(invalid(
+                        &param,
+                        format!("Invalid '{param}': expected a JSON Schema object."),
+                    ));
+                }
+                budget.spend(&param, parameters)?;
             }
         }
         match &self.tool_choice {
@@ -725,6 +932,7 @@ mod tests {
             max_top_logprobs: 2,
             max_stop: 1,
             max_prompts: 1,
+            ..Limits::default()
         };
         assert_eq!(
             chat(json!({"n": 2})).validate(&strict).unwrap_err().param(),
@@ -751,6 +959,113 @@ mod tests {
                 .param(),
             "prompt"
         );
+    }
+
+    /// An object schema with `n` optional string properties.
+    fn wide_object(n: usize) -> Value {
+        let properties: serde_json::Map<String, Value> = (0..n)
+            .map(|i| (format!("p{i}"), json!({"type": "string"})))
+            .collect();
+        json!({"type": "object", "properties": properties})
+    }
+
+    fn nested(levels: usize) -> Value {
+        (0..levels).fold(json!({"type": "string"}), |inner, _| {
+            json!({"type": "object", "properties": {"x": inner}})
+        })
+    }
+
+    fn enum_of(n: usize) -> Value {
+        json!({"enum": (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>()})
+    }
+
+    fn with_schema(schema: Value) -> Value {
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    }
+
+    fn with_tool_parameters(schemas: Vec<Value>) -> Value {
+        let tools: Vec<Value> = schemas
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| json!({"type": "function", "function": {"name": format!("f{i}"), "parameters": p}}))
+            .collect();
+        json!({"tools": tools, "tool_choice": "required"})
+    }
+
+    #[test]
+    fn each_cap_is_a_400_naming_its_param() {
+        let schema_param = "response_format.json_schema.schema";
+        let long_description = "d".repeat(MAX_SCHEMA_BYTES);
+        let deep = nested(MAX_SCHEMA_DEPTH);
+        let bias: serde_json::Map<String, Value> = (0..=MAX_LOGIT_BIAS)
+            .map(|i| (i.to_string(), json!(1)))
+            .collect();
+        let messages: Vec<Value> = (0..=MAX_MESSAGES)
+            .map(|_| json!({"role": "user", "content": "x"}))
+            .collect();
+        let cases = [
+            (with_schema(wide_object(MAX_SCHEMA_PROPERTIES + 1)), schema_param, "properties"),
+            (with_schema(wide_object(5000)), schema_param, "properties"),
+            (with_schema(enum_of(MAX_SCHEMA_ENUM_VALUES + 1)), schema_param, "enum"),
+            (with_schema(deep), schema_param, "nests"),
+            (
+                with_schema(json!({"type": "string", "description": long_description})),
+                schema_param,
+                "bytes",
+            ),
+            (
+                with_tool_parameters(vec![wide_object(1), wide_object(MAX_SCHEMA_PROPERTIES + 1)]),
+                "tools[1].function.parameters",
+                "properties",
+            ),
+            // Enum values add up over all the schemas of a request.
+            (
+                with_tool_parameters(vec![enum_of(600), enum_of(600)]),
+                "tools[1].function.parameters",
+                "enum",
+            ),
+            (
+                with_tool_parameters((0..=MAX_TOOLS).map(|_| wide_object(1)).collect()),
+                "tools",
+                "tools",
+            ),
+            (json!({"logit_bias": bias}), "logit_bias", "entries"),
+            (json!({"stop": ["x".repeat(MAX_STOP_BYTES + 1)]}), "stop", "bytes"),
+            (json!({"messages": messages}), "messages", "messages"),
+        ];
+        for (extra, param, says) in cases {
+            let error = chat_error(extra);
+            assert_eq!(error.param(), param, "{error}");
+            assert!(matches!(error, WireError::InvalidParameter { .. }), "{error:?}");
+            assert!(error.message().contains(param) && error.message().contains(says), "{error}");
+        }
+        let error = completion_error(json!({"stop": "x".repeat(MAX_STOP_BYTES + 1)}));
+        assert_eq!(error.param(), "stop");
+    }
+
+    #[test]
+    fn schemas_at_the_caps_pass() {
+        let limits = Limits::default();
+        chat(with_schema(wide_object(MAX_SCHEMA_PROPERTIES)))
+            .validate(&limits)
+            .unwrap();
+        chat(with_schema(enum_of(MAX_SCHEMA_ENUM_VALUES)))
+            .validate(&limits)
+            .unwrap();
+        // The root counts as level 1, each wrapping object as 2 more (itself, `properties`).
+        chat(with_schema(nested((MAX_SCHEMA_DEPTH - 2) / 2)))
+            .validate(&limits)
+            .unwrap();
+        chat(with_tool_parameters((0..MAX_TOOLS).map(|_| wide_object(8)).collect()))
+            .validate(&limits)
+            .unwrap();
+        chat(json!({"stop": ["x".repeat(MAX_STOP_BYTES)]}))
+            .validate(&limits)
+            .unwrap();
+        // A property named like a keyword is not mistaken for one.
+        chat(with_schema(json!({"type": "object", "properties": {"enum": {"type": "string"}, "properties": {"type": "string"}}})))
+            .validate(&limits)
+            .unwrap();
     }
 
     #[test]

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::sampler::Sampler;
+use engine::sampler::{Sampler, SamplingParams};
 use futures::StreamExt;
 use openapi::{
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCall,
@@ -18,35 +18,17 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::generate::{self, finish_reason, now_secs, sampling_fields, Choice, GenSpec};
 use super::json::ApiJson;
+use super::prepare;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
 use crate::generation::{Event, Finish, TokenInfo};
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatCompletionRequest>) -> Result<Response, ApiError> {
-    req.validate(&state.limits)?;
-    check_model(&state, &req.model)?;
-    let tool_use = tool_use(&req);
-    let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
-    let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
-    let text = state.template.render(&messages, tools_for_template.as_ref(), true)?;
-    let prompt = state.tokenizer.tokenize(&text, true);
-
-    let grammar = match (&tool_use, &req.response_format) {
-        (Some(t), _) if t.required => Some(tools::tool_call_grammar(&t.tools, &t.names).map_err(|m| ApiError::InvalidParameter { param: Some("tools".into()), message: m })?),
-        (_, Some(ResponseFormat::JsonObject)) => Some(tools::json_grammar(None).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?),
-        (_, Some(ResponseFormat::JsonSchema { json_schema })) => {
-            Some(tools::json_grammar(json_schema.schema.as_ref()).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?)
-        }
-        _ => None,
+    let (req, prepared) = {
+        let state = state.clone();
+        prepare::run(move || prepare(&state, &req).map(|p| (req, p))).await?
     };
-    let sampling = generate::sampling_params(
-        sampling_fields!(req),
-        grammar,
-    )?;
-    // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
-    // a failure inside the batching loop.
-    Sampler::new(&state.tokenizer, &sampling)?;
-
+    let Prepared { prompt, sampling, tool_use } = prepared;
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let spec = GenSpec {
         id: id.clone(),
@@ -66,6 +48,40 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
         let choices = generate::collect_all(receivers).await?;
         Ok(Json(response(meta, choices, tool_use.as_ref())).into_response())
     }
+}
+
+/// A chat request made ready to generate.
+struct Prepared {
+    prompt: Vec<i32>,
+    sampling: SamplingParams,
+    tool_use: Option<ToolUse>,
+}
+
+/// Everything a chat request needs before generation, all of it CPU work that may take a
+/// while for large requests: it runs on a preparation thread (`prepare::run`).
+fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, ApiError> {
+    req.validate(&state.limits)?;
+    check_model(state, &req.model)?;
+    let tool_use = tool_use(req);
+    let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
+    let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
+    let rendered = state.template.render_chat(&messages, tools_for_template.as_ref(), true)?;
+    generate::check_prompt_bytes(state, rendered.text.len())?;
+    let prompt = state.tokenizer.tokenize_chat(&rendered)?;
+
+    let grammar = match (&tool_use, &req.response_format) {
+        (Some(t), _) if t.required => Some(tools::tool_call_grammar(&t.tools, &t.names).map_err(|m| ApiError::InvalidParameter { param: Some("tools".into()), message: m })?),
+        (_, Some(ResponseFormat::JsonObject)) => Some(tools::json_grammar(None).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?),
+        (_, Some(ResponseFormat::JsonSchema { json_schema })) => {
+            Some(tools::json_grammar(json_schema.schema.as_ref()).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?)
+        }
+        _ => None,
+    };
+    let sampling = generate::sampling_params(sampling_fields!(req), grammar)?;
+    // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
+    // a failure inside the batching loop.
+    Sampler::new(&state.tokenizer, &sampling)?;
+    Ok(Prepared { prompt, sampling, tool_use })
 }
 
 struct Meta {

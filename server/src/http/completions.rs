@@ -8,39 +8,22 @@ use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use engine::sampler::Sampler;
+use engine::sampler::{Sampler, SamplingParams};
 use futures::StreamExt;
 use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, PromptTokensDetails, Usage};
 
 use super::error::ApiError;
 use super::generate::{self, finish_reason, now_secs, sampling_fields, GenSpec};
 use super::json::ApiJson;
+use super::prepare;
 use super::{check_model, AppState};
 use crate::generation::{Event, TokenInfo};
 
 pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
-    req.validate(&state.limits)?;
-    check_model(&state, &req.model)?;
-    let sampling = generate::sampling_params(
-        sampling_fields!(req),
-        None,
-    )?;
-    Sampler::new(&state.tokenizer, &sampling)?;
-    let n_vocab = state.tokenizer.n_vocab();
-    let mut prompts: Vec<(Vec<i32>, String)> = Vec::new();
-    for (i, input) in req.prompt.inputs().into_iter().enumerate() {
-        match input {
-            PromptInput::Text(t) => prompts.push((state.tokenizer.tokenize(t, true), t.to_string())),
-            PromptInput::Tokens(ids) => {
-                if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
-                    return Err(ApiError::InvalidParameter { param: Some(format!("prompt[{i}]")), message: format!("token id {bad} is outside the vocabulary of {n_vocab}") });
-                }
-                let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
-                let text = state.tokenizer.detokenize(&ids);
-                prompts.push((ids, text));
-            }
-        }
-    }
+    let (req, (sampling, prompts)) = {
+        let state = state.clone();
+        prepare::run(move || prepare(&state, &req).map(|p| (req, p))).await?
+    };
     let id = format!("cmpl-{}", uuid::Uuid::new_v4().simple());
     let n = req.choices() as usize;
     let logprobs = req.logprobs.map(|k| k as usize);
@@ -130,6 +113,38 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
     });
     let stream = futures::stream::iter(head).chain(body).map(Ok::<_, Infallible>);
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// Each prompt as tokens and as text (for `echo`).
+type Prompts = Vec<(Vec<i32>, String)>;
+
+/// Validation, sampler and tokenization of every prompt: CPU work that may take a while for
+/// large prompts, so it runs on a preparation thread (`prepare::run`).
+fn prepare(state: &AppState, req: &CompletionRequest) -> Result<(SamplingParams, Prompts), ApiError> {
+    req.validate(&state.limits)?;
+    check_model(state, &req.model)?;
+    let sampling = generate::sampling_params(sampling_fields!(req), None)?;
+    Sampler::new(&state.tokenizer, &sampling)?;
+    let n_vocab = state.tokenizer.n_vocab();
+    let mut prompts = Vec::new();
+    for (i, input) in req.prompt.inputs().into_iter().enumerate() {
+        match input {
+            // The client writes the whole prompt, so its control-token text is meant.
+            PromptInput::Text(t) => {
+                generate::check_prompt_bytes(state, t.len())?;
+                prompts.push((state.tokenizer.tokenize(t, true), t.to_string()))
+            }
+            PromptInput::Tokens(ids) => {
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= n_vocab) {
+                    return Err(ApiError::InvalidParameter { param: Some(format!("prompt[{i}]")), message: format!("token id {bad} is outside the vocabulary of {n_vocab}") });
+                }
+                let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+                let text = state.tokenizer.detokenize(&ids);
+                prompts.push((ids, text));
+            }
+        }
+    }
+    Ok((sampling, prompts))
 }
 
 /// The legacy completions logprobs shape; `offset` is where the generated text starts

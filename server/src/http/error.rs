@@ -13,6 +13,9 @@ pub enum ApiError {
     InvalidJson(String),
     #[error("This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens.")]
     ContextLengthExceeded { max: usize, prompt: usize },
+    /// Found from the prompt's size alone, before tokenizing it.
+    #[error("This model's maximum context length is {max} tokens, but the prompt has at least {at_least} tokens.")]
+    PromptTooLong { max: usize, at_least: usize },
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` with the key the server was started with.")]
@@ -30,6 +33,9 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("The server is at capacity: all sequence slots are busy and the queue is full. Retry shortly.")]
     QueueFull,
+    /// Every request-preparation thread is busy and its queue is full.
+    #[error("The server is at capacity: too many requests are waiting to be prepared (templated, tokenized, turned into grammars). Retry shortly.")]
+    PreparationBusy,
     #[error("The server is shutting down")]
     ShuttingDown,
     /// A ring member failed; the message names it.
@@ -63,13 +69,14 @@ impl From<engine::Error> for ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidParameter { .. } | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::ModelNotFound(_) => StatusCode::BAD_REQUEST,
+            ApiError::InvalidParameter { .. } | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::AdminDisabled => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            // OpenAI answers an unknown model with 404 (the SDKs' NotFoundError).
+            ApiError::NotFound { .. } | ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::QueueFull => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueFull | ApiError::PreparationBusy => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -79,7 +86,7 @@ impl ApiError {
         let (kind, param, code) = match self {
             ApiError::InvalidParameter { param, .. } => ("invalid_request_error", param.clone(), None),
             ApiError::InvalidJson(_) => ("invalid_request_error", None, Some("invalid_json")),
-            ApiError::ContextLengthExceeded { .. } => ("invalid_request_error", Some("messages".to_string()), Some("context_length_exceeded")),
+            ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => ("invalid_request_error", Some("messages".to_string()), Some("context_length_exceeded")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model".to_string()), Some("model_not_found")),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::AdminUnauthorized => ("invalid_request_error", None, Some("invalid_admin_key")),
@@ -87,7 +94,7 @@ impl ApiError {
             ApiError::Conflict(_) => ("invalid_request_error", None, Some("conflict")),
             ApiError::NotFound { .. } => ("invalid_request_error", None, Some("unknown_url")),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", None, Some("request_too_large")),
-            ApiError::QueueFull => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),
+            ApiError::QueueFull | ApiError::PreparationBusy => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),
             ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),
             ApiError::Unavailable(_) => ("server_error", None, Some("ring_unavailable")),
             ApiError::Internal(_) => ("server_error", None, None),
@@ -107,7 +114,7 @@ impl IntoResponse for ApiError {
         }
         let status = self.status();
         let mut resp = (status, axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::QueueFull | ApiError::ShuttingDown | ApiError::Unavailable(_)) {
+        if matches!(self, ApiError::QueueFull | ApiError::PreparationBusy | ApiError::ShuttingDown | ApiError::Unavailable(_)) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
         }
         resp

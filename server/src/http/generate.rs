@@ -78,6 +78,17 @@ pub struct GenSpec {
     pub seed: Option<i64>,
 }
 
+/// Refuses prompt text that cannot fit the context whatever its tokens, before tokenizing
+/// it: a 4 MiB prompt takes about 100 MB and half a second to tokenize.
+pub fn check_prompt_bytes(state: &AppState, bytes: usize) -> Result<(), ApiError> {
+    let max = state.batcher.n_ctx();
+    let at_least = state.tokenizer.min_tokens(bytes);
+    if at_least >= max {
+        return Err(ApiError::PromptTooLong { max, at_least });
+    }
+    Ok(())
+}
+
 /// Submits `n` sequences; their events arrive on the returned receivers, in choice order.
 pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
     let n_ctx = state.batcher.n_ctx();
@@ -96,6 +107,16 @@ pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::Unb
     let room = n_ctx - spec.prompt.len();
     let max_tokens = spec.max_tokens.map_or(room, |m| (m as usize).min(room));
     let mut receivers = Vec::with_capacity(n);
+    if max_tokens == 0 {
+        // Nothing to generate (a completion that only echoes its prompt): every choice is
+        // finished at once, and the engine never sees the request.
+        for _ in 0..n {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let _ = tx.send(Event::Done { finish: Finish::Length, completion_tokens: 0 });
+            receivers.push(rx);
+        }
+        return Ok(receivers);
+    }
     for i in 0..n {
         let (tx, rx) = mpsc::unbounded_channel();
         let seed = match spec.seed {

@@ -8,6 +8,7 @@ mod completions;
 mod error;
 mod generate;
 mod json;
+mod prepare;
 mod tools;
 
 pub use generate::now_secs;

@@ -79,7 +79,25 @@ except openai.AuthenticationError as e:
 try:
     client.chat.completions.create(model="no-such-model", messages=msgs)
     raise SystemExit("an unknown model was accepted")
+except openai.NotFoundError as e:
+    assert e.status_code == 404 and e.code == "model_not_found", e
+try:
+    client.models.retrieve("no-such-model")
+    raise SystemExit("an unknown model was described")
+except openai.NotFoundError as e:
+    assert e.status_code == 404, e
+assert client.models.retrieve(model).id == model
+
+# Requests over the server's limits are refused with the parameter named, never a crash.
+wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(5000)}}
+try:
+    client.chat.completions.create(model=model, messages=msgs, response_format={"type": "json_schema", "json_schema": {"name": "wide", "schema": wide}})
+    raise SystemExit("a 5,000-property schema was accepted")
 except openai.BadRequestError as e:
-    assert e.status_code == 400, e
+    assert e.status_code == 400 and e.param == "response_format.json_schema.schema", e
+
+# echo with max_tokens 0 scores the prompt: the prompt back, nothing generated.
+c = client.completions.create(model=model, prompt="The capital of France is", max_tokens=0, echo=True)
+assert c.choices[0].text == "The capital of France is" and c.usage.completion_tokens == 0, c
 
 print("openai sdk: all checks passed")
