@@ -193,6 +193,17 @@ pub struct ServeArgs {
     /// Largest request body in bytes; bigger ones get HTTP 413.
     #[arg(long, env = "HEARTH_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
+    /// Most open connections to the API port. Past it, the connection that has been idle
+    /// the longest (no request in progress) is closed to make room; when every connection
+    /// has a request in progress, the new one is closed at once. Keep it below the limit on
+    /// open files (`ulimit -n`); hearth raises its soft limit to fit when it can.
+    #[arg(long, env = "HEARTH_MAX_CONNECTIONS", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a client may take to send a request's headers. Also the longest a kept-alive
+    /// connection may sit idle, and the longest pause while a request body is sent.
+    /// Responses are never timed: a stream may last as long as it generates.
+    #[arg(long, env = "HEARTH_HEADER_TIMEOUT", default_value_t = 30)]
+    pub header_timeout: u64,
     /// Bearer token clients must send to /v1/* (none: open).
     #[arg(long, env = "HEARTH_API_KEY")]
     pub api_key: Option<String>,

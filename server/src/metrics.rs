@@ -24,6 +24,8 @@ const UNLABELLED_COUNTERS: &[&str] = &[
     "hearth_decode_sequence_steps_total",
     "hearth_spec_draft_tokens_total",
     "hearth_spec_accepted_tokens_total",
+    "hearth_http_connections_refused_total",
+    "hearth_http_connections_displaced_total",
 ];
 
 pub fn install() -> &'static PrometheusHandle {
@@ -60,6 +62,9 @@ fn describe() {
     describe_counter!("hearth_generated_tokens_total", "Tokens generated");
     describe_counter!("hearth_cancelled_total", "Sequences cancelled because the client went away");
     describe_gauge!("hearth_queue_size", "Sequences waiting for a slot");
+    describe_gauge!("hearth_http_connections", "Open connections to the API port (--max-connections caps them)");
+    describe_counter!("hearth_http_connections_refused_total", "Connections closed unanswered because every one of --max-connections had a request in progress");
+    describe_counter!("hearth_http_connections_displaced_total", "Idle connections closed to make room for a new one at --max-connections");
     describe_gauge!("hearth_running_sequences", "Sequences in a slot (prefilling or generating)");
     describe_histogram!("hearth_step_tokens", "Tokens in one engine step (decode tokens plus prompt chunks)");
     describe_histogram!("hearth_step_decode_tokens", "Decode tokens in one engine step (= sequences generating)");
@@ -219,6 +224,18 @@ pub fn generated_token() {
 
 pub fn cancelled() {
     counter!("hearth_cancelled_total").increment(1);
+}
+
+pub fn connections(n: usize) {
+    gauge!("hearth_http_connections").set(n as f64);
+}
+
+pub fn connection_refused() {
+    counter!("hearth_http_connections_refused_total").increment(1);
+}
+
+pub fn connection_displaced() {
+    counter!("hearth_http_connections_displaced_total").increment(1);
 }
 
 pub fn queue_size(n: usize) {

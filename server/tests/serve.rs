@@ -1,14 +1,15 @@
-//! `hearth serve` as a user runs it: it loads the model, answers /health, and on SIGTERM
-//! lets running streams finish and exits cleanly.
+//! `hearth serve` as a user runs it: it loads the model, answers /health, on SIGTERM
+//! lets running streams finish and exits cleanly, and no crowd of slow or idle
+//! connections keeps other clients out.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::Served;
+use common::{http, wait_for, Served};
 
 fn request(addr: &str, head: &str, body: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -54,4 +55,94 @@ fn a_missing_model_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+}
+
+/// Reads until the server closes the connection; what it sent. Panics if it is still open
+/// after `limit`.
+fn read_until_closed(s: &mut TcpStream, limit: Duration) -> String {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A reset is a close too (the server dropped a connection with unread input).
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the connection is still open after {limit:?} ({e}); got {:?}", String::from_utf8_lossy(&got)),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+fn gauge(metrics: &str, name: &str) -> f64 {
+    metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(f64::NAN)
+}
+
+/// 300 connections that never finish their headers, and some idle after a request, hold
+/// far more than --max-connections: a real client still gets in at once (the connection
+/// idle the longest makes room), long before the header timeout would free anything.
+#[test]
+fn slow_and_idle_connections_do_not_lock_out_a_client() {
+    const CAP: usize = 64;
+    const SLOW: usize = 300;
+    const IDLE: usize = 20;
+    let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--max-connections", "64", "--header-timeout", "600"]);
+    let mut held = Vec::new();
+    for _ in 0..IDLE {
+        let mut s = TcpStream::connect(&server.addr).unwrap();
+        write!(s, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0u8; 512];
+        assert!(s.read(&mut buf).unwrap() > 0);
+        held.push(s);
+    }
+    for _ in 0..SLOW {
+        // The server may close some at once; the client does not care.
+        if let Ok(mut s) = TcpStream::connect(&server.addr) {
+            let _ = write!(s, "GET /health HTTP/1.1\r\nHost: x\r\n");
+            held.push(s);
+        }
+    }
+    let started = Instant::now();
+    let resp = wait_for("a client gets an answer", Duration::from_secs(60), || http(&server.addr, "GET", "/health", "", "").ok());
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let metrics = http(&server.addr, "GET", "/metrics", "", "").unwrap().body;
+    let open = gauge(&metrics, "hearth_http_connections");
+    assert!(open <= CAP as f64, "{open} connections open, over the cap of {CAP}");
+    assert!(gauge(&metrics, "hearth_http_connections_displaced_total") > 0.0, "{metrics}");
+    println!("answered after {:?} with {} connections held", started.elapsed(), held.len());
+    drop(held);
+}
+
+/// A connection that does not finish its headers, or sits idle after a request, or stops
+/// sending its body, is closed after --header-timeout; a streamed answer that takes longer
+/// than that is not cut.
+#[test]
+fn header_and_idle_timeouts_close_connections_but_streams_run_on() {
+    let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--header-timeout", "1"]);
+    let limit = Duration::from_secs(30);
+    let mut slow = TcpStream::connect(&server.addr).unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let got = read_until_closed(&mut slow, limit);
+    assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "{got}");
+
+    let mut idle = TcpStream::connect(&server.addr).unwrap();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let got = read_until_closed(&mut idle, limit);
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+
+    let mut stalled = TcpStream::connect(&server.addr).unwrap();
+    write!(stalled, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\"").unwrap();
+    let got = read_until_closed(&mut stalled, limit);
+    assert!(!got.starts_with("HTTP/1.1 200"), "{got}");
+
+    // Greedy and long: a few seconds of streaming, several header timeouts.
+    let body = r#"{"model":"","messages":[{"role":"user","content":"Tell a long story."}],"max_tokens":300,"temperature":0,"stream":true}"#;
+    let started = Instant::now();
+    let mut s = request(&server.addr, "POST /v1/chat/completions", body);
+    let mut all = String::new();
+    s.read_to_string(&mut all).unwrap();
+    assert!(all.starts_with("HTTP/1.1 200"), "{all}");
+    assert!(all.contains("data: [DONE]"), "the stream was cut off: {all}");
+    println!("stream of up to 300 tokens took {:?} under a 1 s header timeout", started.elapsed());
 }

@@ -4,9 +4,8 @@
 //! prompt chunks within the token budget, so a long prompt never stalls running streams.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -42,8 +41,7 @@ pub enum SubmitError {
 }
 
 pub struct Batcher {
-    tx: SyncSender<GenerationRequest>,
-    queued: Arc<AtomicUsize>,
+    queue: Arc<Queue>,
     shutting_down: Arc<AtomicBool>,
     thread: std::sync::Mutex<Option<JoinHandle<()>>>,
     degraded: Degraded,
@@ -53,6 +51,91 @@ pub struct Batcher {
 
 /// Why the pipeline cannot serve (a ring member is lost), shared with the HTTP side.
 type Degraded = Arc<Mutex<Option<String>>>;
+
+/// Requests waiting for a slot. A request whose client went away leaves at once: when a
+/// request arrives to a full queue, and every time the loop looks (each step, each idle
+/// poll). Otherwise a crowd of clients that gave up would hold every place, and everyone
+/// else would get 429 until slots had worked through them.
+struct Queue {
+    items: Mutex<QueueItems>,
+    arrived: Condvar,
+    capacity: usize,
+}
+
+struct QueueItems {
+    waiting: VecDeque<GenerationRequest>,
+    /// The loop ended: nothing queued will ever run.
+    closed: bool,
+}
+
+impl Queue {
+    fn new(capacity: usize) -> Queue {
+        Queue { items: Mutex::new(QueueItems { waiting: VecDeque::new(), closed: false }), arrived: Condvar::new(), capacity: capacity.max(1) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, QueueItems> {
+        // Every change to the queue is one deque operation: a panic elsewhere while it
+        // was held leaves it consistent.
+        self.items.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, req: GenerationRequest) -> Result<(), SubmitError> {
+        let mut q = self.lock();
+        if q.closed {
+            return Err(SubmitError::ShuttingDown);
+        }
+        if q.waiting.len() >= self.capacity {
+            drop_gone(&mut q.waiting);
+            if q.waiting.len() >= self.capacity {
+                return Err(SubmitError::QueueFull);
+            }
+        }
+        q.waiting.push_back(req);
+        m::queue_size(q.waiting.len());
+        drop(q);
+        self.arrived.notify_one();
+        Ok(())
+    }
+
+    /// The oldest request whose client is still there, waiting up to `wait` for one.
+    fn pop(&self, wait: Duration) -> Option<GenerationRequest> {
+        let mut q = self.lock();
+        if q.waiting.is_empty() && !wait.is_zero() {
+            q = self.arrived.wait_timeout_while(q, wait, |q| q.waiting.is_empty()).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        drop_gone(&mut q.waiting);
+        let req = q.waiting.pop_front();
+        m::queue_size(q.waiting.len());
+        req
+    }
+
+    /// Drops requests of clients that went away; how many are still waiting.
+    fn prune(&self) -> usize {
+        let mut q = self.lock();
+        drop_gone(&mut q.waiting);
+        m::queue_size(q.waiting.len());
+        q.waiting.len()
+    }
+
+    /// Their clients see the end of their event streams, as when the loop fails.
+    fn close(&self) {
+        let mut q = self.lock();
+        q.closed = true;
+        q.waiting.clear();
+        m::queue_size(0);
+    }
+}
+
+fn drop_gone(waiting: &mut VecDeque<GenerationRequest>) {
+    waiting.retain(|r| {
+        let gone = r.events.is_closed();
+        if gone {
+            tracing::info!(request = %r.id, "client went away while queued");
+            m::cancelled();
+        }
+        !gone
+    });
+}
 
 /// Weight of the latest step in the running mean of decode-step time.
 const STEP_TIME_WEIGHT: f64 = 0.2;
@@ -66,8 +149,7 @@ const RECOVER_INTERVAL: Duration = Duration::from_secs(1);
 impl Batcher {
     /// `proposer`: where speculative drafts come from; `None` turns speculation off.
     pub fn start(pipeline: Box<dyn Pipeline>, tokenizer: Arc<Tokenizer>, cfg: BatcherConfig, proposer: Option<Proposer>) -> Batcher {
-        let (tx, rx) = sync_channel(cfg.queue.max(1));
-        let queued = Arc::new(AtomicUsize::new(0));
+        let queue = Arc::new(Queue::new(cfg.queue));
         let shutting_down = Arc::new(AtomicBool::new(false));
         let degraded: Degraded = Arc::new(Mutex::new(None));
         let n_ctx = pipeline.n_ctx_seq();
@@ -76,8 +158,7 @@ impl Batcher {
             pipeline,
             tokenizer,
             slots: (0..cfg.parallel).map(|i| Slot { seq: i as u64, cached: Vec::new(), active: None }).collect(),
-            rx,
-            queued: queued.clone(),
+            queue: queue.clone(),
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
             max_batch: cfg.max_batch,
@@ -89,7 +170,7 @@ impl Batcher {
             idle_since: Instant::now(),
         };
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
-        Batcher { tx, queued, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
+        Batcher { queue, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
     }
 
     /// Context cells per sequence: prompt plus generated tokens must fit.
@@ -114,20 +195,7 @@ impl Batcher {
         if let Some(why) = self.degraded() {
             return Err(SubmitError::Unavailable(why));
         }
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        match self.tx.try_send(req) {
-            Ok(()) => {
-                m::queue_size(self.queued.load(Ordering::Acquire));
-                Ok(())
-            }
-            Err(e) => {
-                self.queued.fetch_sub(1, Ordering::AcqRel);
-                Err(match e {
-                    TrySendError::Full(_) => SubmitError::QueueFull,
-                    TrySendError::Disconnected(_) => SubmitError::ShuttingDown,
-                })
-            }
-        }
+        self.queue.push(req)
     }
 
     /// Stops admitting requests, lets running and queued ones finish, and waits for the
@@ -170,8 +238,7 @@ struct Loop {
     pipeline: Box<dyn Pipeline>,
     tokenizer: Arc<Tokenizer>,
     slots: Vec<Slot>,
-    rx: Receiver<GenerationRequest>,
-    queued: Arc<AtomicUsize>,
+    queue: Arc<Queue>,
     shutting_down: Arc<AtomicBool>,
     degraded: Degraded,
     max_batch: usize,
@@ -198,30 +265,34 @@ struct Row {
 
 impl Loop {
     fn run(&mut self) {
+        self.report_usage();
         loop {
             self.recover_if_due();
             let running = self.slots.iter().filter(|s| s.active.is_some()).count();
             if running == 0 {
-                if self.shutting_down.load(Ordering::Acquire) && self.queued.load(Ordering::Acquire) == 0 {
+                if self.shutting_down.load(Ordering::Acquire) && self.queue.prune() == 0 {
                     return;
                 }
-                match self.rx.recv_timeout(IDLE_POLL) {
-                    Ok(req) => self.admit(req),
-                    Err(RecvTimeoutError::Timeout) => {
+                match self.queue.pop(IDLE_POLL) {
+                    Some(req) => self.admit(req),
+                    None => {
                         self.idle();
                         continue;
                     }
-                    Err(RecvTimeoutError::Disconnected) => return,
                 }
             }
             while self.slots.iter().any(|s| s.active.is_none()) {
-                match self.rx.try_recv() {
-                    Ok(req) => self.admit(req),
-                    Err(_) => break,
+                match self.queue.pop(Duration::ZERO) {
+                    Some(req) => self.admit(req),
+                    None => break,
                 }
             }
+            self.queue.prune();
             self.drop_cancelled();
             self.step();
+            // After every step, not only those that ran a batch: one where every
+            // sequence was cancelled runs none, and the loop then idles.
+            self.report_usage();
             self.idle_since = Instant::now();
         }
     }
@@ -273,8 +344,6 @@ impl Loop {
     }
 
     fn admit(&mut self, req: GenerationRequest) {
-        let left = self.queued.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
-        m::queue_size(left);
         m::queue_time(req.enqueued.elapsed());
         if req.events.is_closed() {
             return;
@@ -429,7 +498,6 @@ impl Loop {
             }
             k += 1 + drafts;
         }
-        self.report_usage();
     }
 
     /// Fills each speculating sequence's `draft` for this step, within the batch room left
@@ -586,6 +654,142 @@ impl Loop {
     }
 }
 
+impl Drop for Loop {
+    /// However the loop ends (shutdown, or a panic), requests stop being queued for it.
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
 fn common_prefix(a: &[i32], b: &[i32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::sampler::SamplingParams;
+    use std::path::PathBuf;
+    use tokio::sync::mpsc;
+
+    /// A model that always says the same token, a step taking a few milliseconds: its
+    /// sequences run until their clients go away.
+    struct Endless {
+        n_vocab: usize,
+        say: usize,
+    }
+
+    const STEP: Duration = Duration::from_millis(2);
+
+    impl engine::Pipeline for Endless {
+        fn forward(&mut self, batch: &[BatchToken], _: &[i32]) -> engine::Result<engine::Logits> {
+            std::thread::sleep(STEP);
+            let rows: Vec<usize> = batch.iter().enumerate().filter(|(_, t)| t.logits).map(|(i, _)| i).collect();
+            let mut data = vec![0.0; rows.len() * self.n_vocab];
+            for r in 0..rows.len() {
+                data[r * self.n_vocab + self.say] = 10.0;
+            }
+            Ok(engine::Logits { rows, n_vocab: self.n_vocab, data })
+        }
+        fn clear_sequence(&mut self, _: engine::SeqId) {}
+        fn truncate_sequence(&mut self, _: engine::SeqId, _: usize) {}
+        fn n_ctx_seq(&self) -> usize {
+            1 << 20
+        }
+    }
+
+    /// The gauges are process-wide: one of these tests at a time.
+    static GAUGES: Mutex<()> = Mutex::new(());
+
+    fn batcher(parallel: usize, queue: usize) -> Batcher {
+        crate::metrics::install();
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+        let tokenizer = Arc::new(Tokenizer::load(engine::default_model::ensure_default_model(&dir).expect("fetch the default model")).unwrap());
+        let say = tokenizer.tokenize("a", false)[0] as usize;
+        let pipeline = Box::new(Endless { n_vocab: tokenizer.n_vocab(), say });
+        Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0 }, None)
+    }
+
+    fn request() -> (GenerationRequest, mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let req = GenerationRequest {
+            id: "test".into(),
+            prompt: vec![1, 2, 3],
+            sampling: SamplingParams::greedy(),
+            max_tokens: usize::MAX,
+            stop: Vec::new(),
+            logprobs: None,
+            events,
+            enqueued: Instant::now(),
+        };
+        (req, rx)
+    }
+
+    fn started(rx: &mut mpsc::UnboundedReceiver<Event>) {
+        loop {
+            match rx.blocking_recv() {
+                Some(Event::Started { .. }) => return,
+                Some(_) => {}
+                None => panic!("the sequence ended before it started"),
+            }
+        }
+    }
+
+    fn gauge(name: &str) -> f64 {
+        let text = crate::metrics::render();
+        text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(f64::NAN)
+    }
+
+    fn wait_for_gauge(name: &str, want: f64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while gauge(name) != want {
+            assert!(Instant::now() < deadline, "{name} stayed at {}, expected {want}", gauge(name));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn a_client_that_went_away_frees_its_queue_place_at_once() {
+        let _one = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
+        let b = batcher(1, 2);
+        let (a, mut a_rx) = request();
+        b.submit(a).unwrap();
+        started(&mut a_rx);
+        let (q1, q1_rx) = request();
+        let (q2, q2_rx) = request();
+        b.submit(q1).unwrap();
+        b.submit(q2).unwrap();
+        assert_eq!(b.submit(request().0), Err(SubmitError::QueueFull));
+        // Both waiting clients give up while the one slot is still busy.
+        drop((q1_rx, q2_rx));
+        let (c, mut c_rx) = request();
+        b.submit(c).unwrap();
+        let (d, d_rx) = request();
+        b.submit(d).unwrap();
+        drop(d_rx);
+        // The loop looks too, without a request arriving to a full queue.
+        wait_for_gauge("hearth_queue_size", 1.0);
+        drop(a_rx);
+        started(&mut c_rx);
+        drop(c_rx);
+        wait_for_gauge("hearth_running_sequences", 0.0);
+        b.shutdown();
+    }
+
+    #[test]
+    fn the_running_gauge_follows_cancellations() {
+        let _one = GAUGES.lock().unwrap_or_else(|e| e.into_inner());
+        let b = batcher(2, 4);
+        let (x, mut x_rx) = request();
+        let (y, mut y_rx) = request();
+        b.submit(x).unwrap();
+        b.submit(y).unwrap();
+        started(&mut x_rx);
+        started(&mut y_rx);
+        wait_for_gauge("hearth_running_sequences", 2.0);
+        // Both go at once: the step after finds nothing to run, and the loop idles.
+        drop((x_rx, y_rx));
+        wait_for_gauge("hearth_running_sequences", 0.0);
+        b.shutdown();
+    }
 }
