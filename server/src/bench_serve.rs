@@ -43,7 +43,8 @@ pub fn run(args: BenchServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         let (state, addr) = crate::serve::build(&serve)?;
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-        tokio::spawn(async move { axum::serve(listener, crate::http::router(state)).await });
+        let limits = crate::serve::ConnectionLimits::from_args(&serve);
+        tokio::spawn(crate::serve::serve_api(listener, crate::http::router(state), limits, std::future::pending()));
         let client = reqwest::Client::new();
         println!("model: {}, threads: {threads}, {} tokens per request, {} requests per client", path.display(), args.max_tokens, args.requests);
         println!("engine alone (no HTTP): 1 sequence {engine_one:.1} tokens/s ({:.2} ms/token); {parallel} sequences batched {engine_all:.1} tokens/s ({:.2}x)", engine_tpot.as_secs_f64() * 1e3, engine_all / engine_one);
