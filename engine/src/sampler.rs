@@ -57,68 +57,142 @@ impl SamplingParams {
 }
 
 pub struct Sampler {
-    chain: LlamaSampler,
+    /// Logit bias and penalties: they change logits before the grammar judges them.
+    adjust: Option<LlamaSampler>,
+    grammar: Option<LlamaSampler>,
+    /// What picks the token among the candidates left: greedy, or top-k, top-p, min-p,
+    /// temperature and the seeded distribution.
+    pick: LlamaSampler,
     n_vocab: usize,
     /// When the chain's first step is top-k (nothing before it reads the whole
     /// distribution), only the k best logits are handed to llama.cpp: the same result
     /// without copying and sorting the whole vocabulary every token.
     prefilter: Option<usize>,
+    /// With a grammar: which allowed candidates can decide the token. `None`: all of them
+    /// (plain temperature sampling, or top-p without top-k), and the grammar must judge the
+    /// whole vocabulary.
+    decisive: Option<Decisive>,
 }
+
+/// The allowed candidates the pick can choose from, without judging all the others: the
+/// best `count` (greedy: 1; top-k: k), or, when min-p cuts first, those within `min_p_cut`
+/// of the best allowed logit; every candidate the grammar did not judge is below both.
+#[derive(Debug, Clone, Copy)]
+struct Decisive {
+    count: Option<usize>,
+    /// ln(min_p), when min-p comes before anything that reads the whole distribution
+    /// (top-p): it drops every candidate whose logit is below the best one's plus this.
+    min_p_cut: Option<f32>,
+    /// No top-k sorts the candidates before the pick: it sees them in vocabulary order.
+    id_order: bool,
+}
+
+/// Margin below min-p's cut, in logits, down to which the grammar judges candidates: the
+/// cut is computed here as llama.cpp does (`logit + logf(p)` in f32), and the margin makes
+/// a last-bit difference harmless (min-p itself drops the extra candidates).
+const MIN_P_MARGIN: f32 = 1e-3;
 
 // SAFETY: a llama sampler is plain heap state used by one thread at a time.
 unsafe impl Send for Sampler {}
 
+/// Candidates the grammar judges first on the bounded path (or top-k's k, if more). Enough
+/// that an ordinary grammar state, where the model favours what the grammar allows, is
+/// settled at once; few enough to cost little. Each later round judges `GRAMMAR_ROUND_GROWTH`
+/// times as many: few rounds (each visits every grammar stack again) where allowed tokens
+/// are rare.
+const FIRST_GRAMMAR_ROUND: usize = 32;
+const GRAMMAR_ROUND_GROWTH: usize = 4;
+
 impl Sampler {
     pub fn new(tokenizer: &Tokenizer, p: &SamplingParams) -> Result<Sampler> {
         let n_vocab = tokenizer.n_vocab();
-        let mut chain = Vec::new();
+        let mut adjust = Vec::new();
         if let Some(bad) = p.logit_bias.iter().find(|(t, _)| *t < 0 || *t as usize >= n_vocab) {
             return Err(Error::Sampler(format!("logit_bias names token {} outside the vocabulary of {n_vocab}", bad.0)));
         }
         if !p.logit_bias.is_empty() {
             let biases: Vec<LlamaLogitBias> = p.logit_bias.iter().map(|&(t, b)| LlamaLogitBias::new(LlamaToken(t), b)).collect();
-            chain.push(LlamaSampler::logit_bias(n_vocab as i32, &biases));
+            adjust.push(LlamaSampler::logit_bias(n_vocab as i32, &biases));
         }
         if p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-            chain.push(LlamaSampler::penalties(n_vocab as i32, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty));
+            adjust.push(LlamaSampler::penalties(n_vocab as i32, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty));
         }
-        if let Some(g) = &p.grammar {
-            let s = LlamaSampler::grammar(tokenizer.llama_model(), g, "root").map_err(|e| Error::Sampler(format!("invalid grammar: {e}")))?;
-            chain.push(s);
-        }
+        let grammar = match &p.grammar {
+            Some(g) => Some(LlamaSampler::grammar(tokenizer.llama_model(), g, "root").map_err(|e| Error::Sampler(format!("invalid grammar: {e}")))?),
+            None => None,
+        };
+        let mut pick = Vec::new();
         if p.temperature <= 0.0 {
-            chain.push(LlamaSampler::greedy());
+            pick.push(LlamaSampler::greedy());
         } else {
             if p.top_k > 0 {
-                chain.push(LlamaSampler::top_k(p.top_k));
+                pick.push(LlamaSampler::top_k(p.top_k));
             }
             if p.top_p < 1.0 {
-                chain.push(LlamaSampler::top_p(p.top_p, 1));
+                pick.push(LlamaSampler::top_p(p.top_p, 1));
             }
             if p.min_p > 0.0 {
-                chain.push(LlamaSampler::min_p(p.min_p, 1));
+                pick.push(LlamaSampler::min_p(p.min_p, 1));
             }
-            chain.push(LlamaSampler::temp(p.temperature));
-            chain.push(LlamaSampler::dist(p.seed));
+            pick.push(LlamaSampler::temp(p.temperature));
+            pick.push(LlamaSampler::dist(p.seed));
         }
-        let plain = p.logit_bias.is_empty() && p.grammar.is_none() && p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0;
-        let prefilter = if !plain {
-            None
-        } else if p.temperature <= 0.0 {
+        let count = if p.temperature <= 0.0 {
             Some(1)
         } else if p.top_k > 0 {
             Some(p.top_k as usize)
         } else {
             None
         };
-        Ok(Sampler { chain: LlamaSampler::chain_simple(chain), n_vocab, prefilter })
+        let min_p_cut = (p.temperature > 0.0 && p.min_p > 0.0 && p.top_p >= 1.0).then(|| p.min_p.ln());
+        let decisive = (count.is_some() || min_p_cut.is_some()).then_some(Decisive { count, min_p_cut, id_order: count.is_none() });
+        let plain = adjust.is_empty() && grammar.is_none();
+        let prefilter = if plain { count } else { None };
+        Ok(Sampler {
+            adjust: (!adjust.is_empty()).then(|| LlamaSampler::chain_simple(adjust)),
+            grammar,
+            pick: LlamaSampler::chain_simple(pick),
+            n_vocab,
+            prefilter,
+            decisive,
+        })
     }
 
     /// Picks the next token from one row of logits and records it (penalties, grammar).
     pub fn sample(&mut self, logits: &[f32]) -> Result<i32> {
+        self.check_len(logits)?;
+        let tok = match (self.grammar.is_some(), self.decisive) {
+            (true, Some(d)) => self.pick_constrained(logits, d)?,
+            _ => self.pick_whole(logits)?,
+        };
+        self.accept(tok);
+        Ok(tok.0)
+    }
+
+    /// `sample` with the grammar judging every token of the vocabulary, as llama.cpp's
+    /// chain does: what the bounded path must agree with (tests, benchmarks).
+    #[doc(hidden)]
+    pub fn sample_judging_every_token(&mut self, logits: &[f32]) -> Result<i32> {
+        self.check_len(logits)?;
+        let tok = self.pick_whole(logits)?;
+        self.accept(tok);
+        Ok(tok.0)
+    }
+
+    fn check_len(&self, logits: &[f32]) -> Result<()> {
         if logits.len() != self.n_vocab {
             return Err(Error::Sampler(format!("{} logits for a vocabulary of {}", logits.len(), self.n_vocab)));
         }
+        Ok(())
+    }
+
+    fn accept(&mut self, tok: LlamaToken) {
+        for s in [self.adjust.as_mut(), self.grammar.as_mut(), Some(&mut self.pick)].into_iter().flatten() {
+            s.accept(tok);
+        }
+    }
+
+    fn pick_whole(&mut self, logits: &[f32]) -> Result<LlamaToken> {
         let mut arr = match self.prefilter {
             Some(k) if k < logits.len() => {
                 let top = top_k(logits, k);
@@ -126,11 +200,75 @@ impl Sampler {
             }
             _ => LlamaTokenDataArray::from_iter(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false),
         };
-        self.chain.apply(&mut arr);
-        let tok = arr.selected_token().ok_or_else(|| Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()))?;
-        self.chain.accept(tok);
-        Ok(tok.0)
+        for s in [self.adjust.as_mut(), self.grammar.as_mut(), Some(&mut self.pick)].into_iter().flatten() {
+            s.apply(&mut arr);
+        }
+        arr.selected_token().ok_or_else(|| Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()))
     }
+
+    /// The grammar's cost bounded by what decides the token: the grammar judges the best
+    /// candidates in rounds, best first, until the allowed ones that can decide the token
+    /// are known (see `Decisive`); the pick runs on those. Judging the whole vocabulary
+    /// costs the grammar's stacks times the vocabulary every token (seconds for an enum of
+    /// thousands of values); a token's verdict does not depend on the other candidates, so
+    /// this is the same choice: greedy takes the best allowed token; top-k (first in the
+    /// pick) keeps the k best allowed, in the order its sort leaves them, with tokens the
+    /// grammar rejected only ever in its tail at probability 0; min-p keeps those within
+    /// its cut of the best, which are all here. (Two candidates with exactly equal logits
+    /// at the k-th place may be ordered differently: llama.cpp's partial sort does not
+    /// define their order either.)
+    fn pick_constrained(&mut self, logits: &[f32], d: Decisive) -> Result<LlamaToken> {
+        let mut arr = LlamaTokenDataArray::from_iter(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false);
+        if let Some(adjust) = self.adjust.as_mut() {
+            adjust.apply(&mut arr);
+        }
+        let grammar = self.grammar.as_mut().expect("a grammar on this path");
+        let want = d.count.unwrap_or(usize::MAX);
+        let mut allowed: Vec<LlamaTokenData> = Vec::new();
+        let mut rest: &mut [LlamaTokenData] = &mut arr.data;
+        let mut round = FIRST_GRAMMAR_ROUND.max(d.count.unwrap_or(0));
+        while !rest.is_empty() {
+            let n = round.min(rest.len());
+            if n < rest.len() {
+                rest.select_nth_unstable_by(n - 1, better);
+            }
+            let (best, tail) = rest.split_at_mut(n);
+            best.sort_unstable_by(better);
+            // A candidate at -inf cannot be picked; past the first one, none can.
+            let live = best.iter().position(|c| c.logit() == f32::NEG_INFINITY).unwrap_or(n);
+            let mut judged = LlamaTokenDataArray::new(best[..live].to_vec(), false);
+            grammar.apply(&mut judged);
+            allowed.extend(judged.data.into_iter().filter(|c| c.logit() != f32::NEG_INFINITY).take(want - allowed.len()));
+            let lowest = best[live.saturating_sub(1)].logit();
+            let below_cut = match (d.min_p_cut, allowed.first()) {
+                (Some(cut), Some(top)) => lowest < top.logit() + cut - MIN_P_MARGIN,
+                _ => false,
+            };
+            if live < n || allowed.len() >= want || below_cut {
+                break;
+            }
+            rest = tail;
+            round = round.saturating_mul(GRAMMAR_ROUND_GROWTH);
+        }
+        if allowed.is_empty() {
+            return Err(Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()));
+        }
+        let mut arr = if d.id_order {
+            allowed.sort_unstable_by_key(|c| c.id().0);
+            LlamaTokenDataArray::new(allowed, false)
+        } else {
+            // Best first, as top-k (or greedy's scan) would leave them.
+            LlamaTokenDataArray::new(allowed, true)
+        };
+        self.pick.apply(&mut arr);
+        arr.selected_token().ok_or_else(|| Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()))
+    }
+}
+
+/// Candidate order: higher logit first; equal logits (-0 equal to +0, as llama.cpp's
+/// comparisons have it) lower token id first, as greedy's first-maximum scan picks.
+fn better(a: &LlamaTokenData, b: &LlamaTokenData) -> std::cmp::Ordering {
+    (b.logit() + 0.0).total_cmp(&(a.logit() + 0.0)).then(a.id().0.cmp(&b.id().0))
 }
 
 /// GBNF for JSON following `schema` (JSON Schema as text), by llama.cpp's converter.
@@ -150,4 +288,128 @@ fn top_k(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
         }
     }
     top
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Sampler, SamplingParams};
+    use crate::tokenizer::Tokenizer;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::path::PathBuf;
+
+    fn tokenizer() -> Tokenizer {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+        Tokenizer::load(crate::default_model::ensure_default_model(&dir).expect("fetch the default model")).unwrap()
+    }
+
+    /// An enum of `n` quoted values (many share prefixes), in a list: long enough to need
+    /// many tokens and to pass through states where few tokens are allowed.
+    fn enum_grammar(n: usize) -> String {
+        let values: Vec<String> = (0..n).map(|i| format!("\"\\\"item-{i}-{}\\\"\"", ["red", "green", "blue", "über", "東京"][i % 5])).collect();
+        format!("root ::= \"[\" value (\", \" value)* \"]\"\nvalue ::= {}\n", values.join(" | "))
+    }
+
+    /// Logits whose best tokens are often rejected by the grammar: random, with a few
+    /// heavy favourites (what a model that ignores the grammar looks like) and, every
+    /// other step, a boost for the tokens of the enum's text so both paths walk deep into
+    /// the grammar.
+    fn logits(rng: &mut StdRng, n_vocab: usize, boost: &[i32]) -> Vec<f32> {
+        let mut l: Vec<f32> = (0..n_vocab).map(|_| rng.gen_range(-8.0..8.0)).collect();
+        for _ in 0..20 {
+            l[rng.gen_range(0..n_vocab)] += 12.0;
+        }
+        if rng.gen_bool(0.5) {
+            for &t in boost {
+                l[t as usize] += rng.gen_range(4.0..14.0);
+            }
+        }
+        l
+    }
+
+    /// The bounded grammar path picks exactly what judging the whole vocabulary picks,
+    /// greedy and seeded, with and without penalties and bias, over many steps.
+    #[test]
+    fn bounded_grammar_path_picks_what_the_whole_vocabulary_path_picks() {
+        let tok = tokenizer();
+        let n_vocab = tok.n_vocab();
+        let grammar = enum_grammar(60);
+        let boost: Vec<i32> = tok.tokenize("[\"item-17-red\", \"item-23-東京\", \"item-4-über\", \"item-59-blue\"]", false);
+        let cases = [
+            SamplingParams { grammar: Some(grammar.clone()), ..SamplingParams::greedy() },
+            SamplingParams { grammar: Some(grammar.clone()), seed: 7, ..SamplingParams::default() },
+            SamplingParams { grammar: Some(grammar.clone()), seed: 11, top_k: 200, top_p: 1.0, min_p: 0.0, temperature: 1.5, ..SamplingParams::default() },
+            SamplingParams { grammar: Some(grammar.clone()), seed: 3, top_k: 5, repeat_penalty: 1.3, frequency_penalty: 0.5, logit_bias: vec![(boost[1], 3.0), (boost[2], -100.0)], ..SamplingParams::default() },
+            SamplingParams { grammar: Some(grammar.clone()), repeat_penalty: 1.2, presence_penalty: 0.7, ..SamplingParams::greedy() },
+            // hearth's defaults for OpenAI requests: top-k 40, then min-p cuts.
+            SamplingParams { grammar: Some(grammar.clone()), seed: 5, temperature: 1.0, top_p: 1.0, ..SamplingParams::default() },
+            SamplingParams { grammar: Some(grammar.clone()), seed: 9, temperature: 0.7, top_p: 1.0, min_p: 0.3, top_k: 3, ..SamplingParams::default() },
+            // No top-k: min-p sees the candidates in vocabulary order.
+            SamplingParams { grammar: Some(grammar.clone()), seed: 13, temperature: 1.2, top_k: 0, top_p: 1.0, min_p: 0.02, ..SamplingParams::default() },
+        ];
+        let mut rng = StdRng::seed_from_u64(42);
+        for p in &cases {
+            let (mut fast, mut whole) = (Sampler::new(&tok, p).unwrap(), Sampler::new(&tok, p).unwrap());
+            let mut steps = 0;
+            let mut ended = 0;
+            while steps < 150 {
+                let l = logits(&mut rng, n_vocab, &boost);
+                let a = fast.sample(&l).unwrap();
+                let b = whole.sample_judging_every_token(&l).unwrap();
+                assert_eq!(a, b, "step {steps} of {p:?}");
+                steps += 1;
+                if tok.is_eog(a) {
+                    // The list is complete: start another one.
+                    ended += 1;
+                    fast = Sampler::new(&tok, p).unwrap();
+                    whole = Sampler::new(&tok, p).unwrap();
+                }
+            }
+            assert!(ended > 0, "the grammar never completed; the test walks too little of it ({p:?})");
+        }
+    }
+
+    /// Not a test: per-token time of a 20,000-value enum grammar on the bounded path and
+    /// with the grammar judging every token. `cargo test --release --workspace --lib --
+    /// --ignored grammar_cost --nocapture`
+    #[test]
+    #[ignore]
+    fn grammar_cost() {
+        let tok = tokenizer();
+        let n_vocab = tok.n_vocab();
+        let grammar = enum_grammar(20_000);
+        let boost: Vec<i32> = tok.tokenize("[\"item-17-red\", \"item-19999-東京\"]", false);
+        let mut rng = StdRng::seed_from_u64(1);
+        // A model that follows the grammar (its text's tokens lead), and one that ignores it.
+        let follows: Vec<Vec<f32>> = boost
+            .iter()
+            .map(|&t| {
+                let mut l: Vec<f32> = (0..n_vocab).map(|_| rng.gen_range(-8.0..8.0)).collect();
+                l[t as usize] += 20.0;
+                l
+            })
+            .collect();
+        let ignores: Vec<Vec<f32>> = (0..4).map(|_| (0..n_vocab).map(|_| rng.gen_range(-8.0..8.0)).collect()).collect();
+        for (model, rows) in [("follows the grammar", &follows), ("ignores it", &ignores)] {
+            let openai = SamplingParams { seed: 1, temperature: 1.0, top_p: 1.0, ..SamplingParams::default() };
+            let top_p = SamplingParams { seed: 1, ..SamplingParams::default() };
+            for (name, p) in [("greedy", SamplingParams::greedy()), ("top-k 40 + min-p 0.05", openai), ("top-k 40 + top-p 0.95", top_p)] {
+                let p = SamplingParams { grammar: Some(grammar.clone()), ..p };
+                let mut fast = Sampler::new(&tok, &p).unwrap();
+                let mut whole = Sampler::new(&tok, &p).unwrap();
+                let (mut bounded, mut every) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+                for l in rows.iter() {
+                    let t = std::time::Instant::now();
+                    let a = fast.sample(l).unwrap();
+                    bounded += t.elapsed();
+                    let t = std::time::Instant::now();
+                    let b = whole.sample_judging_every_token(l).unwrap();
+                    every += t.elapsed();
+                    assert_eq!(a, b);
+                }
+                let n = rows.len() as u32;
+                println!("model {model}, {name}: bounded {:?}/token, judging every token {:?}/token ({n} tokens)", bounded / n, every / n);
+            }
+        }
+    }
 }
