@@ -43,6 +43,16 @@ pub const MAX_SCHEMA_ENUM_VALUES: usize = 1000;
 /// The deepest nesting of one schema's JSON (objects and arrays), root = 1. OpenAI allows
 /// 10 levels of objects, which take about 2 JSON levels each, plus arrays and `anyOf`.
 pub const MAX_SCHEMA_DEPTH: usize = 64;
+/// The most conversion work all schemas of a request may take, in schema nodes the
+/// converter visits (about 2 µs each), counting each object's optional properties as
+/// llama.cpp's cost for them. It follows `$ref`s and `allOf`, which
+/// copy properties into every object that uses them, so a small schema cannot expand into a
+/// huge one. 50,000 took 0.1–0.2 s here (2 cores, busy); 128 tools of 20 parameters take
+/// under 5,000.
+/// An object's `n` optional properties count n³/1000: llama.cpp builds the grammar of every
+/// suffix of their list by copying the rest of the list at each step (n³/6 string copies of
+/// ~10 ns; a visit is 2–4 µs). Measured: 256 → 37 ms, 512 → 0.2 s, 1024 → 1.6–2 s.
+pub const MAX_SCHEMA_WORK: u64 = 50_000;
 
 /// Server-chosen bounds on what one request may ask for. Each bound keeps one request's
 /// cost (preparation, memory, time per token) small enough that it cannot stall the server.
@@ -80,6 +90,8 @@ pub struct SchemaLimits {
     pub max_enum_values: usize,
     /// JSON nesting of any one schema ([`MAX_SCHEMA_DEPTH`]).
     pub max_depth: usize,
+    /// Conversion work of all schemas together ([`MAX_SCHEMA_WORK`]).
+    pub max_work: u64,
 }
 
 impl Default for SchemaLimits {
@@ -89,6 +101,7 @@ impl Default for SchemaLimits {
             max_properties: MAX_SCHEMA_PROPERTIES,
             max_enum_values: MAX_SCHEMA_ENUM_VALUES,
             max_depth: MAX_SCHEMA_DEPTH,
+            max_work: MAX_SCHEMA_WORK,
         }
     }
 }
@@ -286,6 +299,7 @@ struct SchemaBudget<'a> {
     limits: &'a SchemaLimits,
     bytes: usize,
     enum_values: usize,
+    work: u64,
 }
 
 /// Counts bytes written, so a schema's compact JSON size is known without building it.
@@ -308,6 +322,7 @@ impl<'a> SchemaBudget<'a> {
             limits,
             bytes: 0,
             enum_values: 0,
+            work: 0,
         }
     }
 
@@ -326,7 +341,32 @@ impl<'a> SchemaBudget<'a> {
                 ),
             ));
         }
-        self.walk(param, schema, 1)
+        self.walk(param, schema, 1)?;
+        let work = Expansion::new(schema, self.limits).total().map_err(|why| {
+            let message = match why {
+                Overrun::Properties(n) => format!(
+                    "Invalid '{param}': an object may have at most {} properties, got {n} once 'allOf' merges its parts.",
+                    self.limits.max_properties
+                ),
+                Overrun::Cycle => format!("Invalid '{param}': an 'allOf' includes the object it is part of, which has no finite grammar."),
+                Overrun::Deep => format!(
+                    "Invalid '{param}': 'allOf' and '$ref' chain deeper than {} levels.",
+                    self.limits.max_depth
+                ),
+            };
+            invalid(param, message)
+        })?;
+        self.work = self.work.saturating_add(work);
+        if self.work > self.limits.max_work {
+            return Err(invalid(
+                param,
+                format!(
+                    "Invalid '{param}': the JSON Schemas of a request are too complex to turn into a grammar quickly (about {} steps of conversion, at most {}); use fewer optional properties, enum values or 'allOf' merges.",
+                    self.work, self.limits.max_work
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn walk(&mut self, param: &str, value: &serde_json::Value, depth: usize) -> Result<(), WireError> {
@@ -376,6 +416,164 @@ impl<'a> SchemaBudget<'a> {
                 .try_for_each(|v| self.walk(param, v, depth + 1)),
             _ => Ok(()),
         }
+    }
+}
+
+/// llama.cpp's cost for an object's `n` optional properties, in node visits (see
+/// [`MAX_SCHEMA_WORK`]).
+fn optional_work(n: u64) -> u64 {
+    n.saturating_mul(n).saturating_mul(n) / 1000
+}
+
+/// Why a schema's expansion is refused outright.
+enum Overrun {
+    /// An object would have this many properties after `allOf` merges.
+    Properties(usize),
+    /// An `allOf` merges an object into itself (llama.cpp would recurse forever).
+    Cycle,
+    /// Merges through `$ref`s chain too deep.
+    Deep,
+}
+
+/// Estimates the work of llama.cpp's schema-to-grammar conversion by following it: every
+/// node is visited; a `$ref` is expanded once (it becomes a rule), but `allOf` copies the
+/// properties of the objects it names (through `$ref`s) into a new object and visits them
+/// again, so the same subtree may be paid for many times.
+struct Expansion<'a> {
+    root: &'a serde_json::Value,
+    limits: &'a SchemaLimits,
+    /// The work of each node finished (refs inside counted as one visit).
+    done: std::collections::HashMap<*const serde_json::Value, u64>,
+    /// Nodes being costed, innermost last.
+    open: Vec<*const serde_json::Value>,
+    /// `$ref` targets met, each expanded once.
+    refs: HashSet<&'a str>,
+    pending: Vec<&'a serde_json::Value>,
+}
+
+impl<'a> Expansion<'a> {
+    fn new(root: &'a serde_json::Value, limits: &'a SchemaLimits) -> Self {
+        Expansion {
+            root,
+            limits,
+            done: Default::default(),
+            open: Vec::new(),
+            refs: HashSet::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    fn total(mut self) -> Result<u64, Overrun> {
+        let mut work = self.node(self.root)?;
+        while let Some(target) = self.pending.pop() {
+            work = work.saturating_add(self.node(target)?);
+        }
+        Ok(work)
+    }
+
+    /// The node a local `$ref` names, if it resolves.
+    fn target(&self, reference: &str) -> Option<&'a serde_json::Value> {
+        let pointer = reference.strip_prefix('#')?;
+        if pointer.is_empty() {
+            Some(self.root)
+        } else {
+            self.root.pointer(pointer)
+        }
+    }
+
+    /// What `{"$ref": ...}` chains end on, as llama.cpp's `allOf` follows them.
+    fn resolve(&self, mut node: &'a serde_json::Value) -> &'a serde_json::Value {
+        for _ in 0..self.limits.max_depth {
+            match node.get("$ref").and_then(serde_json::Value::as_str).and_then(|r| self.target(r)) {
+                Some(next) => node = next,
+                None => break,
+            }
+        }
+        node
+    }
+
+    fn node(&mut self, node: &'a serde_json::Value) -> Result<u64, Overrun> {
+        use serde_json::Value;
+        let key = node as *const Value;
+        if let Some(&work) = self.done.get(&key) {
+            return Ok(work);
+        }
+        if self.open.contains(&key) {
+            return Err(Overrun::Cycle);
+        }
+        if self.open.len() >= 4 * self.limits.max_depth {
+            return Err(Overrun::Deep);
+        }
+        self.open.push(key);
+        let mut work: u64 = 1;
+        match node {
+            Value::Array(items) => {
+                for item in items {
+                    work = work.saturating_add(self.node(item)?);
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    work = work.saturating_add(match (k.as_str(), v) {
+                        ("$ref", Value::String(r)) => {
+                            if let Some(target) = self.target(r).filter(|_| self.refs.insert(r)) {
+                                self.pending.push(target);
+                            }
+                            0
+                        }
+                        ("properties", Value::Object(properties)) => {
+                            let required: HashSet<&str> = map.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).collect();
+                            let mut optional = properties.keys().filter(|name| !required.contains(name.as_str())).count();
+                            if map.get("additionalProperties").is_some_and(|a| *a != Value::Bool(false)) {
+                                optional += 1;
+                            }
+                            let mut w = optional_work(optional as u64);
+                            for schema in properties.values() {
+                                w = w.saturating_add(self.node(schema)?);
+                            }
+                            w
+                        }
+                        ("allOf", Value::Array(parts)) => self.all_of(parts)?,
+                        // Reached through `$ref` only; `required` names, `enum` values cost a visit each.
+                        ("$defs" | "definitions" | "required", _) => 0,
+                        (_, Value::Object(_) | Value::Array(_)) => self.node(v)?,
+                        _ => 0,
+                    });
+                }
+            }
+            _ => {}
+        }
+        self.open.pop();
+        self.done.insert(key, work);
+        Ok(work)
+    }
+
+    /// One object made of the properties of every part (required) and of every alternative
+    /// of a part's `anyOf`/`oneOf` (optional), each visited again, as llama.cpp builds it.
+    fn all_of(&mut self, parts: &'a [serde_json::Value]) -> Result<u64, Overrun> {
+        use serde_json::Value;
+        let mut work: u64 = 0;
+        let (mut entries, mut optional) = (0usize, 0u64);
+        for part in parts {
+            work = work.saturating_add(self.node(part)?);
+            let alternatives = ["anyOf", "oneOf"].iter().find_map(|k| part.get(k).and_then(Value::as_array));
+            let (components, is_optional) = match alternatives {
+                Some(alts) => (alts.iter().collect::<Vec<_>>(), true),
+                None => (vec![part], false),
+            };
+            for component in components {
+                let object = self.resolve(component);
+                for schema in object.get("properties").and_then(Value::as_object).into_iter().flat_map(|p| p.values()) {
+                    entries += 1;
+                    if entries > self.limits.max_properties {
+                        return Err(Overrun::Properties(entries));
+                    }
+                    optional += u64::from(is_optional);
+                    work = work.saturating_add(self.node(schema)?);
+                }
+            }
+        }
+        Ok(work.saturating_add(optional_work(optional)))
     }
 }
 
@@ -979,6 +1177,18 @@ mod tests {
         json!({"enum": (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>()})
     }
 
+    /// `levels` objects, each with one property that merges the next `fan` times.
+    fn merge_chain(levels: usize, fan: usize) -> Value {
+        let defs: serde_json::Map<String, Value> = (0..levels)
+            .map(|i| {
+                let parts: Vec<Value> = (0..fan).map(|_| json!({"$ref": format!("#/$defs/d{}", i + 1)})).collect();
+                (format!("d{i}"), json!({"type": "object", "properties": {"p": {"allOf": parts}}}))
+            })
+            .chain([(format!("d{levels}"), json!({"type": "object", "properties": {"p": {"type": "string"}}}))])
+            .collect();
+        json!({"$defs": defs, "$ref": "#/$defs/d0"})
+    }
+
     fn with_schema(schema: Value) -> Value {
         json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
     }
@@ -1032,6 +1242,26 @@ mod tests {
             (json!({"logit_bias": bias}), "logit_bias", "entries"),
             (json!({"stop": ["x".repeat(MAX_STOP_BYTES + 1)]}), "stop", "bytes"),
             (json!({"messages": messages}), "messages", "messages"),
+            // Many objects each within the caps, too slow to convert together (~1 s).
+            (
+                with_schema(json!({"type": "object", "properties": (0..20).map(|i| (format!("o{i}"), wide_object(MAX_SCHEMA_PROPERTIES))).collect::<serde_json::Map<_, _>>()})),
+                schema_param,
+                "too complex",
+            ),
+            // `allOf` merges the alternatives' properties into one object.
+            (
+                with_schema(json!({"$defs": {"a": wide_object(100)}, "allOf": [{"anyOf": (0..10).map(|_| json!({"$ref": "#/$defs/a"})).collect::<Vec<_>>()}]})),
+                schema_param,
+                "allOf",
+            ),
+            // ... and visits them again in every object: a small schema, an exponential grammar.
+            (with_schema(merge_chain(8, 10)), schema_param, "too complex"),
+            // An object that merges itself has no finite grammar (llama.cpp recursed forever).
+            (
+                with_schema(json!({"$defs": {"a": {"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/a"}]}}}}, "$ref": "#/$defs/a"})),
+                schema_param,
+                "includes",
+            ),
         ];
         for (extra, param, says) in cases {
             let error = chat_error(extra);
@@ -1060,6 +1290,11 @@ mod tests {
             .validate(&limits)
             .unwrap();
         chat(json!({"stop": ["x".repeat(MAX_STOP_BYTES)]}))
+            .validate(&limits)
+            .unwrap();
+        chat(with_schema(merge_chain(3, 10))).validate(&limits).unwrap();
+        // Refs that cycle through plain references are fine: they become recursive rules.
+        chat(with_schema(json!({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"})))
             .validate(&limits)
             .unwrap();
         // A property named like a keyword is not mistaken for one.

@@ -462,6 +462,9 @@ async fn each_request_cap_is_a_400_naming_its_parameter() {
         (chat("hi", json!({"logit_bias": bias})), "logit_bias"),
         (chat("hi", json!({"stop": "s".repeat(openapi::MAX_STOP_BYTES + 1)})), "stop"),
         (json!({"model": "", "messages": messages}), "messages"),
+        // A small schema that expands exponentially, and one llama.cpp recursed on forever.
+        (chat("hi", json!({"response_format": schema_format(merge_chain(8, 10))})), schema_param),
+        (chat("hi", json!({"response_format": schema_format(json!({"$defs": {"a": {"type": "object", "properties": {"x": {"allOf": [{"$ref": "#/$defs/a"}]}}}}, "$ref": "#/$defs/a"}))})), schema_param),
     ];
     for (body, param) in cases {
         let (status, resp) = s.post("/v1/chat/completions", body).await;
@@ -469,6 +472,9 @@ async fn each_request_cap_is_a_400_naming_its_parameter() {
         assert_eq!(resp["error"]["type"], "invalid_request_error");
         assert!(resp["error"]["message"].as_str().unwrap().contains(param), "{resp}");
     }
+    // A grammar llama.cpp refuses to compile is the schema's fault.
+    let (status, resp) = s.post("/v1/chat/completions", chat("hi", json!({"response_format": schema_format(json!({"type": "string", "minLength": 100_000}))}))).await;
+    assert_error(status, &resp, 400, Some("response_format"), None);
     let (status, resp) = s.post("/v1/completions", json!({"model": "", "prompt": "x", "stop": ["s".repeat(openapi::MAX_STOP_BYTES + 1)]})).await;
     assert_error(status, &resp, 400, Some("stop"), None);
     // A prompt that cannot fit the context is refused from its size, before tokenizing.
@@ -644,33 +650,50 @@ async fn ordinary_chats_tokenize_exactly_as_before() {
     eprintln!("{} chats, {tokens} tokens: identical ({quoting} chats quoting control tokens differ, as they must)", chats.len() - quoting);
 }
 
+/// `levels` objects, each with one property that merges the next `fan` times: llama.cpp
+/// visits the last one fan^levels times.
+fn merge_chain(levels: usize, fan: usize) -> Value {
+    let defs: serde_json::Map<String, Value> = (0..levels)
+        .map(|i| (format!("d{i}"), json!({"type": "object", "properties": {"p": {"allOf": (0..fan).map(|_| json!({"$ref": format!("#/$defs/d{}", i + 1)})).collect::<Vec<_>>()}}})))
+        .chain([(format!("d{levels}"), json!({"type": "object", "properties": {"p": {"type": "string"}}}))])
+        .collect();
+    json!({"$defs": defs, "$ref": "#/$defs/d0"})
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: run with --ignored --nocapture"]
 async fn schema_conversion_cost_at_the_caps() {
     let s = start(&[]).await;
     let time = |what: &str, schema: &Value| {
+        let request: openapi::ChatCompletionRequest = serde_json::from_value(chat("hi", json!({"response_format": schema_format(schema.clone())}))).unwrap();
+        let verdict = match request.validate(&openapi::Limits::default()) {
+            Ok(()) => "allowed".to_string(),
+            Err(e) => format!("refused ({})", e.message().chars().take(90).collect::<String>()),
+        };
         let t = std::time::Instant::now();
-        let grammar = engine::sampler::json_schema_grammar(&schema.to_string()).unwrap();
+        let grammar = match engine::sampler::json_schema_grammar(&schema.to_string()) {
+            Ok(g) => g,
+            Err(e) => return eprintln!("{what}: {verdict}; conversion failed: {e}"),
+        };
         let converted = t.elapsed();
         let params = engine::sampler::SamplingParams { grammar: Some(grammar.clone()), ..Default::default() };
         let t = std::time::Instant::now();
-        engine::sampler::Sampler::new(&s.state.tokenizer, &params).unwrap();
-        eprintln!("{what}: {} bytes of schema, converted in {converted:?}, grammar of {} bytes compiled in {:?}", schema.to_string().len(), grammar.len(), t.elapsed());
+        let compiled = engine::sampler::Sampler::new(&s.state.tokenizer, &params).map(|_| ());
+        eprintln!("{what}: {verdict}; {} bytes of schema, converted in {converted:?}, grammar of {} bytes compiled in {:?} ({compiled:?})", schema.to_string().len(), grammar.len(), t.elapsed());
     };
     for n in [64, 128, 256, 512, 1024] {
         time(&format!("{n} optional properties"), &wide_schema(n));
     }
     let mut required = wide_schema(openapi::MAX_SCHEMA_PROPERTIES);
     required["required"] = json!((0..openapi::MAX_SCHEMA_PROPERTIES).map(|i| format!("p{i}")).collect::<Vec<_>>());
-    time("cap, all required", &required);
-    // As many all-optional objects at the cap as the byte cap allows.
-    let mut nested = serde_json::Map::new();
-    let inner = wide_schema(openapi::MAX_SCHEMA_PROPERTIES);
-    let size = inner.to_string().len();
-    for i in 0..openapi::MAX_SCHEMA_BYTES / size {
-        nested.insert(format!("o{i}"), inner.clone());
+    time("widest object, all required", &required);
+    for objects in [5, 20] {
+        let nested: serde_json::Map<String, Value> = (0..objects).map(|i| (format!("o{i}"), wide_schema(openapi::MAX_SCHEMA_PROPERTIES))).collect();
+        time(&format!("{objects} widest objects, all optional"), &json!({"type": "object", "properties": nested}));
     }
-    time("byte cap filled with widest objects", &json!({"type": "object", "properties": nested}));
+    for levels in [3, 4, 5] {
+        time(&format!("allOf merge chain, 10^{levels} visits"), &merge_chain(levels, 10));
+    }
     let values: Vec<String> = (0..openapi::MAX_SCHEMA_ENUM_VALUES).map(|i| format!("value number {i}")).collect();
     time("enum cap", &json!({"enum": values}));
     let deep = (0..(openapi::MAX_SCHEMA_DEPTH - 2) / 2).fold(json!({"type": "string"}), |inner, _| json!({"type": "object", "properties": {"x": inner}}));

@@ -69,18 +69,25 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
     generate::check_prompt_bytes(state, rendered.text.len())?;
     let prompt = state.tokenizer.tokenize_chat(&rendered)?;
 
-    let grammar = match (&tool_use, &req.response_format) {
-        (Some(t), _) if t.required => Some(tools::tool_call_grammar(&t.tools, &t.names).map_err(|m| ApiError::InvalidParameter { param: Some("tools".into()), message: m })?),
-        (_, Some(ResponseFormat::JsonObject)) => Some(tools::json_grammar(None).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?),
-        (_, Some(ResponseFormat::JsonSchema { json_schema })) => {
-            Some(tools::json_grammar(json_schema.schema.as_ref()).map_err(|m| ApiError::InvalidParameter { param: Some("response_format".into()), message: m })?)
-        }
-        _ => None,
+    fn invalid(param: &'static str) -> impl Fn(String) -> ApiError {
+        move |message| ApiError::InvalidParameter { param: Some(param.into()), message }
+    }
+    let (grammar, grammar_param) = match (&tool_use, &req.response_format) {
+        (Some(t), _) if t.required => (Some(tools::tool_call_grammar(&t.tools, &t.names).map_err(invalid("tools"))?), "tools"),
+        (_, Some(ResponseFormat::JsonObject)) => (Some(tools::json_grammar(None).map_err(invalid("response_format"))?), "response_format"),
+        (_, Some(ResponseFormat::JsonSchema { json_schema })) => (Some(tools::json_grammar(json_schema.schema.as_ref()).map_err(invalid("response_format"))?), "response_format"),
+        _ => (None, ""),
     };
+    let has_grammar = grammar.is_some();
     let sampling = generate::sampling_params(sampling_fields!(req), grammar)?;
     // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
     // a failure inside the batching loop.
-    Sampler::new(&state.tokenizer, &sampling)?;
+    Sampler::new(&state.tokenizer, &sampling).map_err(|e| match e {
+        // llama.cpp refuses some grammars the conversion wrote (say, a string of at least
+        // 100,000 characters: too many repetitions); the schema is the client's.
+        engine::Error::Sampler(m) if has_grammar && sampling.logit_bias.is_empty() => invalid(grammar_param)(format!("the schema gives a grammar llama.cpp refuses ({m}); large minLength/maxLength/minItems/maxItems are the usual cause")),
+        other => ApiError::from(other),
+    })?;
     Ok(Prepared { prompt, sampling, tool_use })
 }
 
