@@ -75,12 +75,20 @@ pub struct StageConfig {
     /// A window that ends the model ends with the output norm and LM head and returns
     /// logits. Off on ring workers: the head owns the output layer (its window `L..L`).
     pub owns_output: bool,
+    /// Compute every token as it would be computed alone, whatever the batch around it:
+    /// ggml's reference CPU kernels. llama.cpp's defaults pick kernels by batch shape
+    /// (tiled matmuls and llamafile's sgemm for 2+ rows, split-KV attention for one query
+    /// past 512 cells), so a token verified in a batch of drafts got logits a rounding
+    /// apart from decoding it alone, and greedy text diverged after ~20 tokens on a
+    /// 1,100-token prompt. Speculative decoding turns this on to stay exact; off, the
+    /// stage computes exactly what llama.cpp computes.
+    pub batch_invariant: bool,
 }
 
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true, batch_invariant: false }
     }
 }
 
@@ -187,6 +195,7 @@ impl Stage {
                 return Err(Error::Ggml("could not start the CPU backend".into()));
             }
             sys::ggml_backend_cpu_set_n_threads(cpu, cfg.threads as i32);
+            sys::ggml_backend_cpu_set_use_ref(cpu, cfg.batch_invariant);
             (cpu, sys::ggml_tensor_overhead() * graph_size + sys::ggml_graph_overhead_custom(graph_size, false))
         };
         let mut backends: Vec<sys::ggml_backend_t> = accel.iter().map(|a| a.backend).collect();

@@ -246,6 +246,13 @@ pub struct ServeArgs {
     /// its drafts are accepted.
     #[arg(long, env = "HEARTH_SPEC_TOKENS", default_value_t = 8)]
     pub spec_tokens: usize,
+    /// Compute each token as it would be computed alone, whatever else is in the batch
+    /// (ggml's reference CPU kernels, on every ring member): a request's answer then does
+    /// not depend on concurrent requests, drafts or thread counts. On whenever speculation
+    /// is (that is what keeps it exact); off, the kernels are llama.cpp's own, faster on
+    /// long batches.
+    #[arg(long, env = "HEARTH_BATCH_INVARIANT")]
+    pub batch_invariant: bool,
     /// Where the head listens for the last worker's link back (bind address).
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,

@@ -60,11 +60,15 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let spec = file.spec.clone();
     let parallel = args.parallel.max(1);
     let max_batch = args.max_batch.max(parallel);
+    // Speculation stays exact only if a verified draft computes as it would alone.
+    let speculates = matches!((args.spec_mode.as_deref(), &args.draft_model), (Some("ngram"), _) | (Some("draft") | None, Some(_)));
+    let batch_invariant = args.batch_invariant || speculates;
     let cfg = StageConfig {
         n_seq: parallel,
         n_ctx_seq: args.ctx_size.max(16),
         max_batch,
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
+        batch_invariant,
         ..StageConfig::whole(&spec)
     };
     let (n_ctx_seq, threads) = (cfg.n_ctx_seq, cfg.threads);
@@ -106,6 +110,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
                 replan_idle,
                 hop_delay: crate::ring::hop_delay(args.emulate_hop_ms),
                 release: args.release_windows.then_some(true),
+                batch_invariant,
             };
             let planner = crate::ring::planning::Planner::new(file.clone(), path.clone(), args.workers.clone(), secret, cfg.threads, cfg.n_ctx_seq, strategy);
             let board = Arc::new(PlanBoard::ring());

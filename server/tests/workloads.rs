@@ -67,16 +67,19 @@ fn workers() -> (Served, Served, String) {
     (w1, w2, list)
 }
 
-fn head(workers: &str, windows: &str, extra: &[&str]) -> Served {
-    let ctx = CTX.to_string();
+fn head(ctx: usize, workers: &str, windows: &str, extra: &[&str]) -> Served {
+    let ctx = ctx.to_string();
     let mut args = vec!["--threads", "1", "--parallel", "4", "--ctx-size", &ctx, "--workers", workers, "--windows", windows];
     args.extend_from_slice(extra);
     Served::start(&args)
 }
 
-fn single(extra: &[&str]) -> Served {
-    let ctx = CTX.to_string();
-    let mut args = vec!["--threads", "2", "--parallel", "4", "--ctx-size", &ctx];
+/// The single node with the ring members' thread count: llama.cpp's attention for one
+/// query past 512 cells splits the cells between threads, so the thread count decides
+/// how its sums round.
+fn single(ctx: usize, extra: &[&str]) -> Served {
+    let ctx = ctx.to_string();
+    let mut args = vec!["--threads", "1", "--parallel", "4", "--ctx-size", &ctx];
     args.extend_from_slice(extra);
     Served::start(&args)
 }
@@ -84,7 +87,7 @@ fn single(extra: &[&str]) -> Served {
 #[test]
 fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_shape() {
     let prompts = long_prompts();
-    let node = single(&[]);
+    let node = single(CTX, &[]);
     let expected: Vec<(String, String)> = prompts.iter().map(|(p, m)| complete(&node.addr, p, *m)).collect();
     assert_eq!(expected[2].1, "length", "a prompt at the limit stops when the context is full");
     let too_long = excerpt_tokens(CTX);
@@ -95,7 +98,7 @@ fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_sha
 
     let (_w1, _w2, list) = workers();
     for windows in SHAPES {
-        let h = head(&list, windows, &[]);
+        let h = head(CTX, &list, windows, &[]);
         for ((prompt, max), want) in prompts.iter().zip(&expected) {
             assert_eq!(&complete(&h.addr, prompt, *max), want, "windows {windows}, a prompt of {} tokens", prompt.len());
         }
@@ -129,11 +132,13 @@ fn conversation(addr: &str, turns: usize) -> (Vec<String>, Vec<u64>) {
 #[test]
 fn a_twenty_turn_conversation_through_the_ring_equals_the_single_node() {
     const TURNS: usize = 20;
-    let node = single(&[]);
+    // Twenty turns of a few sentences each and their answers: about 3,000 tokens.
+    const CONVERSATION_CTX: usize = 4096;
+    let node = single(CONVERSATION_CTX, &[]);
     let (expected, _) = conversation(&node.addr, TURNS);
     drop(node);
     let (_w1, _w2, list) = workers();
-    let h = head(&list, "8,11,11", &[]);
+    let h = head(CONVERSATION_CTX, &list, "8,11,11", &[]);
     let (got, cached) = conversation(&h.addr, TURNS);
     for (turn, (g, e)) in got.iter().zip(&expected).enumerate() {
         assert_eq!(g, e, "turn {}", turn + 1);
@@ -151,13 +156,13 @@ fn long_and_short_requests_at_once_through_the_ring_give_their_answers_alone() {
         let v = post(addr, "/v1/chat/completions", &json!({"model": "", "messages": [{"role": "user", "content": q}], "max_tokens": 32, "temperature": 0}));
         v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
     };
-    let node = single(&[]);
+    let node = single(CTX, &[]);
     let long_alone = complete(&node.addr, &long, 24);
     let short_alone: Vec<String> = questions.iter().map(|q| chat(&node.addr, q)).collect();
     drop(node);
 
     let (_w1, _w2, list) = workers();
-    let h = head(&list, "10,10,10", &[]);
+    let h = head(CTX, &list, "10,10,10", &[]);
     std::thread::scope(|s| {
         let addr = h.addr.as_str();
         let long_run = s.spawn(|| complete(addr, &long, 24));
@@ -173,22 +178,27 @@ fn long_and_short_requests_at_once_through_the_ring_give_their_answers_alone() {
 fn speculation_on_long_prompts_gives_the_plain_answer() {
     // A passage the model tends to continue by copying: drafts get accepted and rejected.
     let prompt = excerpt_tokens(1100);
-    let node = single(&[]);
+    // Speculation computes with batch-invariant kernels (a verified draft must compute as
+    // it would alone); the plain answer is decoding one token at a time with them.
+    let node = single(CTX, &["--batch-invariant"]);
     let expected = complete(&node.addr, &prompt, 48);
     drop(node);
+    let (_w1, _w2, list) = workers();
+    let h = head(CTX, &list, "8,11,11", &["--batch-invariant"]);
+    assert_eq!(complete(&h.addr, &prompt, 48), expected, "batch-invariant ring, no drafts");
+    drop(h);
 
-    let ngram = single(&["--spec-mode", "ngram"]);
+    let ngram = single(CTX, &["--spec-mode", "ngram"]);
     assert_eq!(complete(&ngram.addr, &prompt, 48), expected, "n-gram drafts, one node");
     drop(ngram);
     let model = common::default_model();
-    let draft = single(&["--draft-model", model.to_str().unwrap()]);
+    let draft = single(CTX, &["--draft-model", model.to_str().unwrap()]);
     assert_eq!(complete(&draft.addr, &prompt, 48), expected, "the model as its own draft, one node");
     drop(draft);
 
-    let (_w1, _w2, list) = workers();
-    let h = head(&list, "8,11,11", &["--spec-mode", "ngram"]);
+    let h = head(CTX, &list, "8,11,11", &["--spec-mode", "ngram"]);
     assert_eq!(complete(&h.addr, &prompt, 48), expected, "n-gram drafts through the ring");
     drop(h);
-    let h = head(&list, "0,15,15", &["--draft-model", model.to_str().unwrap()]);
+    let h = head(CTX, &list, "0,15,15", &["--draft-model", model.to_str().unwrap()]);
     assert_eq!(complete(&h.addr, &prompt, 48), expected, "a draft model through the ring");
 }

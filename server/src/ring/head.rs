@@ -105,6 +105,8 @@ pub struct RingConfig {
     /// `Some(true)`: every device releases its windows after use (`--release-windows`);
     /// `None`: each decides from the memory it may use.
     pub release: Option<bool>,
+    /// Every member computes with batch-invariant kernels (speculation is on).
+    pub batch_invariant: bool,
 }
 
 /// The head's part of a plan: its stage's windows and how a step walks them. The head's
@@ -145,7 +147,7 @@ impl Layout {
         let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(first_own + r)).collect();
         let stage = Stage::new(
             file.clone(),
-            StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true },
+            StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true, batch_invariant: cfg.batch_invariant },
         )?;
         // Made after the stage, so the stage's own memory counts against the budget.
         let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.prefetch, cfg.release));
@@ -390,6 +392,7 @@ impl RingPipeline {
                     n_ctx_seq: cfg.n_ctx_seq,
                     max_batch: cfg.max_batch,
                     release: cfg.release,
+                    batch_invariant: cfg.batch_invariant,
                     head: head_id.clone(),
                 };
                 let body = serde_json::to_value(&wp).map_err(|e| FormError::Refused(e.to_string()))?;

@@ -35,6 +35,10 @@ pub struct WorkerPlan {
     /// decides from the memory it may use.
     #[serde(default)]
     pub release: Option<bool>,
+    /// Compute with batch-invariant kernels (the head speculates: see
+    /// `engine::StageConfig::batch_invariant`).
+    #[serde(default)]
+    pub batch_invariant: bool,
 }
 
 /// Applies in-band KV operations to a stage, in order.

@@ -215,6 +215,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 threads,
                 accel_layers: 0,
                 owns_output: false,
+                batch_invariant: plan.batch_invariant,
             };
             let layers = cfg.windows.clone();
             let release = plan.release;
