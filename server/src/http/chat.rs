@@ -62,6 +62,8 @@ struct Prepared {
 fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, ApiError> {
     req.validate(&state.limits)?;
     check_model(state, &req.model)?;
+    // The content alone may show the prompt cannot fit; then nothing is rendered.
+    generate::check_prompt_bytes(state, req.messages.iter().map(|m| m.text().len()).sum())?;
     let tool_use = tool_use(req);
     let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
     let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));

@@ -61,3 +61,41 @@ where
     });
     task.await.map_err(|e| ApiError::Internal(format!("request preparation failed: {e}")))?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::RwLock;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_full_queue_is_a_429_and_a_panic_a_500() {
+        let capacity = POOL.admitted.available_permits();
+        // Every admitted preparation waits on the gate until the test opens it.
+        let gate = Arc::new(RwLock::new(()));
+        let closed = gate.write().unwrap();
+        let waiting: Vec<_> = (0..capacity)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(run(move || {
+                    drop(gate.read().unwrap());
+                    Ok(())
+                }))
+            })
+            .collect();
+        while POOL.admitted.available_permits() > 0 {
+            tokio::task::yield_now().await;
+        }
+        let refused = run(|| Ok(())).await.unwrap_err();
+        assert!(matches!(refused, ApiError::PreparationBusy));
+        assert_eq!(refused.status(), axum::http::StatusCode::TOO_MANY_REQUESTS);
+        drop(closed);
+        for w in waiting {
+            w.await.unwrap().unwrap();
+        }
+        let failed = run(|| -> Result<(), ApiError> { panic!("a bug in preparation") }).await.unwrap_err();
+        assert_eq!(failed.status(), axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        // The pool is whole again.
+        assert_eq!(run(|| Ok(7)).await.unwrap(), 7);
+        assert_eq!(POOL.admitted.available_permits(), capacity);
+    }
+}
