@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian/Ubuntu machine lacks to build hearth: cmake (llama.cpp and
 # HiGHS build with it) and libclang (bindgen generates the llama.cpp bindings). Python is
-# needed to fetch the default model; the `openai` package drives the client tests.
+# needed to fetch the default model; the `openai` package drives the client tests and
+# `schemathesis` the API conformance test.
 # Idempotent and quiet when everything is there.
 set -euo pipefail
 
@@ -24,4 +25,8 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 if ! python3 -c 'import openai' >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check openai >&2 || echo "setup: could not install the openai package; client tests will be skipped" >&2
+fi
+# Schemathesis checks the live API against its OpenAPI document (server/tests/schemathesis.rs).
+if ! command -v schemathesis >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check schemathesis >&2 || echo "setup: could not install schemathesis; the API conformance test will be skipped" >&2
 fi
