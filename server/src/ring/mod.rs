@@ -51,24 +51,61 @@ pub(crate) fn apply(stage: &mut engine::Stage, ops: &[transport::KvOp]) {
     }
 }
 
+/// The command that asks for the cluster secret: what to say when one is missing depends
+/// on the flags that command has.
+#[derive(Debug, Clone, Copy)]
+pub enum SecretUser {
+    /// `hearth serve` with workers. It has no `--insecure`: a head always authenticates a
+    /// ring that reaches beyond loopback.
+    Head,
+    /// `hearth worker`, with its `--insecure`.
+    Worker { insecure: bool },
+    /// `hearth worker-profile`, which calls a worker, with its `--insecure`.
+    WorkerProfile { insecure: bool },
+}
+
 /// The cluster secret from the flags. Without one, only loopback addresses are allowed
-/// (or `--insecure`), because anyone who can reach a worker could otherwise feed it.
-pub fn cluster_secret(secret: Option<&str>, addr: &str, insecure: bool) -> Result<transport::ClusterSecret, String> {
-    match secret.filter(|s| !s.is_empty()) {
-        Some(s) => transport::ClusterSecret::new(s).map_err(|e| e.to_string()),
-        None => {
-            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).trim_start_matches("http://");
-            let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-            if loopback || insecure {
-                Ok(transport::ClusterSecret::insecure())
-            } else {
-                Err(format!("{addr} is not a loopback address: set --cluster-secret (or pass --insecure to accept anyone on the network)"))
-            }
-        }
+/// (or a worker's `--insecure`), because anyone who can reach a worker could otherwise feed it.
+pub fn cluster_secret(secret: Option<&str>, addr: &str, user: SecretUser) -> Result<transport::ClusterSecret, String> {
+    if let Some(s) = secret.filter(|s| !s.is_empty()) {
+        return transport::ClusterSecret::new(s).map_err(|e| e.to_string());
+    }
+    let host = addr.trim_start_matches("http://");
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    match user {
+        _ if loopback => Ok(transport::ClusterSecret::insecure()),
+        SecretUser::Worker { insecure: true } | SecretUser::WorkerProfile { insecure: true } => Ok(transport::ClusterSecret::insecure()),
+        SecretUser::Head => Err(format!("{addr} is not a loopback address: a ring beyond this machine needs --cluster-secret, the same on the head and on every worker")),
+        SecretUser::Worker { .. } => Err(format!("{addr} is not a loopback address: set --cluster-secret (or pass --insecure to accept anyone on the network)")),
+        SecretUser::WorkerProfile { .. } => Err(format!("{addr} is not a loopback address: set --cluster-secret to the worker's (or pass --insecure if the worker runs with --insecure)")),
     }
 }
 
 /// `--emulate-hop-ms` as a delay (negative or non-finite: none).
 pub fn hop_delay(ms: f64) -> std::time::Duration {
     std::time::Duration::try_from_secs_f64(ms / 1e3).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_secret_is_explained_with_the_flags_the_command_has() {
+        let lan = "192.168.1.20:9090";
+        let head = cluster_secret(None, lan, SecretUser::Head).err().unwrap();
+        assert!(head.contains("--cluster-secret") && !head.contains("--insecure"), "{head}");
+        let worker = cluster_secret(None, lan, SecretUser::Worker { insecure: false }).err().unwrap();
+        assert!(worker.contains("--cluster-secret") && worker.contains("--insecure"), "{worker}");
+        let profile = cluster_secret(Some(""), lan, SecretUser::WorkerProfile { insecure: false }).err().unwrap();
+        assert!(profile.contains("--insecure"), "{profile}");
+
+        assert!(cluster_secret(None, lan, SecretUser::Worker { insecure: true }).is_ok());
+        assert!(cluster_secret(Some("s"), lan, SecretUser::Head).is_ok());
+        for loopback in ["127.0.0.1:9090", "http://localhost:9090", "[::1]:9090"] {
+            assert!(cluster_secret(None, loopback, SecretUser::Head).is_ok(), "{loopback}");
+        }
+    }
 }

@@ -115,7 +115,7 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 }
 
 pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let secret = super::cluster_secret(args.cluster_secret.as_deref(), &args.listen, args.insecure)?;
+    let secret = super::cluster_secret(args.cluster_secret.as_deref(), &args.listen, super::SecretUser::Worker { insecure: args.insecure })?;
     let path = args.model.resolve()?;
     let file = Arc::new(ModelFile::open(&path)?);
     let fingerprint = file.fingerprint();
