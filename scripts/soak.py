@@ -48,11 +48,16 @@ class Stats:
         self.kinds = Counter()
         self.status = Counter()
         self.problems = []
+        self.ok_seconds = Counter()
+        self.ok_count = Counter()
 
-    def add(self, kind, status, problem=None):
+    def add(self, kind, status, problem=None, seconds=None):
         with self.lock:
             self.kinds[kind] += 1
             self.status[status] += 1
+            if status == 200 and seconds is not None:
+                self.ok_seconds[kind] += seconds
+                self.ok_count[kind] += 1
             if problem and len(self.problems) < 50:
                 self.problems.append(f"{kind}: {problem}")
 
@@ -105,6 +110,7 @@ def client(idx, host, port, deadline, stats, max_long_chars):
     rng = random.Random(idx)
     while time.time() < deadline:
         kind, body, cancel_after = one(rng, max_long_chars)
+        t0 = time.time()
         try:
             status, headers, text = request(host, port, body, timeout=300, read_events=cancel_after)
         except (OSError, http.client.HTTPException) as e:
@@ -122,7 +128,7 @@ def client(idx, host, port, deadline, stats, max_long_chars):
             problem = f"{status}: {text[:200]}"
         elif status != 200:
             problem = f"{status}: {text[:200]}"
-        stats.add(kind, status, problem)
+        stats.add(kind, status, problem, time.time() - t0)
 
 
 def metric(text, name):
@@ -182,6 +188,7 @@ def main():
     print(f"== {a.label}: {a.clients} clients for {a.seconds} s ({time.time() - t0:.0f} s with the tail)")
     print("requests by kind:", dict(stats.kinds))
     print("answers by status:", dict(stats.status))
+    print("mean seconds of a 200 by kind:", {k: round(stats.ok_seconds[k] / n, 1) for k, n in stats.ok_count.items()})
     for i, p in enumerate(pids):
         role = "head" if i == 0 else f"worker {i}"
         print(f"RSS {role} (pid {p}): start {start_rss[i] / 1024:.0f} MiB, peak {peak[i] / 1024:.0f} MiB, end {(end_rss[i] or 0) / 1024:.0f} MiB")
