@@ -127,7 +127,11 @@ impl ModelSpec {
         }
         let head_dim = opt_u("attention.key_length").unwrap_or(n_embd / n_head);
         let head_dim_v = opt_u("attention.value_length").unwrap_or(head_dim);
-        if head_dim == 0 || head_dim_v != head_dim {
+        // Bounded like the other sizes: head_dim * n_head must not overflow.
+        if head_dim == 0 || head_dim > MAX_DIMENSION {
+            return Err(missing(&key("attention.key_length"), &format!("a value in 1..={MAX_DIMENSION}, found {head_dim}")));
+        }
+        if head_dim_v != head_dim {
             return Err(missing(&key("attention.value_length"), "equal to attention.key_length (hearth needs K and V heads of one size)"));
         }
         let n_rot = opt_u("rope.dimension_count").unwrap_or(head_dim);

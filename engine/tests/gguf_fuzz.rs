@@ -521,14 +521,11 @@ fn gguf_reader_and_model_spec_survive_hostile_files() {
     assert!(report.outcomes > 20, "the fuzzer reached only {} outcomes: is it mutating?", report.outcomes);
 }
 
-/// Found reading `ModelSpec::from_gguf` for the fuzzer's promises (engine/src/model.rs,
-/// outside this harness's files; reported): `attention.key_length` is the one size taken
-/// from metadata without the `MAX_DIMENSION` bound the others get, and
-/// `n_embd_q() = head_dim * n_head` then overflows. In release builds the product wraps and
-/// the file is refused for a tensor shape that names no such size; with overflow checks
-/// (a debug build) it panics. Ignored until model.rs bounds `head_dim` like the other sizes.
+/// Found reading `ModelSpec::from_gguf` for the fuzzer's promises: `attention.key_length`
+/// was the one size taken from metadata without the `MAX_DIMENSION` bound the others get,
+/// and `n_embd_q() = head_dim * n_head` then overflowed (a panic with overflow checks, a
+/// refusal naming no such size without).
 #[test]
-#[ignore = "ModelSpec::from_gguf does not bound attention.key_length (reported)"]
 fn an_absurd_head_size_is_refused_by_name() {
     let bytes = tiny_llama_with(&[("llama.attention.key_length", Value::U64(1 << 62))]);
     let path = std::env::temp_dir().join(format!("hearth-head-size-{}.gguf", std::process::id()));

@@ -36,6 +36,7 @@ pub struct ChatCompletionRequest {
     #[schema(example = "SmolLM2-135M-Instruct")]
     pub model: String,
     /// The conversation so far, oldest first.
+    #[schema(min_items = 1)]
     pub messages: Vec<ChatMessage>,
     /// Stream the answer as server-sent events (`chat.completion.chunk` objects, then
     /// `data: [DONE]`).

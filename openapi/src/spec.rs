@@ -166,7 +166,7 @@ pub struct ReplanRequest {
     /// Solve with this strategy from now on: `halda`, `memory`, `compute` or `even`. The
     /// new plan is adopted whenever it differs; without it, only on a predicted gain of 5%.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "halda")]
+    #[schema(example = "halda", pattern = "^(halda|memory|compute|even)$")]
     pub strategy: Option<String>,
 }
 
