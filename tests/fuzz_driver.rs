@@ -241,6 +241,7 @@ where
     let deadline = Duration::from_secs_f64(budget.secs);
     // Seeds first, as they are: a target that fails on a valid input fails at once.
     let mut pending: Vec<I> = seeds;
+    let trace = std::env::var_os("HEARTH_FUZZ_TRACE").is_some();
     loop {
         let input = match pending.pop() {
             Some(seed) => seed,
@@ -254,6 +255,10 @@ where
             }
         };
         cases += 1;
+        if trace {
+            // A case that never returns cannot be reported after it: this names it before.
+            eprintln!("fuzz {name}: case {cases}: {input:?}");
+        }
         let case_start = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| check(&input)));
         let took = case_start.elapsed();

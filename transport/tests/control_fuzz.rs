@@ -171,7 +171,10 @@ fn mutate(rng: &mut Rng, parent: &Case, donor: &Case) -> Case {
                 *path = match rng.below(4) {
                     0 => format!("/control/{}", rng.pick(METHODS)),
                     1 => format!("/control/{}", "a".repeat(60 + rng.below(10))),
-                    2 => rng.pick(&["/", "/ring/link", "/control", "/control/", "/control//health", "/x"]).to_string(),
+                    // Not /ring/link: that opens a link, which stays open until the server's
+                    // owner accepts and reads it (this harness does not), so the call never
+                    // ends; links are fuzzed by frame_fuzz and transport/tests/link.rs.
+                    2 => rng.pick(&["/", "/control", "/control/", "/control//health", "/x"]).to_string(),
                     _ => format!("/control/health?{}", "q".repeat(rng.below(100))),
                 }
             }
@@ -294,12 +297,20 @@ struct Sent {
     body: Bytes,
 }
 
+/// One call on the member's connection. A server that never answers fails the case here
+/// (a panic the driver counts) rather than hanging the whole run.
 async fn send(member: &mut SendRequest<Full<Bytes>>, req: hyper::Request<Full<Bytes>>) -> Option<Sent> {
-    member.ready().await.ok()?;
-    let response = member.send_request(req).await.ok()?;
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    Some(Sent { status, body })
+    let exchange = async {
+        member.ready().await.ok()?;
+        let response = member.send_request(req).await.ok()?;
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        Some(Sent { status, body })
+    };
+    let limit = HANDSHAKE_TIMEOUT + CLOSE_SLACK;
+    tokio::time::timeout(limit, exchange)
+        .await
+        .unwrap_or_else(|_| panic!("the server did not answer a member's call within {limit:?}"))
 }
 
 fn envelope(body: &[u8]) -> Value {
