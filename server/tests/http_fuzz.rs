@@ -5,7 +5,7 @@
 //! whole server can get wrong: tokenizing and templating hostile text, sampling with
 //! edge parameters, streaming, and staying up.
 //!
-//! Promises checked: no status but 200, 400, 413, 429 and 503; every error is OpenAI's
+//! Promises checked: no status but 200, 400, 404, 413, 429 and 503; every error is OpenAI's
 //! envelope; a 200 is a completion (or an SSE stream of chunks ending in `[DONE]`) with no
 //! server error inside it; `/health` answers after every case. Generation lengths are
 //! clamped so a case takes a fraction of a second. `HEARTH_FUZZ_SECS=600` runs it for ten
@@ -31,9 +31,9 @@ use serde_json::Value;
 const MAX_GEN_TOKENS: u64 = 8;
 /// One case, request to last byte; past this the server stalled.
 const STALL: Duration = Duration::from_secs(120);
-/// What a server may answer a body: success, the client's fault, too large, busy, or a
-/// ring member down (docs/api.md).
-const ALLOWED: [u16; 5] = [200, 400, 413, 429, 503];
+/// What a server may answer a body: success, the client's fault, an unknown model (404
+/// `model_not_found`, as OpenAI), too large, busy, or a ring member down (docs/api.md).
+const ALLOWED: [u16; 6] = [200, 400, 404, 413, 429, 503];
 /// CI's run is this many times the driver's default: each case generates tokens.
 const CI_SCALE: f64 = 3.0;
 
