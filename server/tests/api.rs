@@ -397,7 +397,9 @@ async fn concurrent_requests_share_steps_and_match_running_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_is_429_and_a_vanished_client_frees_its_slot() {
     let s = start(&["--parallel", "1", "--queue-size", "1"]).await;
-    let long = chat("Write a very long story about the sea.", json!({"max_tokens": 600, "stream": true, "temperature": 1.0, "seed": 1}));
+    // End-of-turn and end-of-text suppressed: the story must hold the slot until dropped,
+    // however slow the machine.
+    let long = chat("Write a very long story about the sea.", json!({"max_tokens": 600, "stream": true, "temperature": 1.0, "seed": 1, "logit_bias": {"0": -100, "2": -100}}));
     let mut first = s.client.post(format!("{}/v1/chat/completions", s.base)).json(&long).send().await.unwrap();
     assert_eq!(first.status(), 200);
     first.chunk().await.unwrap();
@@ -416,6 +418,12 @@ async fn a_full_queue_is_429_and_a_vanished_client_frees_its_slot() {
     assert_eq!(r.headers()["retry-after"], "1");
     let body: Value = r.json().await.unwrap();
     assert_error(429, &body, 429, None, None);
+    // Refused before any preparation (a crowd's refusals must cost next to nothing): even a
+    // request for an unknown model gets the 429, not the 404 its validation would give.
+    let mut unknown = chat("hi", json!({"max_tokens": 2}));
+    unknown["model"] = json!("no-such-model");
+    let r = s.client.post(format!("{}/v1/chat/completions", s.base)).json(&unknown).send().await.unwrap();
+    assert_eq!(r.status(), 429);
     // The streaming client goes away: its slot frees at once and the queued one runs.
     drop(first);
     let status = tokio::time::timeout(Duration::from_secs(20), queued).await.expect("the queued request ran").unwrap();

@@ -189,13 +189,30 @@ impl Batcher {
     }
 
     pub fn submit(&self, req: GenerationRequest) -> Result<(), SubmitError> {
+        self.accepting()?;
+        self.queue.push(req)
+    }
+
+    /// Whether a request submitted now would be taken (it may still be refused when it is
+    /// submitted, if others took the room meanwhile). Lets the API refuse a request before
+    /// preparing it: under a crowd of retrying clients the refusals must cost next to
+    /// nothing, or their CPU steals the engine's cores in the middle of its steps.
+    pub fn has_room(&self) -> Result<(), SubmitError> {
+        self.accepting()?;
+        if self.queue.prune() >= self.queue.capacity {
+            return Err(SubmitError::QueueFull);
+        }
+        Ok(())
+    }
+
+    fn accepting(&self) -> Result<(), SubmitError> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(SubmitError::ShuttingDown);
         }
         if let Some(why) = self.degraded() {
             return Err(SubmitError::Unavailable(why));
         }
-        self.queue.push(req)
+        Ok(())
     }
 
     /// Stops admitting requests, lets running and queued ones finish, and waits for the

@@ -24,6 +24,7 @@ use super::{check_model, AppState};
 use crate::generation::{Event, Finish, TokenInfo};
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatCompletionRequest>) -> Result<Response, ApiError> {
+    generate::check_room(&state)?;
     let (req, prepared) = {
         let state = state.clone();
         prepare::run(move || prepare(&state, &req).map(|p| (req, p))).await?

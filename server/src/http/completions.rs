@@ -20,6 +20,7 @@ use super::{check_model, AppState};
 use crate::generation::{Event, TokenInfo};
 
 pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
+    generate::check_room(&state)?;
     let (req, (sampling, prompts)) = {
         let state = state.clone();
         prepare::run(move || prepare(&state, &req).map(|p| (req, p))).await?

@@ -134,14 +134,24 @@ pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::Unb
             enqueued: Instant::now(),
         };
         // Earlier choices already submitted are cancelled when their receivers drop.
-        state.batcher.submit(req).map_err(|e| match e {
-            SubmitError::QueueFull => ApiError::QueueFull,
-            SubmitError::ShuttingDown => ApiError::ShuttingDown,
-            SubmitError::Unavailable(why) => ApiError::Unavailable(why),
-        })?;
+        state.batcher.submit(req).map_err(refused)?;
         receivers.push(rx);
     }
     Ok(receivers)
+}
+
+/// Refuses a generation request at once when the batcher would not take it (full queue,
+/// shutting down, ring broken), before the request's preparation spends any CPU.
+pub fn check_room(state: &AppState) -> Result<(), ApiError> {
+    state.batcher.has_room().map_err(refused)
+}
+
+fn refused(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::QueueFull => ApiError::QueueFull,
+        SubmitError::ShuttingDown => ApiError::ShuttingDown,
+        SubmitError::Unavailable(why) => ApiError::Unavailable(why),
+    }
 }
 
 fn rand_seed() -> u32 {
