@@ -431,6 +431,10 @@ impl Target {
             }
             Err(transport::Error::Encode(_)) => "client: refused to encode".into(),
             Err(transport::Error::Control { status, .. }) if status == 413 || status == 404 => format!("client: {status}"),
+            // The echo wraps the body in two more levels (the answer and the envelope), so a
+            // body nested near serde_json's limit comes back too deep to read: a clear error
+            // for the caller, as a hostile worker's deep answer would be.
+            Err(e @ transport::Error::Control { .. }) if depth(&value) + ECHO_LEVELS > SERDE_DEPTH && e.to_string().contains("recursion limit") => "client: answer too deep".into(),
             Err(e) => panic!("a ControlClient call failed: {e}"),
         }
     }
@@ -438,6 +442,19 @@ impl Target {
     fn alive(&self) {
         let answer = self.rt.block_on(self.witness.call("health", &json!({})));
         assert!(answer.is_ok(), "the standing client lost the server: {answer:?}");
+    }
+}
+
+/// serde_json's nesting limit when reading, and the levels the echo handler and the control
+/// envelope add around a body.
+const SERDE_DEPTH: usize = 128;
+const ECHO_LEVELS: usize = 3;
+
+fn depth(v: &Value) -> usize {
+    match v {
+        Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
+        Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
+        _ => 0,
     }
 }
 
