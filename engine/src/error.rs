@@ -53,10 +53,6 @@ pub enum Error {
     #[error("sampler: {0}")]
     Sampler(String),
 
-    /// A pipeline stage elsewhere (a ring member) failed or could not be reached.
-    #[error("pipeline: {0}")]
-    Pipeline(String),
-
     #[error("model fetch: {0}")]
     Fetch(String),
 }

@@ -30,5 +30,5 @@ pub use error::{Error, Result};
 pub use kv_cache::SeqId;
 pub use model::{Arch, ModelSpec};
 pub use model_file::ModelFile;
-pub use pipeline::{LocalPipeline, Pipeline};
+pub use pipeline::LocalPipeline;
 pub use stage::{BatchToken, Logits, Stage, StageConfig, StageInput, StageOutput};

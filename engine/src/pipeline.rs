@@ -1,59 +1,13 @@
 //! Stages on this machine chained in layer order: the single-node engine, and the
 //! reference the distributed ring must equal. Each step runs every window from layer 0
-//! to the last, handing hidden states over by value exactly as the ring does.
+//! to the last, handing hidden states over by value exactly as the ring does. (The
+//! server's batching loop drives it through its own `Pipeline` trait, which a ring's head
+//! implements too.)
 
 use crate::kv_cache::SeqId;
 use crate::reference::argmax;
 use crate::stage::{BatchToken, Logits, Stage, StageInput, StageOutput};
 use crate::{Error, Result};
-
-/// All layers of the model behind one call: what the batching loop drives. The local
-/// pipeline runs every window on this machine; the ring coordinator (a later issue)
-/// implements the same trait with some windows on other devices.
-pub trait Pipeline: Send {
-    /// Runs `batch` (token ids in `tokens`) through every layer; returns the logits of the
-    /// tokens that asked for them. On error no window keeps any of the batch.
-    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits>;
-    /// Forgets a sequence everywhere.
-    fn clear_sequence(&mut self, seq: SeqId);
-    /// Keeps positions [0, len) of a sequence everywhere.
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize);
-    /// Context cells per sequence.
-    fn n_ctx_seq(&self) -> usize;
-    /// Tries to make a pipeline whole again after a step failed because a part of it
-    /// (a ring member) did. `Ok(true)`: it was broken and is whole now, and every
-    /// sequence's cache is empty. `Ok(false)`: nothing was broken. An error says why it is
-    /// still broken. A pipeline on one machine never breaks this way.
-    fn recover(&mut self) -> Result<bool> {
-        Ok(false)
-    }
-    /// Called by the batching loop while no sequence runs and nothing is queued, about
-    /// every 100 ms, with how long that has lasted: the moment for maintenance that would
-    /// stall a step (a ring re-plans then). `Ok(true)`: every sequence's cache was emptied.
-    /// An error says the pipeline is broken now (as a failed step would).
-    fn idle(&mut self, idle_for: std::time::Duration) -> Result<bool> {
-        let _ = idle_for;
-        Ok(false)
-    }
-}
-
-impl Pipeline for LocalPipeline {
-    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
-        LocalPipeline::forward(self, batch, tokens)
-    }
-
-    fn clear_sequence(&mut self, seq: SeqId) {
-        LocalPipeline::clear_sequence(self, seq)
-    }
-
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
-        LocalPipeline::truncate_sequence(self, seq, len)
-    }
-
-    fn n_ctx_seq(&self) -> usize {
-        self.stages.first().map_or(0, |s| s.n_ctx_seq())
-    }
-}
 
 pub struct LocalPipeline {
     stages: Vec<Stage>,
@@ -86,8 +40,9 @@ impl LocalPipeline {
         Ok(LocalPipeline { stages, route: route.into_iter().map(|(_, s, w)| (s, w)).collect() })
     }
 
-    pub fn stages(&self) -> &[Stage] {
-        &self.stages
+    /// Context cells per sequence.
+    pub fn n_ctx_seq(&self) -> usize {
+        self.stages.first().map_or(0, |s| s.n_ctx_seq())
     }
 
     /// Runs `batch` (token ids in `tokens`) through every window; returns the logits of

@@ -1,7 +1,7 @@
 //! The `hearth` command: parses the CLI and runs a role (see the library for the parts).
 
 use clap::Parser;
-use hearth::{bench, bench_serve, cli, serve};
+use hearth::cli;
 
 /// How long (in pause instructions) an idle OpenMP thread spins before it sleeps, unless
 /// the user set `GOMP_SPINCOUNT`. libgomp's default (300,000, i.e. milliseconds on CPUs
@@ -33,18 +33,7 @@ fn main() -> std::process::ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,llama-cpp-2=warn,llama_cpp_2=warn")))
         .with_writer(std::io::stderr)
         .init();
-    let cli = cli::Cli::parse();
-    let result = match cli.command {
-        cli::Command::Serve(args) => serve::run(args),
-        cli::Command::Worker(args) => hearth::ring::run_worker(args),
-        cli::Command::Bench(args) => bench::run(args),
-        cli::Command::BenchServe(args) => bench_serve::run(args),
-        cli::Command::FetchModel(args) => cli::fetch_model(args),
-        cli::Command::Plan(args) => hearth::plan_command::run(args),
-        cli::Command::Profile(args) => hearth::profile_command::run(args),
-        cli::Command::MakeModel(args) => hearth::make_model::run(args),
-        cli::Command::WorkerProfile(args) => hearth::ring::paging::print_worker_profile(args),
-    };
+    let result = cli::run(cli::Cli::parse());
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -29,7 +29,7 @@ async fn start(extra: &[&str]) -> Server {
     let model = model.to_string_lossy().into_owned();
     argv.extend_from_slice(&["--model", &model]);
     let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };
-    let (state, addr) = hearth::serve::build(&args).unwrap();
+    let (state, addr) = hearth::cli::serve::build(&args).unwrap();
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = hearth::http::router(state.clone());

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use engine::{BatchToken, ModelFile, Stage, StageConfig, StageInput};
-use hearth::ring::paging::WindowPager;
+use hearth::runtime::ring::paging::WindowPager;
 
 fn private_copy(tag: &str) -> (PathBuf, Arc<ModelFile>) {
     let model = engine::default_model::ensure_default_model(&engine::default_model::models_dir()).unwrap();

@@ -15,7 +15,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::{bearer_is, ApiError, AppState};
-use crate::ring::board::{ClusterView, PlanView, ReplanRequest};
+use crate::runtime::ring::board::{ClusterView, PlanView};
 
 /// How long `POST /admin/replan` waits for the ring to be idle and finish; after that it
 /// answers 202 and the re-plan still runs at the next idle moment.
@@ -30,11 +30,11 @@ pub async fn require_admin_key(State(state): State<Arc<AppState>>, req: Request,
 }
 
 pub async fn plan(State(state): State<Arc<AppState>>) -> Json<PlanView> {
-    Json(state.board.view())
+    Json(state.runtime.plan())
 }
 
 pub async fn cluster(State(state): State<Arc<AppState>>) -> Json<ClusterView> {
-    Json(state.board.cluster())
+    Json(state.runtime.cluster())
 }
 
 pub async fn replan(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {
@@ -44,11 +44,10 @@ pub async fn replan(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
         serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(format!("invalid JSON body: {e}")))?
     };
     let strategy = body.strategy.map(|s| s.parse()).transpose().map_err(|e: String| ApiError::InvalidParameter { param: Some("strategy".into()), message: e })?;
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    state.board.request(ReplanRequest { strategy, reply }).map_err(ApiError::Conflict)?;
+    let answer = state.runtime.replan(strategy)?;
     match tokio::time::timeout(REPLAN_WAIT, answer).await {
         Ok(Ok(Ok(view))) => Ok(Json(view).into_response()),
-        Ok(Ok(Err(e))) => Err(ApiError::Conflict(format!("re-planning failed: {e}"))),
+        Ok(Ok(Err(e))) => Err(e.into()),
         Ok(Err(_)) => Err(ApiError::ShuttingDown),
         Err(_) => Ok((StatusCode::ACCEPTED, Json(json!({"status": "pending", "message": "the server is busy; the re-plan runs when the queue is next idle (see GET /admin/plan)"})))
             .into_response()),

@@ -16,12 +16,13 @@ use openapi::{
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, now_secs, sampling_fields, Choice, GenSpec};
+use super::generate::{self, finish_reason, sampling_fields, Choice, GenSpec};
+use crate::process::now_secs;
 use super::json::ApiJson;
 use super::prepare;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
-use crate::generation::{Event, Finish, TokenInfo};
+use crate::runtime::generation::{Event, Finish, TokenInfo};
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatCompletionRequest>) -> Result<Response, ApiError> {
     generate::check_room(&state)?;

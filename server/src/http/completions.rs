@@ -13,11 +13,12 @@ use futures::StreamExt;
 use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, PromptTokensDetails, Usage};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, now_secs, sampling_fields, GenSpec};
+use super::generate::{self, finish_reason, sampling_fields, GenSpec};
+use crate::process::now_secs;
 use super::json::ApiJson;
 use super::prepare;
 use super::{check_model, AppState};
-use crate::generation::{Event, TokenInfo};
+use crate::runtime::generation::{Event, TokenInfo};
 
 pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     generate::check_room(&state)?;
@@ -50,7 +51,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
                 logprobs: logprobs.map(|_| legacy_logprobs(&c.tokens, echo.len())),
                 text: echo + &c.text,
                 index: i as u32,
-                finish_reason: finish_reason(c.finish.unwrap_or(crate::generation::Finish::Stop)),
+                finish_reason: finish_reason(c.finish.unwrap_or(crate::runtime::generation::Finish::Stop)),
             })
             .collect();
         let usage = Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached as u32 }), ..Usage::new(prompt_tokens as u32, completion as u32) };

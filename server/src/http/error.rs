@@ -1,9 +1,12 @@
-//! The server's one error type and THE place where errors become HTTP responses, in
-//! OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`.
+//! THE place where errors become HTTP responses: the API's own refusals, the runtime's
+//! (`SubmitError`, `ReplanError`) and the engine's, in OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use openapi::{ErrorBody, ErrorResponse, WireError};
+
+use crate::error::ReplanError;
+use crate::runtime::generation::SubmitError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -62,6 +65,25 @@ impl From<engine::Error> for ApiError {
             engine::Error::ChatTemplate(m) => ApiError::InvalidParameter { param: Some("messages".into()), message: format!("the model's chat template rejected the messages: {m}") },
             engine::Error::Sampler(m) => ApiError::InvalidParameter { param: None, message: m },
             other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::QueueFull => ApiError::QueueFull,
+            SubmitError::ShuttingDown => ApiError::ShuttingDown,
+            SubmitError::Unavailable(why) => ApiError::Unavailable(why),
+        }
+    }
+}
+
+impl From<ReplanError> for ApiError {
+    fn from(e: ReplanError) -> Self {
+        match e {
+            ReplanError::ShuttingDown => ApiError::ShuttingDown,
+            ReplanError::NotARing | ReplanError::Broken(_) | ReplanError::Failed(_) => ApiError::Conflict(e.to_string()),
         }
     }
 }

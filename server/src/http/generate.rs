@@ -11,7 +11,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::generation::{Event, Finish, GenerationRequest, SubmitError, TokenInfo};
+use crate::runtime::generation::{Event, Finish, GenerationRequest, TokenInfo};
 
 /// The sampling fields chat and text completions share, as sent.
 pub struct SamplingFields<'a> {
@@ -81,7 +81,7 @@ pub struct GenSpec {
 /// Refuses prompt text that cannot fit the context whatever its tokens, before tokenizing
 /// it: a 4 MiB prompt takes about 100 MB and half a second to tokenize.
 pub fn check_prompt_bytes(state: &AppState, bytes: usize) -> Result<(), ApiError> {
-    let max = state.batcher.n_ctx();
+    let max = state.runtime.n_ctx();
     let at_least = state.tokenizer.min_tokens(bytes);
     if at_least >= max {
         return Err(ApiError::PromptTooLong { max, at_least });
@@ -91,17 +91,17 @@ pub fn check_prompt_bytes(state: &AppState, bytes: usize) -> Result<(), ApiError
 
 /// Submits `n` sequences; their events arrive on the returned receivers, in choice order.
 pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
-    let n_ctx = state.batcher.n_ctx();
+    let n_ctx = state.runtime.n_ctx();
     if spec.prompt.is_empty() {
         return Err(ApiError::InvalidParameter { param: Some("prompt".into()), message: "the prompt is empty".into() });
     }
     if spec.prompt.len() >= n_ctx {
         return Err(ApiError::ContextLengthExceeded { max: n_ctx, prompt: spec.prompt.len() });
     }
-    if n > state.batcher.parallel() {
+    if n > state.runtime.parallel() {
         return Err(ApiError::InvalidParameter {
             param: Some("n".into()),
-            message: format!("n = {n} exceeds the {} sequences this server generates at once (--parallel)", state.batcher.parallel()),
+            message: format!("n = {n} exceeds the {} sequences this server generates at once (--parallel)", state.runtime.parallel()),
         });
     }
     let room = n_ctx - spec.prompt.len();
@@ -134,7 +134,7 @@ pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::Unb
             enqueued: Instant::now(),
         };
         // Earlier choices already submitted are cancelled when their receivers drop.
-        state.batcher.submit(req).map_err(refused)?;
+        state.runtime.submit(req)?;
         receivers.push(rx);
     }
     Ok(receivers)
@@ -143,15 +143,7 @@ pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::Unb
 /// Refuses a generation request at once when the batcher would not take it (full queue,
 /// shutting down, ring broken), before the request's preparation spends any CPU.
 pub fn check_room(state: &AppState) -> Result<(), ApiError> {
-    state.batcher.has_room().map_err(refused)
-}
-
-fn refused(e: SubmitError) -> ApiError {
-    match e {
-        SubmitError::QueueFull => ApiError::QueueFull,
-        SubmitError::ShuttingDown => ApiError::ShuttingDown,
-        SubmitError::Unavailable(why) => ApiError::Unavailable(why),
-    }
+    Ok(state.runtime.has_room()?)
 }
 
 fn rand_seed() -> u32 {
@@ -204,8 +196,4 @@ pub fn finish_reason(f: Finish) -> openapi::FinishReason {
         Finish::Stop => openapi::FinishReason::Stop,
         Finish::Length => openapi::FinishReason::Length,
     }
-}
-
-pub fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }

@@ -9,9 +9,8 @@ mod error;
 mod generate;
 mod json;
 mod prepare;
+pub mod server;
 mod tools;
-
-pub use generate::now_secs;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,10 +28,12 @@ use openapi::{HealthResponse, Limits, ModelCard, ModelList};
 
 pub use error::ApiError;
 
-use crate::generation::Batcher;
+use crate::runtime::Runtime;
 
+/// What every handler shares: the runtime it reaches generation and the ring through, and
+/// what the API needs of the model to prepare requests (tokenizer, chat template).
 pub struct AppState {
-    pub batcher: Arc<Batcher>,
+    pub runtime: Arc<dyn Runtime>,
     pub tokenizer: Arc<Tokenizer>,
     pub template: ChatTemplate,
     /// Whether the template renders `tools` itself; if not, hearth describes them in a
@@ -44,8 +45,6 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Bearer token for /admin/*; `None`: those routes are off.
     pub admin_key: Option<String>,
-    /// The running plan and the re-plan requests (`ring::board`).
-    pub board: Arc<crate::ring::board::PlanBoard>,
     pub limits: Limits,
     pub body_limit: usize,
 }
@@ -120,7 +119,7 @@ async fn not_found(req: Request) -> ApiError {
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {
     // `degraded`: a ring member is lost; requests get 503 until the ring is whole again.
-    Json(match state.batcher.degraded() {
+    Json(match state.runtime.degraded() {
         Some(why) => HealthResponse { status: "degraded".into(), reason: Some(why) },
         None => HealthResponse::ok(),
     })

@@ -38,7 +38,7 @@ static POOL: LazyLock<Pool> = LazyLock::new(|| {
         .max_blocking_threads(threads)
         .thread_stack_size(STACK_BYTES)
         .thread_name("hearth-prepare")
-        .on_thread_start(|| crate::serve::lower_thread_priority(crate::serve::HTTP_NICE))
+        .on_thread_start(|| crate::process::lower_thread_priority(crate::process::HTTP_NICE))
         .build()
         .expect("the preparation pool's runtime starts (it opens no I/O driver)");
     Pool { runtime, admitted: Arc::new(Semaphore::new(threads + QUEUE)) }

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use engine::sampler::Sampler;
 use engine::tokenizer::{TextStream, Tokenizer};
-use engine::{BatchToken, Pipeline};
+use engine::BatchToken;
 
 use super::logprobs::logprobs;
+use super::pipeline::Pipeline;
 use super::speculation::{DraftRequest, Drafter, Proposer};
 use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 use super::stop::StopMatcher;
@@ -470,7 +471,7 @@ impl Loop {
             Ok(l) => l,
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
-                let remote = matches!(e, engine::Error::Pipeline(_));
+                let remote = matches!(e, crate::Error::RingBroken(_));
                 if remote {
                     self.set_degraded(Some(e.to_string()));
                     self.last_recovery = Instant::now();
@@ -698,8 +699,8 @@ mod tests {
 
     const STEP: Duration = Duration::from_millis(2);
 
-    impl engine::Pipeline for Endless {
-        fn forward(&mut self, batch: &[BatchToken], _: &[i32]) -> engine::Result<engine::Logits> {
+    impl Pipeline for Endless {
+        fn forward(&mut self, batch: &[BatchToken], _: &[i32]) -> crate::Result<engine::Logits> {
             std::thread::sleep(STEP);
             let rows: Vec<usize> = batch.iter().enumerate().filter(|(_, t)| t.logits).map(|(i, _)| i).collect();
             let mut data = vec![0.0; rows.len() * self.n_vocab];

@@ -19,7 +19,21 @@ use transport::{Activations, ControlFailure, Frame, Link, LinkConfig, LinkServer
 
 use super::paging::WindowPager;
 use super::{apply, WorkerPlan};
-use crate::cli::WorkerArgs;
+use crate::error::{Error, Result};
+
+/// A worker's settings (`hearth worker`).
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub model: std::path::PathBuf,
+    /// Where the head and the previous ring member connect.
+    pub listen: SocketAddr,
+    pub secret: transport::ClusterSecret,
+    pub threads: usize,
+    /// Read the next window ahead while other devices compute.
+    pub prefetch: bool,
+    /// Added to every frame this worker sends (benchmarks only).
+    pub hop_delay: Duration,
+}
 
 /// A worker's state, under two locks: `compute` is held for a whole step by the ring
 /// thread, so control calls (health, profile, plans) never wait behind a step for what
@@ -114,21 +128,18 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
     Ok(tx)
 }
 
-pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let secret = super::cluster_secret(args.cluster_secret.as_deref(), &args.listen, super::SecretUser::Worker { insecure: args.insecure })?;
-    let path = args.model.resolve()?;
+/// Serves as a ring member until SIGTERM or Ctrl-C.
+pub fn run(cfg: WorkerConfig) -> Result<()> {
+    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, hop_delay } = cfg;
     let file = Arc::new(ModelFile::open(&path)?);
     let fingerprint = file.fingerprint();
-    let threads = args.threads.unwrap_or_else(engine::stage::default_threads);
-    let prefetch = !args.no_prefetch;
     let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
     let state = Arc::new(Worker { file, fingerprint, prefetch, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
-    let addr: SocketAddr = args.listen.parse().map_err(|e| format!("invalid --listen {}: {e}", args.listen))?;
-    let rt = crate::serve::ring_runtime()?;
-    let config = LinkConfig { send_delay: super::hop_delay(args.emulate_hop_ms), ..LinkConfig::default() };
+    let rt = crate::process::ring_runtime()?;
+    let config = LinkConfig { send_delay: hop_delay, ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
     let links = ring_thread(RingContext { rt: rt.handle().clone(), worker: state.clone(), secret: secret.clone(), config: config.clone() })?;
-    let served: Result<(), Box<dyn std::error::Error>> = rt.block_on(async move {
+    let served: Result<()> = rt.block_on(async move {
         let handler_state = state.clone();
         let handler = move |method: String, body: Value| {
             let state = handler_state.clone();
@@ -137,7 +148,7 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         let mut server = LinkServer::bind(addr, secret, config, Some(Arc::new(handler))).await?;
         // As a container's first process a worker gets no default action for SIGTERM:
         // without a handler `docker stop` would wait out its grace period and kill it.
-        let stop = crate::serve::shutdown_signal()?;
+        let stop = crate::process::shutdown_signal()?;
         tokio::pin!(stop);
         tracing::info!("hearth worker listening on {}", server.local_addr());
         loop {
@@ -150,7 +161,7 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
                 link = server.accept() => {
                     let Some(link) = link else { return Ok(()) };
                     if links.send(link).is_err() {
-                        return Err("the ring thread stopped".into());
+                        return Err(Error::Io(std::io::Error::other("the ring thread stopped")));
                     }
                 }
             }
@@ -171,16 +182,16 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 None => {
                     let worker = state.clone();
                     let measured = tokio::task::spawn_blocking(move || {
-                        crate::profile_command::serving_profile(threads, &worker.model_path, &worker.file)
+                        crate::runtime::profiling::serving_profile(threads, &worker.model_path, &worker.file)
                     })
                         .await
                         .map_err(|e| ControlFailure::failed(e.to_string()))?
-                        .map_err(ControlFailure::failed)?;
+                        .map_err(|e| ControlFailure::failed(e.to_string()))?;
                     state.meta().device = Some(measured.clone());
                     measured
                 }
             };
-            crate::profile_command::refresh_memory(&mut device);
+            crate::runtime::profiling::refresh_memory(&mut device);
             // The window figures wait for a step in progress: off the runtime.
             let worker = state.clone();
             let mut answer = tokio::task::spawn_blocking(move || match &worker.compute().pager {

@@ -11,6 +11,8 @@ use scheduler::{Breakdown, DeviceProfile, DeviceSet, ModelProfile, Plan, Predict
 use serde::Serialize;
 use tokio::sync::oneshot;
 
+use crate::error::ReplanError;
+
 /// Decode steps of one token the measured TPOT averages over: enough to smooth a busy
 /// moment, few enough to follow a plan change within a short answer.
 const MEASURED_WINDOW: usize = 64;
@@ -54,7 +56,7 @@ pub struct CheckView {
 impl CheckView {
     /// A look that applied nothing (yet), now.
     pub fn new(forced: bool, drift: Vec<String>, reason: String) -> CheckView {
-        CheckView { at: crate::http::now_secs(), forced, drift, applied: false, reason, current_tpot_ms: None, candidate_tpot_ms: None }
+        CheckView { at: crate::process::now_secs(), forced, drift, applied: false, reason, current_tpot_ms: None, candidate_tpot_ms: None }
     }
 }
 
@@ -99,7 +101,7 @@ pub struct ClusterView {
 /// A request to solve again now (when idle), optionally with another strategy.
 pub struct ReplanRequest {
     pub strategy: Option<Strategy>,
-    pub reply: oneshot::Sender<Result<PlanView, String>>,
+    pub reply: oneshot::Sender<Result<PlanView, ReplanError>>,
 }
 
 /// What the cost model needs to judge the running plan at another context.
@@ -184,7 +186,7 @@ impl PlanBoard {
     }
 
     pub fn gathered(&self, devices: Vec<DeviceProfile>) {
-        *self.cluster.lock().expect("cluster view") = ClusterView { devices, gathered_at: Some(crate::http::now_secs()) };
+        *self.cluster.lock().expect("cluster view") = ClusterView { devices, gathered_at: Some(crate::process::now_secs()) };
     }
 
     /// The time of one decode step of a single token, with `context` tokens in its cache.
@@ -201,9 +203,9 @@ impl PlanBoard {
     }
 
     /// Queues a re-plan for the next idle moment. Fails when there is nothing to plan.
-    pub fn request(&self, r: ReplanRequest) -> Result<(), String> {
+    pub fn request(&self, r: ReplanRequest) -> Result<(), ReplanError> {
         if !self.plannable {
-            return Err("this head has no workers: there is nothing to plan (start it with --workers)".into());
+            return Err(ReplanError::NotARing);
         }
         self.requests.lock().expect("replan requests").push(r);
         Ok(())

@@ -12,8 +12,9 @@ use engine::ModelFile;
 use scheduler::{DeviceProfile, ModelProfile, Options, Schedule, Strategy};
 use transport::{ClusterSecret, ControlClient, LinkConfig};
 
-use super::head::FormError;
+use crate::error::{Error, Result};
 
+const GB: f64 = 1e9;
 /// Round trips timed per worker; the fastest counts (the others met a busy machine).
 const LATENCY_PROBES: usize = 3;
 /// Pause between attempts to reach a worker that is still starting.
@@ -37,7 +38,7 @@ pub struct Planner {
 impl Planner {
     pub fn new(file: Arc<ModelFile>, path: PathBuf, workers: Vec<String>, secret: ClusterSecret, threads: usize, ctx: usize, strategy: Strategy) -> Planner {
         let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-        let model = crate::model_profile::from_gguf(&file, &name, ctx);
+        let model = crate::runtime::profiling::model::from_gguf(&file, &name, ctx);
         Planner { workers, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
     }
 
@@ -48,9 +49,9 @@ impl Planner {
     /// refusal fails at once. A candidate outside `needed` that cannot be reached or
     /// refuses is left out of the answer when `needed` is given (a worker the running plan
     /// does not use may come and go without stopping re-planning).
-    pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration, needed: Option<&[String]>) -> Result<Vec<DeviceProfile>, FormError> {
-        let mut head = crate::profile_command::serving_profile(self.threads, &self.path, &self.file).map_err(|e| FormError::Refused(format!("profiling the head: {e}")))?;
-        crate::profile_command::refresh_memory(&mut head);
+    pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration, needed: Option<&[String]>) -> Result<Vec<DeviceProfile>> {
+        let mut head = crate::runtime::profiling::serving_profile(self.threads, &self.path, &self.file)?;
+        crate::runtime::profiling::refresh_memory(&mut head);
         head.name = HEAD_NAME.into();
         head.head = true;
         let deadline = Instant::now() + wait;
@@ -60,7 +61,7 @@ impl Planner {
             let device = loop {
                 match rt.block_on(worker_profile(w, &self.secret, &config)) {
                     Ok(d) => break Some(d),
-                    Err(FormError::Unreachable(e)) if Instant::now() < deadline => {
+                    Err(Error::RingBroken(e)) if Instant::now() < deadline => {
                         tracing::warn!("waiting for a worker to plan the ring: {e}");
                         std::thread::sleep(RETRY);
                     }
@@ -80,10 +81,10 @@ impl Planner {
     }
 
     /// The scheduler's plan on `devices` (from `gather`) with `strategy`.
-    pub fn schedule(&self, devices: &[DeviceProfile], strategy: Strategy) -> Result<Schedule, String> {
-        let s = scheduler::schedule(devices, &self.model, &Options { strategy, ..self.options.clone() }).map_err(|e| format!("the {strategy} plan: {e}"))?;
+    pub fn schedule(&self, devices: &[DeviceProfile], strategy: Strategy) -> Result<Schedule> {
+        let s = scheduler::schedule(devices, &self.model, &Options { strategy, ..self.options.clone() }).map_err(|e| Error::Plan(format!("the {strategy} plan: {e}")))?;
         if s.members.first() != Some(&0) {
-            return Err("the scheduler put another device first; the head must lead the ring".into());
+            return Err(Error::Plan("the scheduler put another device first; the head must lead the ring".into()));
         }
         Ok(s)
     }
@@ -96,19 +97,82 @@ pub fn addresses(devices: &[DeviceProfile], members: &[usize]) -> Vec<String> {
     members[1..].iter().map(|&m| devices[m].name.clone()).collect()
 }
 
-async fn worker_profile(w: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<DeviceProfile, FormError> {
-    let client = ControlClient::connect(w, secret, config).await.map_err(|e| FormError::connecting(w, e))?;
+async fn worker_profile(w: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<DeviceProfile> {
+    let client = ControlClient::connect(w, secret, config).await.map_err(|e| super::connecting(w, e))?;
     let mut best = Duration::MAX;
     for _ in 0..LATENCY_PROBES {
         let t = Instant::now();
-        client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| FormError::connecting(w, e))?;
+        client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| super::connecting(w, e))?;
         best = best.min(t.elapsed());
     }
-    let answer = client.call(transport::methods::PROFILE, &serde_json::Value::Null).await.map_err(|e| FormError::connecting(w, e))?;
-    let mut d: DeviceProfile = serde_json::from_value(answer["device"].clone()).map_err(|e| FormError::Refused(format!("worker {w} sent no device profile: {e}")))?;
+    let answer = client.call(transport::methods::PROFILE, &serde_json::Value::Null).await.map_err(|e| super::connecting(w, e))?;
+    let mut d: DeviceProfile = serde_json::from_value(answer["device"].clone()).map_err(|e| Error::RingRefused(format!("worker {w} sent no device profile: {e}")))?;
     d.name = w.to_string();
     d.head = false;
     // One way of a round trip: the hop to this device.
     d.comm_s = best.as_secs_f64() / 2.0;
     Ok(d)
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.1}", s * 1e3)
+}
+
+/// The plan as a table: per device its set, window, GPU layers, memory and time parts;
+/// then the predicted TPOT, the devices left out, and `others`' predictions.
+pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, others: &[(Strategy, Result<f64, String>)]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "model {}: {} layers, {:.2} GB; strategy {}; k = {} rounds of W = {} layers",
+        model.name,
+        model.n_layer,
+        model.total_bytes() / GB,
+        s.strategy,
+        s.rounds,
+        s.plan.window_sum()
+    );
+    let _ = writeln!(out, "\n| device | set | window | GPU layers | layers/token | RAM needed / available | VRAM needed / available | compute ms | memory ms | disk ms | network ms |");
+    let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (i, (&m, cost)) in s.members.iter().zip(&s.prediction.devices).enumerate() {
+        let d = &devices[m];
+        let p = &s.plan.devices[i];
+        // Weights and KV of its layers (the head also holds the output layer); more than
+        // is available means reloading from disk every token.
+        let ram = cost.cpu_layers as f64 * model.layer_bytes_with_kv() + if i == 0 { model.output_bytes } else { 0.0 };
+        let vram = match &d.gpu {
+            Some(g) => format!("{:.2} / {:.2} GB", cost.gpu_layers as f64 * model.layer_bytes_with_kv() / GB, g.memory_available / GB),
+            None => "-".into(),
+        };
+        let b = &cost.breakdown;
+        let _ = writeln!(
+            out,
+            "| {} | {:?}{} | {} | {} | {} | {:.2} / {:.2} GB | {vram} | {} | {} | {} | {} |",
+            d.name,
+            cost.set,
+            if cost.overloaded { " (overloaded)" } else { "" },
+            p.window,
+            p.gpu_layers,
+            cost.cpu_layers + cost.gpu_layers,
+            ram / GB,
+            d.ram_available / GB,
+            ms(b.compute_s),
+            ms(b.memory_s),
+            ms(b.disk_s),
+            ms(b.network_s)
+        );
+    }
+    let _ = writeln!(out, "\npredicted TPOT: {} ms", ms(s.prediction.tpot_s));
+    if !s.dropped.is_empty() {
+        let names: Vec<&str> = s.dropped.iter().map(|&i| devices[i].name.as_str()).collect();
+        let _ = writeln!(out, "left out (they would slow the ring down): {}", names.join(", "));
+    }
+    for (strategy, r) in others {
+        let _ = match r {
+            Ok(t) => writeln!(out, "with --plan-strategy {strategy}: {} ms", ms(*t)),
+            Err(e) => writeln!(out, "with --plan-strategy {strategy}: no plan ({e})"),
+        };
+    }
+    out
 }

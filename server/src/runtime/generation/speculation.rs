@@ -179,19 +179,20 @@ const STEADY_CATCH_UP: usize = 2;
 impl DraftModel {
     /// Loads `path` for `n_seq` slots of `n_ctx` tokens. Refuses a model whose vocabulary
     /// differs from the target's (`target`): its token ids would mean other text.
-    pub fn load(path: &std::path::Path, target: &engine::tokenizer::Tokenizer, n_seq: usize, n_ctx: usize, max_batch: usize, threads: usize) -> Result<DraftModel, String> {
-        let file = engine::ModelFile::open(path).map_err(|e| format!("draft model {}: {e}", path.display()))?;
-        let tokenizer = engine::tokenizer::Tokenizer::load(path).map_err(|e| format!("draft model {}: {e}", path.display()))?;
+    pub fn load(path: &std::path::Path, target: &engine::tokenizer::Tokenizer, n_seq: usize, n_ctx: usize, max_batch: usize, threads: usize) -> crate::Result<DraftModel> {
+        use crate::Error;
+        let file = engine::ModelFile::open(path).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?;
+        let tokenizer = engine::tokenizer::Tokenizer::load(path).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?;
         let (n_draft, n_target) = (tokenizer.n_vocab(), target.n_vocab());
         if n_draft != n_target {
-            return Err(format!("the draft model {} has a vocabulary of {n_draft} tokens, the served model {n_target}: they must share one", path.display()));
+            return Err(Error::Config(format!("the draft model {} has a vocabulary of {n_draft} tokens, the served model {n_target}: they must share one", path.display())));
         }
         if let Some(t) = (0..n_target as i32).find(|&t| tokenizer.token_bytes(t) != target.token_bytes(t)) {
-            return Err(format!("the draft model {} has another vocabulary: token {t} is {:?} there, {:?} in the served model", path.display(), String::from_utf8_lossy(&tokenizer.token_bytes(t)), String::from_utf8_lossy(&target.token_bytes(t))));
+            return Err(Error::Config(format!("the draft model {} has another vocabulary: token {t} is {:?} there, {:?} in the served model", path.display(), String::from_utf8_lossy(&tokenizer.token_bytes(t)), String::from_utf8_lossy(&target.token_bytes(t)))));
         }
         let spec = file.spec.clone();
         let cfg = engine::StageConfig { n_seq, n_ctx_seq: n_ctx, max_batch, threads, ..engine::StageConfig::whole(&spec) };
-        let stage = engine::Stage::new(std::sync::Arc::new(file), cfg).map_err(|e| format!("draft model {}: {e}", path.display()))?;
+        let stage = engine::Stage::new(std::sync::Arc::new(file), cfg).map_err(|e| Error::Config(format!("draft model {}: {e}", path.display())))?;
         Ok(DraftModel { stage, cached: vec![Vec::new(); n_seq], max_batch: max_batch.max(1), token_s: 0.0 })
     }
 
@@ -265,7 +266,7 @@ impl DraftModel {
                         out[i].push(engine::reference::argmax(l.row(row)));
                     }
                 }
-                StageOutput::Hidden(_) => return Err(engine::Error::Pipeline("the draft model returned hidden states".into())),
+                StageOutput::Hidden(_) => return Err(engine::Error::InvalidWindow("the draft model returned hidden states".into())),
             }
         }
     }

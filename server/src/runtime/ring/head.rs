@@ -1,4 +1,4 @@
-//! The head's side of the ring: an `engine::Pipeline` whose windows are partly local
+//! The head's side of the ring: a `Pipeline` (the batching loop's) whose windows are partly local
 //! (the head's own, plus the embedding `0..0` and the output layer `L..L`) and partly on
 //! workers, reached over one authenticated link to the first worker and back from the
 //! last. One micro-batch is in the ring at a time, as in prima.cpp.
@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::{BatchToken, Logits, ModelFile, Pipeline, SeqId, Stage, StageConfig, StageInput, StageOutput};
+use engine::{BatchToken, Logits, ModelFile, SeqId, Stage, StageConfig, StageInput, StageOutput};
 use scheduler::{DeviceProfile, Plan, Prediction, ReplanPolicy, Strategy};
 use transport::{Activations, ClusterSecret, ControlClient, Dtype, Frame, FrameSink, FrameStream, KvOp, Link, LinkConfig, LinkServer, TokenMeta};
 
@@ -24,6 +24,7 @@ use super::board::{self, CheckView, PlanBoard};
 use super::paging::WindowPager;
 use super::planning::{addresses, Planner, HEAD_NAME};
 use super::WorkerPlan;
+use crate::error::{Error, ReplanError, Result};
 use crate::metrics::RingMeter;
 
 pub struct RingPipeline {
@@ -38,6 +39,10 @@ pub struct RingPipeline {
     broken: Option<String>,
     server: LinkServer,
     cfg: RingConfig,
+    /// The running plan, and its members after the head in ring order (a subset of the
+    /// planner's candidates).
+    plan: Plan,
+    members: Vec<String>,
     fingerprint: String,
     /// This head process's id, so workers can tell a second head from this one.
     id: String,
@@ -74,14 +79,12 @@ struct Links {
     from_last: FrameStream,
 }
 
+/// The ring's settings, fixed for the life of the head.
 pub struct RingConfig {
-    /// The members after the head, in ring order: a subset of the planner's candidates.
-    /// Filled in by `connect` from the first plan.
-    pub workers: Vec<String>,
     pub secret: ClusterSecret,
-    /// The running plan. At `connect`: `--windows` (the head and every candidate), or
-    /// `None` to let the planner's strategy choose.
-    pub plan: Option<Plan>,
+    /// The plan pinned by `--windows` (the head and every candidate), or `None` to let the
+    /// planner's strategy choose.
+    pub pinned: Option<Plan>,
     /// Where the last worker connects back to; its host must be reachable from it.
     pub listen: SocketAddr,
     /// What the last worker dials to reach `listen`; `None`: `listen` itself (with the
@@ -130,7 +133,7 @@ struct Layout {
 }
 
 impl Layout {
-    fn build(file: &Arc<ModelFile>, plan: &Plan, cfg: &RingConfig) -> engine::Result<(Stage, Layout)> {
+    fn build(file: &Arc<ModelFile>, plan: &Plan, cfg: &RingConfig) -> Result<(Stage, Layout)> {
         let n_layer = file.spec.n_layer;
         let own_windows = plan.windows_of(0);
         let mut windows = Vec::new();
@@ -158,8 +161,10 @@ impl Layout {
     }
 }
 
-fn ring_err(e: impl std::fmt::Display) -> engine::Error {
-    engine::Error::Pipeline(e.to_string())
+/// A failure of the ring (not of this machine's engine): the batching loop reports the ring
+/// broken and recovers it.
+fn ring_err(e: impl std::fmt::Display) -> Error {
+    Error::RingBroken(e.to_string())
 }
 
 /// How long forming the ring may wait for the last worker to dial back, in units of the
@@ -168,63 +173,35 @@ const FORM_WAIT_HANDSHAKES: u32 = 4;
 /// Pause between attempts to form the ring at start, while workers are still starting.
 const STARTUP_RETRY: Duration = Duration::from_secs(1);
 
-/// Why the ring could not be formed: a member that cannot be reached (yet) is worth waiting
-/// for; a refusal (wrong secret, another model file, another head) is not.
-#[derive(Debug)]
-pub enum FormError {
-    Unreachable(String),
-    Refused(String),
-}
-
-impl FormError {
-    pub fn connecting(worker: &str, e: transport::Error) -> FormError {
-        match e {
-            // A 4xx answer is the worker saying no (wrong secret, bad request), not silence.
-            transport::Error::Auth { .. } | transport::Error::Secret(_) | transport::Error::Address { .. } => FormError::Refused(format!("worker {worker} refused the head: {e}")),
-            transport::Error::Control { status: 400..=499, .. } => FormError::Refused(format!("worker {worker} refused the head: {e}")),
-            e => FormError::Unreachable(format!("worker {worker} is unreachable: {e}")),
-        }
-    }
-}
-
-impl std::fmt::Display for FormError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FormError::Unreachable(e) | FormError::Refused(e) => f.write_str(e),
-        }
-    }
-}
-
 impl RingPipeline {
     /// Gathers every candidate's profile (waiting for workers still starting), takes the
-    /// plan from `cfg.plan` or the planner's strategy, and forms the ring.
-    pub fn connect(file: Arc<ModelFile>, mut cfg: RingConfig, planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline, Box<dyn std::error::Error>> {
-        let rt = crate::serve::ring_runtime()?;
-        let devices = planner.gather(&rt, cfg.startup_wait, None).map_err(|e| e.to_string())?;
+    /// plan from `cfg.pinned` or the planner's strategy, and forms the ring.
+    pub fn connect(file: Arc<ModelFile>, cfg: RingConfig, planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline> {
+        let rt = crate::process::ring_runtime()?;
+        let devices = planner.gather(&rt, cfg.startup_wait, None)?;
         board.gathered(devices.clone());
         let candidates = planner.workers.len();
-        let (plan, members, prediction, source) = match cfg.plan.take() {
+        let (plan, members, prediction, source) = match cfg.pinned.clone() {
             Some(plan) => {
                 if plan.devices.len() != candidates + 1 {
-                    return Err(format!("the plan has {} devices but there are {} workers plus the head", plan.devices.len(), candidates).into());
+                    return Err(Error::Plan(format!("the plan has {} devices but there are {} workers plus the head", plan.devices.len(), candidates)));
                 }
                 let prediction = scheduler::predict(&devices, &planner.model, &plan, planner.options.disk_threshold);
                 (plan, (0..=candidates).collect::<Vec<_>>(), prediction, "windows".to_string())
             }
             None => {
                 let s = planner.schedule(&devices, planner.options.strategy)?;
-                tracing::info!("{}", crate::plan_command::table(&devices, &planner.model, &s, &[]));
+                tracing::info!("{}", super::planning::table(&devices, &planner.model, &s, &[]));
                 (s.plan, s.members, s.prediction, planner.options.strategy.to_string())
             }
         };
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
         let link_config = LinkConfig { send_delay: cfg.hop_delay, ..LinkConfig::default() };
         let server = rt.block_on(LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None))?;
-        cfg.workers = super::planning::addresses(&devices, &members);
-        cfg.plan = Some(plan);
+        let workers = super::planning::addresses(&devices, &members);
         let strategy = (source != "windows").then_some(planner.options.strategy);
         let n_embd = file.spec.n_embd;
-        let meter = RingMeter::new(HEAD_NAME, &cfg.workers);
+        let meter = RingMeter::new(HEAD_NAME, &workers);
         let mut ring = RingPipeline {
             rt,
             stage,
@@ -244,62 +221,60 @@ impl RingPipeline {
             board,
             meter,
             cfg,
+            plan,
+            members: workers,
         };
         ring.publish(&source, Some(&prediction), false);
-        if !ring.cfg.workers.is_empty() {
+        if !ring.members.is_empty() {
             // Workers may still be starting (one compose file per device, started in any
             // order): wait for unreachable ones, but fail at once on a definite refusal.
             let deadline = Instant::now() + ring.cfg.startup_wait;
             ring.links = Some(loop {
                 match ring.form() {
                     Ok(links) => break links,
-                    Err(FormError::Unreachable(e)) if Instant::now() < deadline => {
+                    Err(Error::RingBroken(e)) if Instant::now() < deadline => {
                         tracing::warn!("waiting for the ring: {e}");
                         std::thread::sleep(STARTUP_RETRY);
                     }
-                    Err(e) => return Err(e.to_string().into()),
+                    Err(e) => return Err(e),
                 }
             });
             crate::metrics::ring_formed();
         }
-        tracing::info!(workers = ?ring.cfg.workers, rounds = ring.plan().rounds(), "ring formed");
+        tracing::info!(workers = ?ring.members, rounds = ring.plan.rounds(), "ring formed");
         Ok(ring)
-    }
-
-    fn plan(&self) -> &Plan {
-        self.cfg.plan.as_ref().expect("a running ring has a plan")
     }
 
     /// Shows the running plan on the admin API and the metrics.
     fn publish(&self, source: &str, prediction: Option<&Prediction>, replan: bool) {
         let r = &self.replan;
-        let names: Vec<String> = std::iter::once(HEAD_NAME.to_string()).chain(self.cfg.workers.iter().cloned()).collect();
-        let dropped = r.planner.workers.iter().filter(|w| !self.cfg.workers.contains(w)).cloned().collect();
+        let names: Vec<String> = std::iter::once(HEAD_NAME.to_string()).chain(self.members.iter().cloned()).collect();
+        let dropped = r.planner.workers.iter().filter(|w| !self.members.contains(w)).cloned().collect();
         let judge = board::Judge {
             members: r.members.iter().map(|&m| r.devices[m].clone()).collect(),
             model: r.planner.model.clone(),
-            plan: self.plan().clone(),
+            plan: self.plan.clone(),
             disk_threshold: r.planner.options.disk_threshold,
         };
-        self.board.adopted(board::view(source, r.idle_after.is_some(), self.plan(), &names, prediction, dropped), Some(judge), replan);
+        self.board.adopted(board::view(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped), Some(judge), replan);
     }
 
     /// Runs `plan` from now on, with `members` (indices into the gathered devices; 0 is
     /// the head) in ring order: rebuilds the head's stage and forms the ring again. Every
     /// cache starts empty. A ring that cannot be formed is left broken for `recover`.
-    fn adopt(&mut self, plan: Plan, members: Vec<usize>, source: &str, prediction: &Prediction) -> Result<(), String> {
+    fn adopt(&mut self, plan: Plan, members: Vec<usize>, source: &str, prediction: &Prediction) -> Result<()> {
         self.links = None;
         self.pending_kv.clear();
-        let (stage, layout) = Layout::build(&self.file, &plan, &self.cfg).map_err(|e| e.to_string())?;
+        let (stage, layout) = Layout::build(&self.file, &plan, &self.cfg)?;
         self.stage = stage;
         self.layout = layout;
-        self.cfg.workers = super::planning::addresses(&self.replan.devices, &members);
-        self.meter = RingMeter::new(HEAD_NAME, &self.cfg.workers);
-        self.cfg.plan = Some(plan);
+        self.members = super::planning::addresses(&self.replan.devices, &members);
+        self.meter = RingMeter::new(HEAD_NAME, &self.members);
+        self.plan = plan;
         self.replan.members = members;
         self.publish(source, Some(prediction), true);
-        tracing::info!(workers = ?self.cfg.workers, rounds = self.plan().rounds(), "adopting a new plan");
-        if self.cfg.workers.is_empty() {
+        tracing::info!(workers = ?self.members, rounds = &self.plan.rounds(), "adopting a new plan");
+        if self.members.is_empty() {
             self.broken = None;
             return Ok(());
         }
@@ -311,9 +286,8 @@ impl RingPipeline {
                 Ok(())
             }
             Err(e) => {
-                let e = e.to_string();
                 crate::metrics::ring_broke();
-                self.broken = Some(e.clone());
+                self.broken = Some(e.to_string());
                 Err(e)
             }
         }
@@ -323,14 +297,14 @@ impl RingPipeline {
     /// adopts the new plan if it predicts a real gain — or, when `strategy` names another
     /// strategy than the running plan's, whenever it differs. `Ok(true)`: a plan was
     /// adopted and every cache is empty.
-    fn check_plan(&mut self, forced: bool, strategy: Option<Strategy>) -> Result<bool, String> {
+    fn check_plan(&mut self, forced: bool, strategy: Option<Strategy>) -> Result<bool> {
         let r = &mut self.replan;
         r.last_check = Instant::now();
-        let devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.cfg.workers)).map_err(|e| e.to_string())?;
+        let devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.members))?;
         self.board.gathered(devices.clone());
         let drift = scheduler::drift(&r.devices, &devices, &r.policy);
         // The running members in the fresh list (workers outside the ring may have come or gone).
-        let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or("a member of the ring did not answer")?;
+        let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or_else(|| Error::RingBroken("a member of the ring did not answer".into()))?;
         let mut check = CheckView::new(forced, drift.clone(), String::new());
         if !forced && drift.is_empty() {
             check.reason = "no profile drifted".into();
@@ -339,9 +313,9 @@ impl RingPipeline {
         }
         let strategy_now = strategy.or(r.strategy).unwrap_or(r.planner.options.strategy);
         let candidate = r.planner.schedule(&devices, strategy_now)?;
-        let plan = self.cfg.plan.as_ref().expect("a running ring has a plan");
+        let plan = &self.plan;
         let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &running, plan }, &candidate, &r.policy, r.planner.options.disk_threshold);
-        let same = candidate.plan == *plan && addresses(&devices, &candidate.members) == self.cfg.workers;
+        let same = candidate.plan == *plan && addresses(&devices, &candidate.members) == self.members;
         let switch = strategy.is_some_and(|s| Some(s) != r.strategy) && !same;
         let apply = decision.apply || switch;
         check.applied = apply;
@@ -357,36 +331,36 @@ impl RingPipeline {
             return Ok(false);
         }
         self.replan.strategy = Some(strategy_now);
-        tracing::info!("{}", crate::plan_command::table(&self.replan.devices, &self.replan.planner.model, &candidate, &[]));
+        tracing::info!("{}", super::planning::table(&self.replan.devices, &self.replan.planner.model, &candidate, &[]));
         self.adopt(candidate.plan, candidate.members, strategy_now.as_str(), &candidate.prediction)?;
         Ok(true)
     }
 
     /// Sends every worker its plan, links head -> first worker, waits for the last worker
     /// to link back, and sends a probe frame round to prove the whole ring carries frames.
-    fn form(&mut self) -> Result<Links, FormError> {
+    fn form(&mut self) -> Result<Links, Error> {
         self.step += 1;
         let probe = self.step;
-        let (cfg, server, link_config, fingerprint, head_id) = (&self.cfg, &mut self.server, &self.link_config, &self.fingerprint, &self.id);
+        let (cfg, plan, workers, server, link_config, fingerprint, head_id) = (&self.cfg, &self.plan, &self.members, &mut self.server, &self.link_config, &self.fingerprint, &self.id);
         self.rt.block_on(async {
             // Every worker answers and has our model before any of them (re)builds its
             // stage: a ring that waits for one lost device must not make the others
             // reallocate their caches on every attempt.
-            let mut clients = Vec::with_capacity(cfg.workers.len());
-            for w in &cfg.workers {
-                let client = ControlClient::connect(w, &cfg.secret, link_config).await.map_err(|e| FormError::connecting(w, e))?;
-                let health = client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| FormError::connecting(w, e))?;
+            let mut clients = Vec::with_capacity(workers.len());
+            for w in workers {
+                let client = ControlClient::connect(w, &cfg.secret, link_config).await.map_err(|e| super::connecting(w, e))?;
+                let health = client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| super::connecting(w, e))?;
                 if health["fingerprint"].as_str() != Some(fingerprint.as_str()) {
-                    return Err(FormError::Refused(format!("worker {w} has a different model file (fingerprint {}, the head's is {fingerprint})", health["fingerprint"])));
+                    return Err(Error::RingRefused(format!("worker {w} has a different model file (fingerprint {}, the head's is {fingerprint})", health["fingerprint"])));
                 }
                 clients.push(client);
             }
             let back = cfg.advertise.clone().unwrap_or_else(|| server.local_addr().to_string());
-            for (i, (w, client)) in cfg.workers.iter().zip(&clients).enumerate() {
-                let next = cfg.workers.get(i + 1).cloned().unwrap_or_else(|| back.clone());
+            for (i, (w, client)) in workers.iter().zip(&clients).enumerate() {
+                let next = workers.get(i + 1).cloned().unwrap_or_else(|| back.clone());
                 let wp = WorkerPlan {
                     fingerprint: fingerprint.clone(),
-                    windows: cfg.plan.as_ref().expect("a running ring has a plan").windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect(),
+                    windows: plan.windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect(),
                     next,
                     n_seq: cfg.n_seq,
                     n_ctx_seq: cfg.n_ctx_seq,
@@ -395,8 +369,8 @@ impl RingPipeline {
                     batch_invariant: cfg.batch_invariant,
                     head: head_id.clone(),
                 };
-                let body = serde_json::to_value(&wp).map_err(|e| FormError::Refused(e.to_string()))?;
-                client.call(transport::methods::LOAD_PLAN, &body).await.map_err(|e| FormError::Refused(format!("worker {w} refused the plan: {e}")))?;
+                let body = serde_json::to_value(&wp).map_err(|e| Error::RingRefused(e.to_string()))?;
+                client.call(transport::methods::LOAD_PLAN, &body).await.map_err(|e| Error::RingRefused(format!("worker {w} refused the plan: {e}")))?;
             }
             // Links a half-formed earlier attempt left queued would carry nothing.
             while let Ok(Some(stale)) = tokio::time::timeout(Duration::ZERO, server.accept()).await {
@@ -404,25 +378,25 @@ impl RingPipeline {
             }
             // Connecting to the first worker makes each worker dial its successor; the
             // last one dials back here.
-            let first = &cfg.workers[0];
-            let mut to_first = Link::connect(first, &cfg.secret, link_config).await.map_err(|e| FormError::connecting(first, e))?.sink;
+            let first = &workers[0];
+            let mut to_first = Link::connect(first, &cfg.secret, link_config).await.map_err(|e| super::connecting(first, e))?.sink;
             let mut from_last = tokio::time::timeout(link_config.handshake_timeout * FORM_WAIT_HANDSHAKES, server.accept())
                 .await
-                .map_err(|_| FormError::Refused("the last worker did not connect back to the head (is --ring-listen reachable from it?)".into()))?
-                .ok_or_else(|| FormError::Refused("the head's ring listener closed".into()))?
+                .map_err(|_| Error::RingRefused("the last worker did not connect back to the head (is --ring-listen reachable from it?)".into()))?
+                .ok_or_else(|| Error::RingRefused("the head's ring listener closed".into()))?
                 .stream;
-            from_last.set_peer(cfg.workers.last().map_or("the last worker", String::as_str));
-            to_first.send(&Frame::KvOps { step: probe, ops: Vec::new() }).await.map_err(|e| FormError::Unreachable(e.to_string()))?;
+            from_last.set_peer(workers.last().map_or("the last worker", String::as_str));
+            to_first.send(&Frame::KvOps { step: probe, ops: Vec::new() }).await.map_err(|e| Error::RingBroken(e.to_string()))?;
             match from_last.recv_within(cfg.step_timeout).await {
                 Ok(Some(Frame::KvOps { step, .. })) if step == probe => Ok(Links { to_first, from_last }),
-                Ok(Some(Frame::Error { message, .. })) => Err(FormError::Unreachable(format!("a worker failed the ring probe: {message}"))),
-                Ok(other) => Err(FormError::Unreachable(format!("the ring probe came back as {}", other.map_or("the end of the stream", |f| f.kind_name())))),
-                Err(e) => Err(FormError::Unreachable(format!("the ring probe did not come round: {e}"))),
+                Ok(Some(Frame::Error { message, .. })) => Err(Error::RingBroken(format!("a worker failed the ring probe: {message}"))),
+                Ok(other) => Err(Error::RingBroken(format!("the ring probe came back as {}", other.map_or("the end of the stream", |f| f.kind_name())))),
+                Err(e) => Err(Error::RingBroken(format!("the ring probe did not come round: {e}"))),
             }
         })
     }
 
-    fn hidden(o: StageOutput) -> engine::Result<Vec<f32>> {
+    fn hidden(o: StageOutput) -> Result<Vec<f32>> {
         match o {
             StageOutput::Hidden(h) => Ok(h),
             StageOutput::Logits(_) => Err(ring_err("a middle window returned logits")),
@@ -431,7 +405,7 @@ impl RingPipeline {
 
     /// Sends a frame round the ring (after any pending KV operations) and waits for it to
     /// come back. Any failure breaks the ring: the links are gone until `recover`.
-    fn round_trip(&mut self, frame: Frame) -> engine::Result<Frame> {
+    fn round_trip(&mut self, frame: Frame) -> Result<Frame> {
         let Some(links) = self.links.as_mut() else {
             return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
         };
@@ -464,7 +438,7 @@ impl RingPipeline {
     }
 
     /// The ring is broken: the links are gone until `recover`, and why is kept for /health.
-    fn break_ring(&mut self, why: String) -> engine::Error {
+    fn break_ring(&mut self, why: String) -> Error {
         tracing::error!("ring broken: {why}");
         crate::metrics::ring_broke();
         self.links = None;
@@ -472,7 +446,7 @@ impl RingPipeline {
         ring_err(why)
     }
 
-    fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
+    fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
         if self.layout.workers_compute && self.links.is_none() {
             return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
         }
@@ -531,7 +505,7 @@ impl RingPipeline {
     /// the next request. Any worker's death closes the link back to the head (each member
     /// ends its outgoing link when its incoming one ends, and keep-alive pings end a link
     /// to a frozen one), so a look at that link, without waiting, tells.
-    fn watch_links(&mut self) -> engine::Result<()> {
+    fn watch_links(&mut self) -> Result<()> {
         let Some(links) = self.links.as_mut() else { return Ok(()) };
         let lost = self.rt.block_on(async {
             match tokio::time::timeout(Duration::ZERO, links.from_last.recv()).await {
@@ -559,8 +533,8 @@ impl RingPipeline {
     }
 }
 
-impl Pipeline for RingPipeline {
-    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> engine::Result<Logits> {
+impl crate::runtime::generation::Pipeline for RingPipeline {
+    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
         let started = Instant::now();
         let result = self.forward_ring(batch, tokens);
         // One token of one sequence: the step the cost model predicts.
@@ -593,11 +567,11 @@ impl Pipeline for RingPipeline {
         self.cfg.n_ctx_seq
     }
 
-    fn idle(&mut self, idle_for: Duration) -> engine::Result<bool> {
+    fn idle(&mut self, idle_for: Duration) -> Result<bool> {
         // Before the early return below: a lost worker must show on /health while idle.
         if let Err(e) = self.watch_links() {
             for req in self.board.take_requests() {
-                let _ = req.reply.send(Err(format!("the ring is broken, so it cannot be re-planned now: {e}")));
+                let _ = req.reply.send(Err(ReplanError::Broken(e.to_string())));
             }
             return Err(e);
         }
@@ -610,7 +584,7 @@ impl Pipeline for RingPipeline {
         if self.layout.workers_compute && self.links.is_none() {
             let why = self.broken.clone().unwrap_or_else(|| "the ring is not formed".into());
             for req in requests {
-                let _ = req.reply.send(Err(format!("the ring is broken, so it cannot be re-planned now: {why}")));
+                let _ = req.reply.send(Err(ReplanError::Broken(why.clone())));
             }
             return Ok(false);
         }
@@ -624,7 +598,7 @@ impl Pipeline for RingPipeline {
         }
         let view = self.board.view();
         for req in requests {
-            let _ = req.reply.send(result.as_ref().map(|_| view.clone()).map_err(Clone::clone));
+            let _ = req.reply.send(result.as_ref().map(|_| view.clone()).map_err(|e| ReplanError::Failed(e.to_string())));
         }
         match result {
             Ok(adopted) => Ok(adopted),
@@ -634,7 +608,7 @@ impl Pipeline for RingPipeline {
         }
     }
 
-    fn recover(&mut self) -> engine::Result<bool> {
+    fn recover(&mut self) -> Result<bool> {
         if self.links.is_some() || !self.layout.workers_compute {
             return Ok(false);
         }
@@ -646,15 +620,14 @@ impl Pipeline for RingPipeline {
                 self.pending_kv.clear();
                 self.links = Some(links);
                 self.broken = None;
-                tracing::info!(workers = ?self.cfg.workers, "ring whole again");
+                tracing::info!(workers = ?self.members, "ring whole again");
                 crate::metrics::ring_recovered();
                 Ok(true)
             }
             Err(e) => {
-                let e = e.to_string();
                 tracing::debug!("ring not whole yet: {e}");
-                self.broken = Some(e.clone());
-                Err(ring_err(e))
+                self.broken = Some(e.to_string());
+                Err(e)
             }
         }
     }

@@ -1,4 +1,15 @@
-//! Command-line contract (see DESIGN.md): every flag also reads `HEARTH_<FLAG>`.
+//! The `hearth` commands. This file is the command-line contract (see DESIGN.md: every
+//! flag also reads `HEARTH_<FLAG>`); each command's module parses its flags into the
+//! runtime's or the API's settings and calls them, and holds no serving logic of its own.
+
+pub mod bench;
+pub mod bench_serve;
+pub mod make_model;
+pub mod plan;
+pub mod profile;
+pub mod serve;
+pub mod worker;
+pub mod worker_profile;
 
 use std::path::PathBuf;
 
@@ -336,7 +347,22 @@ pub struct FetchArgs {
     pub dir: Option<PathBuf>,
 }
 
-pub fn fetch_model(args: FetchArgs) -> Result<(), Box<dyn std::error::Error>> {
+/// Runs the command the user asked for.
+pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
+    match cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Worker(args) => worker::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchServe(args) => bench_serve::run(args),
+        Command::FetchModel(args) => fetch_model(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Profile(args) => profile::run(args),
+        Command::MakeModel(args) => make_model::run(args),
+        Command::WorkerProfile(args) => worker_profile::run(args),
+    }
+}
+
+fn fetch_model(args: FetchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let dir = args.dir.unwrap_or_else(default_model::models_dir);
     let path = default_model::ensure_default_model(&dir)?;
     println!("{}", path.display());

@@ -38,13 +38,13 @@ pub fn run(args: BenchServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         crate::cli::Command::Serve(serve) => serve,
         _ => unreachable!("parsed a serve command"),
     };
-    let rt = crate::serve::http_runtime()?;
+    let rt = crate::process::http_runtime()?;
     rt.block_on(async move {
-        let (state, addr) = crate::serve::build(&serve)?;
+        let (state, addr) = crate::cli::serve::build(&serve)?;
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
-        let limits = crate::serve::ConnectionLimits::from_args(&serve);
-        tokio::spawn(crate::serve::serve_api(listener, crate::http::router(state), limits, std::future::pending()));
+        let limits = crate::cli::serve::connection_limits(&serve);
+        tokio::spawn(crate::http::server::serve_api(listener, crate::http::router(state), limits, std::future::pending()));
         let client = reqwest::Client::new();
         println!("model: {}, threads: {threads}, {} tokens per request, {} requests per client", path.display(), args.max_tokens, args.requests);
         println!("engine alone (no HTTP): 1 sequence {engine_one:.1} tokens/s ({:.2} ms/token); {parallel} sequences batched {engine_all:.1} tokens/s ({:.2}x)", engine_tpot.as_secs_f64() * 1e3, engine_all / engine_one);

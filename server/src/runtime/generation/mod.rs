@@ -1,14 +1,16 @@
 //! Generation: validated requests go into a bounded queue; one batching loop, on its own
-//! thread because it owns the engine, admits them into sequence slots, runs one batch per
-//! step across every active sequence, samples each sequence with its own sampler, and
+//! thread because it owns the pipeline, admits them into sequence slots, runs one batch
+//! per step across every active sequence, samples each sequence with its own sampler, and
 //! sends token events back. Nothing here knows about HTTP or OpenAI's JSON.
 
 mod batcher;
 mod logprobs;
+mod pipeline;
 mod request;
 mod speculation;
 mod stop;
 
 pub use batcher::{Batcher, BatcherConfig, SubmitError};
-pub use request::{Event, Finish, GenerationRequest, TokenInfo};
+pub use pipeline::Pipeline;
+pub use request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 pub use speculation::{DraftModel, Proposer};

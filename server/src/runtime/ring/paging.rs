@@ -253,15 +253,3 @@ impl WindowPager {
         })
     }
 }
-
-/// `hearth worker-profile`: asks a worker for its `profile` and prints it.
-pub fn print_worker_profile(args: crate::cli::WorkerProfileArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let secret = super::cluster_secret(args.cluster_secret.as_deref(), &args.worker, super::SecretUser::WorkerProfile { insecure: args.insecure })?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let answer = rt.block_on(async {
-        let client = transport::ControlClient::connect(&args.worker, &secret, &transport::LinkConfig::default()).await?;
-        client.call(transport::methods::PROFILE, &json!({})).await
-    })?;
-    println!("{}", serde_json::to_string_pretty(&answer)?);
-    Ok(())
-}

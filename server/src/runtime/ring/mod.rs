@@ -11,9 +11,11 @@ pub mod planning;
 mod worker;
 
 pub use head::RingPipeline;
-pub use worker::run as run_worker;
+pub use worker::{run as run_worker, WorkerConfig};
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
 
 /// What the head tells a worker at ring formation (control method `load_plan`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,6 +43,16 @@ pub struct WorkerPlan {
     pub batch_invariant: bool,
 }
 
+/// A control call to a worker failed: a 4xx answer or a bad secret is the worker saying no
+/// (waiting does not help); anything else is silence, worth waiting for.
+pub(crate) fn connecting(worker: &str, e: transport::Error) -> Error {
+    match e {
+        transport::Error::Auth { .. } | transport::Error::Secret(_) | transport::Error::Address { .. } => Error::RingRefused(format!("worker {worker} refused the head: {e}")),
+        transport::Error::Control { status: 400..=499, .. } => Error::RingRefused(format!("worker {worker} refused the head: {e}")),
+        e => Error::RingBroken(format!("worker {worker} is unreachable: {e}")),
+    }
+}
+
 /// Applies in-band KV operations to a stage, in order.
 pub(crate) fn apply(stage: &mut engine::Stage, ops: &[transport::KvOp]) {
     for op in ops {
@@ -66,9 +78,9 @@ pub enum SecretUser {
 
 /// The cluster secret from the flags. Without one, only loopback addresses are allowed
 /// (or a worker's `--insecure`), because anyone who can reach a worker could otherwise feed it.
-pub fn cluster_secret(secret: Option<&str>, addr: &str, user: SecretUser) -> Result<transport::ClusterSecret, String> {
+pub fn cluster_secret(secret: Option<&str>, addr: &str, user: SecretUser) -> Result<transport::ClusterSecret, Error> {
     if let Some(s) = secret.filter(|s| !s.is_empty()) {
-        return transport::ClusterSecret::new(s).map_err(|e| e.to_string());
+        return Ok(transport::ClusterSecret::new(s)?);
     }
     let host = addr.trim_start_matches("http://");
     let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
@@ -77,9 +89,9 @@ pub fn cluster_secret(secret: Option<&str>, addr: &str, user: SecretUser) -> Res
     match user {
         _ if loopback => Ok(transport::ClusterSecret::insecure()),
         SecretUser::Worker { insecure: true } | SecretUser::WorkerProfile { insecure: true } => Ok(transport::ClusterSecret::insecure()),
-        SecretUser::Head => Err(format!("{addr} is not a loopback address: a ring beyond this machine needs --cluster-secret, the same on the head and on every worker")),
-        SecretUser::Worker { .. } => Err(format!("{addr} is not a loopback address: set --cluster-secret (or pass --insecure to accept anyone on the network)")),
-        SecretUser::WorkerProfile { .. } => Err(format!("{addr} is not a loopback address: set --cluster-secret to the worker's (or pass --insecure if the worker runs with --insecure)")),
+        SecretUser::Head => Err(Error::Config(format!("{addr} is not a loopback address: a ring beyond this machine needs --cluster-secret, the same on the head and on every worker"))),
+        SecretUser::Worker { .. } => Err(Error::Config(format!("{addr} is not a loopback address: set --cluster-secret (or pass --insecure to accept anyone on the network)"))),
+        SecretUser::WorkerProfile { .. } => Err(Error::Config(format!("{addr} is not a loopback address: set --cluster-secret to the worker's (or pass --insecure if the worker runs with --insecure)"))),
     }
 }
 
@@ -95,11 +107,11 @@ mod tests {
     #[test]
     fn a_missing_secret_is_explained_with_the_flags_the_command_has() {
         let lan = "192.168.1.20:9090";
-        let head = cluster_secret(None, lan, SecretUser::Head).err().unwrap();
+        let head = cluster_secret(None, lan, SecretUser::Head).err().unwrap().to_string();
         assert!(head.contains("--cluster-secret") && !head.contains("--insecure"), "{head}");
-        let worker = cluster_secret(None, lan, SecretUser::Worker { insecure: false }).err().unwrap();
+        let worker = cluster_secret(None, lan, SecretUser::Worker { insecure: false }).err().unwrap().to_string();
         assert!(worker.contains("--cluster-secret") && worker.contains("--insecure"), "{worker}");
-        let profile = cluster_secret(Some(""), lan, SecretUser::WorkerProfile { insecure: false }).err().unwrap();
+        let profile = cluster_secret(Some(""), lan, SecretUser::WorkerProfile { insecure: false }).err().unwrap().to_string();
         assert!(profile.contains("--insecure"), "{profile}");
 
         assert!(cluster_secret(None, lan, SecretUser::Worker { insecure: true }).is_ok());

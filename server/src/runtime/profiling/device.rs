@@ -1,7 +1,6 @@
-//! `hearth profile`: measures this device (engine::profiler) into the scheduler's
-//! `DeviceProfile`, prints it as a table or as JSON that `hearth plan --devices` reads.
-//! The result is cached per device and reused until the hardware, the thread count or
-//! hearth itself changes (`--fresh` measures again).
+//! Measures this device (engine::profiler) into the scheduler's `DeviceProfile`: for
+//! `hearth profile`, for a ring head and for a worker. The result is cached per device and
+//! reused until the hardware, the thread count or hearth itself changes.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use engine::profiler;
 use scheduler::{DeviceProfile, Os, PerQuant};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::ProfileArgs;
+use crate::error::{Error, Result};
 
 /// How long each kernel runs: long enough for a stable rate, short enough that the whole
 /// profile stays within a few seconds.
@@ -26,27 +25,10 @@ struct Cached {
     profile: DeviceProfile,
 }
 
-pub fn run(args: ProfileArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let threads = args.threads.unwrap_or_else(engine::stage::default_threads);
-    let model = match &args.model.model {
-        Some(path) => Some((path.as_path(), engine::ModelFile::open(path)?)),
-        None => None,
-    };
-    let (mut profile, took, disk_dir) = device_profile(threads, model.as_ref().map(|(p, f)| (*p, f)), args.fresh)?;
-    profile.name = args.name.clone().unwrap_or_else(|| hostname().unwrap_or_else(|| "this device".into()));
-    profile.head = args.head;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&profile)?);
-    } else {
-        print!("{}", table(&profile, threads, &disk_dir, took));
-    }
-    Ok(())
-}
-
 /// This device's profile for `model` (its disk and KV size; without one, the models
 /// folder and a typical KV size): from the cache unless `fresh` or stale, else measured
 /// (and how long that took). Also the folder whose disk was measured.
-pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, fresh: bool) -> Result<(DeviceProfile, Option<Duration>, PathBuf), Box<dyn std::error::Error>> {
+pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, fresh: bool) -> Result<(DeviceProfile, Option<Duration>, PathBuf)> {
     let (disk_dir, kv_bytes, key) = target(threads, model)?;
     let cache = cache_path();
     let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten();
@@ -78,7 +60,7 @@ pub fn refresh_memory(p: &mut DeviceProfile) {
     p.swap_available = swap_available as f64;
 }
 
-fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<&std::path::Path>, kv_bytes: usize) -> Result<DeviceProfile, Box<dyn std::error::Error>> {
+fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<&std::path::Path>, kv_bytes: usize) -> Result<DeviceProfile> {
     let rate = |ty| profiler::matvec_flops(ty, threads, KERNEL_TIME);
     let cpu_flops = PerQuant { q4_0: rate(GgmlType::Q4_0)?, q4_1: rate(GgmlType::Q4_1)?, q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)? };
     let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, model, RANDOM_READ_TIME)?;
@@ -118,7 +100,7 @@ fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<&std::path:
 /// counts, the installed memory and the disk the models are on.
 /// What a profile is measured for: the folder whose disk is measured, one token's K and
 /// V of one layer in bytes, and the cache key of the result.
-fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>) -> Result<(PathBuf, usize, String), String> {
+fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>) -> Result<(PathBuf, usize, String)> {
     let (disk_dir, kv_bytes) = match model {
         Some((path, file)) => {
             let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
@@ -126,7 +108,7 @@ fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>)
         }
         None => {
             let dir = engine::default_model::models_dir();
-            std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(&dir).map_err(|e| Error::Profile(format!("cannot create {}: {e}", dir.display())))?;
             (dir, TYPICAL_KV_BYTES)
         }
     };
@@ -146,9 +128,9 @@ const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
 /// engine's measured decode time for them. The kernel benchmarks run on data in cache and
 /// one format at a time; a real layer adds graph overhead, formats priced at a
 /// neighbour's rate (Q5_0 as Q5_K, ...) and norms, RoPE and attention.
-fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::ModelFile, threads: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::ModelFile, threads: usize) -> Result<()> {
     use engine::{BatchToken, Stage, StageConfig, StageInput};
-    let model = crate::model_profile::from_gguf(file, "", CALIBRATION_WARMUP + CALIBRATION_TOKENS / 2);
+    let model = crate::runtime::profiling::model::from_gguf(file, "", CALIBRATION_WARMUP + CALIBRATION_TOKENS / 2);
     let n_layer = model.n_layer.max(1);
     let layers = ((CALIBRATION_BYTES / model.layer_bytes.max(1.0)).ceil() as usize).clamp(1, n_layer);
     // Its own mapping of the file: the caller's stays untouched.
@@ -243,43 +225,20 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
 /// the serving process itself left its OpenMP threads sleeping between the ops of every
 /// later step (measured: 27.9 against 10.4 ms per token on 2 threads), so the kernels run
 /// in a process of their own.
-pub fn serving_profile(threads: usize, path: &std::path::Path, file: &engine::ModelFile) -> Result<DeviceProfile, String> {
+pub fn serving_profile(threads: usize, path: &std::path::Path, file: &engine::ModelFile) -> Result<DeviceProfile> {
     let (_, _, key) = target(threads, Some((path, file)))?;
     if let Some(p) = read_cache(&cache_path(), &key) {
         return Ok(p);
     }
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find the hearth binary to measure this device: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| Error::Profile(format!("cannot find the hearth binary to measure this device: {e}")))?;
     let out = std::process::Command::new(exe)
         .args(["profile", "--json", "--threads", &threads.to_string(), "--model"])
         .arg(path)
         .stderr(std::process::Stdio::inherit())
         .output()
-        .map_err(|e| format!("cannot run hearth profile: {e}"))?;
+        .map_err(|e| Error::Profile(format!("cannot run hearth profile: {e}")))?;
     if !out.status.success() {
-        return Err(format!("hearth profile failed ({})", out.status));
+        return Err(Error::Profile(format!("hearth profile failed ({})", out.status)));
     }
-    serde_json::from_slice(&out.stdout).map_err(|e| format!("hearth profile printed no profile: {e}"))
-}
-
-fn hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
-}
-
-fn table(p: &DeviceProfile, threads: usize, disk_dir: &std::path::Path, took: Option<Duration>) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let source = took.map_or("cached (--fresh measures again)".into(), |t| format!("measured in {:.1} s", t.as_secs_f64()));
-    let _ = writeln!(out, "device {} ({:?}, {threads} threads): {source}\n", p.name, p.os);
-    let _ = writeln!(out, "| measure | value |\n|---|---:|");
-    let f = &p.cpu_flops;
-    for (name, v) in [("Q4_0", f.q4_0), ("Q4_1", f.q4_1), ("Q4_K", f.q4k), ("Q5_K", f.q5k), ("Q6_K", f.q6k), ("Q8_0", f.q8_0), ("F16", f.f16), ("F32", f.f32)] {
-        let _ = writeln!(out, "| CPU matrix x vector, {name} | {:.1} GFLOP/s |", v / 1e9);
-    }
-    let _ = writeln!(out, "| memory read | {:.1} GB/s |", p.cpu_read_bw / 1e9);
-    let _ = writeln!(out, "| KV write, one token of one layer | {:.2} µs |", p.kv_copy_cpu_s * 1e6);
-    let _ = writeln!(out, "| disk sequential read ({}) | {:.0} MB/s |", disk_dir.display(), p.disk_seq_read / 1e6);
-    let _ = writeln!(out, "| disk random 4 KiB read | {:.0} MB/s |", p.disk_rand_read / 1e6);
-    let _ = writeln!(out, "| RAM total / available | {:.1} / {:.1} GB |", p.ram_total / 1e9, p.ram_available / 1e9);
-    let _ = writeln!(out, "| swap free | {:.1} GB |", p.swap_available / 1e9);
-    out
+    serde_json::from_slice(&out.stdout).map_err(|e| Error::Profile(format!("hearth profile printed no profile: {e}")))
 }

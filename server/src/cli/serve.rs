@@ -1,0 +1,125 @@
+//! `hearth serve`: the head node. Turns the flags into the runtime's and the API's
+//! settings, loads the model (fetching the default one on first use), starts the head and
+//! serves the OpenAI API until SIGTERM or Ctrl-C; then it stops taking requests and lets
+//! running ones finish.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::chat_template::ChatTemplate;
+use engine::tokenizer::Tokenizer;
+
+use crate::cli::ServeArgs;
+use crate::http::server::{serve_api, ConnectionLimits};
+use crate::http::{self, AppState};
+use crate::process::{http_runtime, now_secs, shutdown_signal};
+use crate::runtime::ring::{cluster_secret, hop_delay, SecretUser};
+use crate::runtime::{Head, HeadConfig, RingSetup, Runtime, Speculation};
+
+pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // Built before the runtime runs: forming a ring blocks on its own runtime.
+    let (state, addr) = build(&args)?;
+    let rt = http_runtime()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on {addr}: {e}"))?;
+        let signal = shutdown_signal()?;
+        let shutdown = async move {
+            signal.await;
+            tracing::info!("shutting down: finishing running requests");
+        };
+        tracing::info!("hearth listening on http://{}", listener.local_addr()?);
+        let runtime = state.runtime.clone();
+        serve_api(listener, http::router(state), connection_limits(&args), shutdown).await;
+        tokio::task::spawn_blocking(move || runtime.shutdown()).await?;
+        Ok::<(), Box<dyn std::error::Error>>(())
+    })
+}
+
+/// `--max-connections` and `--header-timeout`.
+pub fn connection_limits(args: &ServeArgs) -> ConnectionLimits {
+    ConnectionLimits { max_connections: args.max_connections.max(1), header_timeout: Duration::from_secs(args.header_timeout.max(1)) }
+}
+
+/// Everything `serve` needs before it listens; also used by `bench-serve` and the
+/// in-process tests.
+pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn std::error::Error>> {
+    crate::metrics::install();
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().map_err(|e| format!("invalid --host/--port: {e}"))?;
+    let cfg = head_config(args)?;
+    let tokenizer = Arc::new(Tokenizer::load(&cfg.model)?);
+    let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
+    let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
+    let head = Head::start(&cfg, tokenizer.clone())?;
+    let model_id = args.model_alias.clone().unwrap_or_else(|| cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let arch = engine::ModelFile::open(&cfg.model)?.spec.arch_name;
+    let state = Arc::new(AppState {
+        limits: openapi::Limits { max_n: head.parallel() as u32, ..Default::default() },
+        runtime: Arc::new(head),
+        tokenizer,
+        template_knows_tools: source.contains("tools"),
+        template,
+        fingerprint: format!("hearth-{}-{arch}", env!("CARGO_PKG_VERSION")),
+        model_id,
+        created: now_secs(),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        admin_key: args.admin_key.clone().filter(|k| !k.is_empty()),
+        body_limit: args.body_limit,
+    });
+    Ok((state, addr))
+}
+
+/// The head's settings from the flags: where speculation's drafts come from is decided
+/// here, once.
+pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::Error>> {
+    let speculation = match (args.spec_mode.as_deref(), &args.draft_model) {
+        (Some("ngram"), _) => Some(Speculation::Ngram),
+        (Some("draft") | None, Some(draft)) => Some(Speculation::Draft(draft.clone())),
+        (Some("draft"), None) => return Err("--spec-mode draft needs --draft-model PATH".into()),
+        _ => None,
+    };
+    Ok(HeadConfig {
+        model: args.model.resolve()?,
+        parallel: args.parallel,
+        queue: args.queue_size,
+        max_batch: args.max_batch,
+        n_ctx_seq: args.ctx_size,
+        threads: args.threads.unwrap_or_else(engine::stage::default_threads),
+        speculation,
+        spec_tokens: args.spec_tokens,
+        batch_invariant: args.batch_invariant,
+        ring: ring_setup(args)?,
+    })
+}
+
+fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error::Error>> {
+    if args.workers.is_empty() {
+        return Ok(None);
+    }
+    // A ring's secret, or loopback-only without one: every address must allow it.
+    let mut secret = None;
+    for w in args.workers.iter().chain(std::iter::once(&args.ring_listen)) {
+        secret = Some(cluster_secret(args.cluster_secret.as_deref(), w, SecretUser::Head)?);
+    }
+    let listen: SocketAddr = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
+    let advertise = match args.ring_advertise.as_deref().filter(|a| !a.is_empty()) {
+        Some(a) => Some(a.to_string()),
+        None if listen.ip().is_unspecified() => return Err(format!("--ring-listen {listen} is every interface: say with --ring-advertise HOST:PORT which address the last worker dials").into()),
+        None => None,
+    };
+    Ok(Some(RingSetup {
+        workers: args.workers.clone(),
+        secret: secret.expect("at least one worker"),
+        listen,
+        advertise,
+        windows: (!args.windows.is_empty()).then(|| args.windows.clone()),
+        strategy: args.plan_strategy.parse()?,
+        f16: args.f16_activations,
+        step_timeout: Duration::from_secs(args.ring_timeout.max(1)),
+        prefetch: !args.no_prefetch,
+        startup_wait: Duration::from_secs(args.ring_wait),
+        replan_idle: (args.replan_idle > 0).then(|| Duration::from_secs(args.replan_idle)),
+        hop_delay: hop_delay(args.emulate_hop_ms),
+        release: args.release_windows.then_some(true),
+    }))
+}

@@ -1,0 +1,58 @@
+//! What the batching loop drives: every layer of the model behind one call. The engine's
+//! `LocalPipeline` runs every window on this machine; the ring's head
+//! (`runtime::ring::RingPipeline`) runs some on other devices, which is why this trait
+//! lives here and not in the engine: a pipeline that can lose a member needs `recover`,
+//! and one that re-plans needs `idle`. Tests drive the batcher through a scripted one.
+
+use std::time::Duration;
+
+use engine::{BatchToken, LocalPipeline, Logits, SeqId};
+
+use crate::error::Result;
+
+pub trait Pipeline: Send {
+    /// Runs `batch` (token ids in `tokens`) through every layer; returns the logits of the
+    /// tokens that asked for them. On error no window keeps any of the batch.
+    /// `Error::RingBroken`: a member failed (the requests may be retried once the ring is
+    /// whole); any other error: this machine failed.
+    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits>;
+    /// Forgets a sequence everywhere.
+    fn clear_sequence(&mut self, seq: SeqId);
+    /// Keeps positions [0, len) of a sequence everywhere.
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize);
+    /// Context cells per sequence.
+    fn n_ctx_seq(&self) -> usize;
+    /// Tries to make a pipeline whole again after a step failed because a part of it
+    /// (a ring member) did. `Ok(true)`: it was broken and is whole now, and every
+    /// sequence's cache is empty. `Ok(false)`: nothing was broken. An error says why it is
+    /// still broken. A pipeline on one machine never breaks this way.
+    fn recover(&mut self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Called by the batching loop while no sequence runs and nothing is queued, about
+    /// every 100 ms, with how long that has lasted: the moment for maintenance that would
+    /// stall a step (a ring re-plans then). `Ok(true)`: every sequence's cache was emptied.
+    /// An error says the pipeline is broken now (as a failed step would).
+    fn idle(&mut self, idle_for: Duration) -> Result<bool> {
+        let _ = idle_for;
+        Ok(false)
+    }
+}
+
+impl Pipeline for LocalPipeline {
+    fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
+        Ok(LocalPipeline::forward(self, batch, tokens)?)
+    }
+
+    fn clear_sequence(&mut self, seq: SeqId) {
+        LocalPipeline::clear_sequence(self, seq)
+    }
+
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+        LocalPipeline::truncate_sequence(self, seq, len)
+    }
+
+    fn n_ctx_seq(&self) -> usize {
+        LocalPipeline::n_ctx_seq(self)
+    }
+}

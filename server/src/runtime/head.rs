@@ -1,0 +1,177 @@
+//! The head node's runtime: the model loaded, its pipeline (every layer here, or a ring
+//! with workers), the speculation proposer and the batching loop, behind `Runtime`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::tokenizer::Tokenizer;
+use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
+use transport::ClusterSecret;
+
+use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, Proposer, SubmitError};
+use super::ring::board::{ClusterView, PlanBoard, PlanView, ReplanRequest};
+use super::ring::head::RingConfig;
+use super::ring::planning::Planner;
+use super::{ReplanReply, Runtime};
+use crate::error::{ReplanError, Result};
+
+/// Everything a head needs to start, decided by whoever starts it (the CLI, a test).
+#[derive(Debug, Clone)]
+pub struct HeadConfig {
+    pub model: PathBuf,
+    /// Sequences generated at once.
+    pub parallel: usize,
+    /// Requests that may wait for a slot.
+    pub queue: usize,
+    /// Tokens per step.
+    pub max_batch: usize,
+    /// Context cells per sequence.
+    pub n_ctx_seq: usize,
+    pub threads: usize,
+    pub speculation: Option<Speculation>,
+    /// Most draft tokens per sequence and step.
+    pub spec_tokens: usize,
+    /// Batch-invariant kernels even without speculation (`--batch-invariant`).
+    pub batch_invariant: bool,
+    /// `None`: every layer on this machine.
+    pub ring: Option<RingSetup>,
+}
+
+/// Where speculative drafts come from.
+#[derive(Debug, Clone)]
+pub enum Speculation {
+    /// Continuations of n-grams already in the sequence.
+    Ngram,
+    /// A small model with the same vocabulary.
+    Draft(PathBuf),
+}
+
+/// A ring's settings (`serve --workers ...`).
+#[derive(Debug, Clone)]
+pub struct RingSetup {
+    /// Candidate workers, in ring order; the plan may leave some out.
+    pub workers: Vec<String>,
+    pub secret: ClusterSecret,
+    /// Where the last worker connects back to.
+    pub listen: SocketAddr,
+    /// What the last worker dials to reach `listen`; `None`: `listen` itself.
+    pub advertise: Option<String>,
+    /// Layers per device and round, pinned by the user (`--windows`); `None`: the
+    /// scheduler plans.
+    pub windows: Option<Vec<usize>>,
+    pub strategy: scheduler::Strategy,
+    /// Send hidden states as f16.
+    pub f16: bool,
+    pub step_timeout: Duration,
+    pub prefetch: bool,
+    pub startup_wait: Duration,
+    /// Re-plan by itself after the queue has been idle this long (never with pinned
+    /// windows: a plan the user pinned stays unless they ask for another).
+    pub replan_idle: Option<Duration>,
+    pub hop_delay: Duration,
+    /// `Some(true)`: every device releases its windows after use.
+    pub release: Option<bool>,
+}
+
+/// A running head: the batching loop and the plan board.
+pub struct Head {
+    batcher: Batcher,
+    board: Arc<PlanBoard>,
+    parallel: usize,
+}
+
+impl Head {
+    /// Loads the model and starts the batching loop; with a ring, forms it first (waiting
+    /// up to `startup_wait` for workers that cannot be reached yet).
+    pub fn start(cfg: &HeadConfig, tokenizer: Arc<Tokenizer>) -> Result<Head> {
+        let file = Arc::new(ModelFile::open(&cfg.model)?);
+        let spec = file.spec.clone();
+        let parallel = cfg.parallel.max(1);
+        let max_batch = cfg.max_batch.max(parallel);
+        // Speculation stays exact only if a verified draft computes as it would alone.
+        let batch_invariant = cfg.batch_invariant || cfg.speculation.is_some();
+        let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, ..StageConfig::whole(&spec) };
+        let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
+            Some(ring) => {
+                let pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
+                let replan_idle = if pinned.is_some() { None } else { ring.replan_idle };
+                let ring_cfg = RingConfig {
+                    secret: ring.secret.clone(),
+                    pinned,
+                    listen: ring.listen,
+                    advertise: ring.advertise.clone(),
+                    n_seq: stage.n_seq,
+                    n_ctx_seq: stage.n_ctx_seq,
+                    max_batch: stage.max_batch,
+                    threads: stage.threads,
+                    f16: ring.f16,
+                    step_timeout: ring.step_timeout,
+                    prefetch: ring.prefetch,
+                    startup_wait: ring.startup_wait,
+                    replan_idle,
+                    hop_delay: ring.hop_delay,
+                    release: ring.release,
+                    batch_invariant,
+                };
+                let planner = Planner::new(file.clone(), cfg.model.clone(), ring.workers.clone(), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy);
+                let board = Arc::new(PlanBoard::ring());
+                (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)
+            }
+            None => (Box::new(LocalPipeline::new(vec![Stage::new(file, stage.clone())?])?), Arc::new(PlanBoard::single(spec.n_layer))),
+        };
+        let proposer = match &cfg.speculation {
+            None => None,
+            Some(Speculation::Ngram) => Some(Proposer::Ngram),
+            Some(Speculation::Draft(draft)) => {
+                let model = DraftModel::load(draft, &tokenizer, parallel, stage.n_ctx_seq, max_batch, stage.threads)?;
+                tracing::info!(draft = %draft.display(), "speculative decoding with a draft model");
+                Some(Proposer::Model(Box::new(model)))
+            }
+        };
+        let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens }, proposer);
+        tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = stage.n_ctx_seq, "model loaded");
+        Ok(Head { batcher, board, parallel })
+    }
+}
+
+impl Runtime for Head {
+    fn submit(&self, req: GenerationRequest) -> Result<(), SubmitError> {
+        self.batcher.submit(req)
+    }
+
+    fn has_room(&self) -> Result<(), SubmitError> {
+        self.batcher.has_room()
+    }
+
+    fn n_ctx(&self) -> usize {
+        self.batcher.n_ctx()
+    }
+
+    fn parallel(&self) -> usize {
+        self.parallel
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.batcher.degraded()
+    }
+
+    fn plan(&self) -> PlanView {
+        self.board.view()
+    }
+
+    fn cluster(&self) -> ClusterView {
+        self.board.cluster()
+    }
+
+    fn replan(&self, strategy: Option<scheduler::Strategy>) -> Result<ReplanReply, ReplanError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.board.request(ReplanRequest { strategy, reply })?;
+        Ok(answer)
+    }
+
+    fn shutdown(&self) {
+        self.batcher.shutdown()
+    }
+}
