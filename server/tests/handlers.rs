@@ -1,0 +1,318 @@
+//! The HTTP handlers against a fake runtime: status codes, error envelopes, SSE framing
+//! and the admin endpoints, with no model loaded (the tokenizer and chat template come
+//! from the default model's vocabulary; no weights are read). Each fake answers every
+//! sequence with a script of events, so what the handlers make of each event is checked
+//! exactly.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use engine::chat_template::ChatTemplate;
+use engine::tokenizer::Tokenizer;
+use hearth::error::ReplanError;
+use hearth::http::AppState;
+use hearth::runtime::generation::{Event, Finish, GenerationRequest, SubmitError};
+use hearth::runtime::ring::board::{ClusterView, PlanBoard, PlanView};
+use hearth::runtime::{ReplanReply, Runtime};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+/// What the fake does with a submitted sequence.
+#[derive(Clone)]
+enum Script {
+    /// Sends these events, in order, at once.
+    Events(Vec<ScriptEvent>),
+    /// Refuses it.
+    Refuse(SubmitError),
+}
+
+#[derive(Clone)]
+enum ScriptEvent {
+    Started(usize),
+    Token(&'static str),
+    Done(Finish, usize),
+    Failed(&'static str),
+    Unavailable(&'static str),
+}
+
+struct Fake {
+    script: Script,
+    degraded: Option<String>,
+    /// Every sequence submitted: (prompt length, max_tokens, temperature).
+    seen: Mutex<Vec<(usize, usize, f32)>>,
+    board: PlanBoard,
+}
+
+impl Fake {
+    fn new(script: Script) -> Fake {
+        Fake { script, degraded: None, seen: Mutex::default(), board: PlanBoard::single(30) }
+    }
+}
+
+impl Runtime for Fake {
+    fn submit(&self, req: GenerationRequest) -> Result<(), SubmitError> {
+        self.seen.lock().unwrap().push((req.prompt.len(), req.max_tokens, req.sampling.temperature));
+        let events = match &self.script {
+            Script::Refuse(e) => return Err(e.clone()),
+            Script::Events(e) => e.clone(),
+        };
+        for e in events {
+            let _ = req.events.send(match e {
+                ScriptEvent::Started(cached_tokens) => Event::Started { cached_tokens },
+                ScriptEvent::Token(t) => Event::Token { text: t.into(), info: None },
+                ScriptEvent::Done(finish, completion_tokens) => Event::Done { finish, completion_tokens },
+                ScriptEvent::Failed(m) => Event::Failed(m.into()),
+                ScriptEvent::Unavailable(m) => Event::Unavailable(m.into()),
+            });
+        }
+        Ok(())
+    }
+    fn has_room(&self) -> Result<(), SubmitError> {
+        match &self.script {
+            Script::Refuse(e) => Err(e.clone()),
+            Script::Events(_) => Ok(()),
+        }
+    }
+    fn n_ctx(&self) -> usize {
+        512
+    }
+    fn parallel(&self) -> usize {
+        2
+    }
+    fn degraded(&self) -> Option<String> {
+        self.degraded.clone()
+    }
+    fn plan(&self) -> PlanView {
+        self.board.view()
+    }
+    fn cluster(&self) -> ClusterView {
+        self.board.cluster()
+    }
+    fn replan(&self, _: Option<scheduler::Strategy>) -> Result<ReplanReply, ReplanError> {
+        Err(ReplanError::NotARing)
+    }
+    fn shutdown(&self) {}
+}
+
+fn vocabulary() -> Arc<Tokenizer> {
+    static TOKENIZER: std::sync::OnceLock<Arc<Tokenizer>> = std::sync::OnceLock::new();
+    TOKENIZER.get_or_init(|| Arc::new(Tokenizer::load(common::default_model()).expect("the default model's vocabulary"))).clone()
+}
+
+fn app(fake: Arc<Fake>, admin_key: Option<&str>) -> axum::Router {
+    hearth::metrics::install();
+    let tokenizer = vocabulary();
+    let source = tokenizer.chat_template_source().expect("a chat template");
+    let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text()).unwrap();
+    let state = Arc::new(AppState {
+        runtime: fake,
+        tokenizer,
+        template_knows_tools: source.contains("tools"),
+        template,
+        model_id: "fake".into(),
+        created: 0,
+        fingerprint: "hearth-test".into(),
+        api_key: None,
+        admin_key: admin_key.map(str::to_string),
+        limits: openapi::Limits { max_n: 2, ..Default::default() },
+        body_limit: 1 << 20,
+    });
+    hearth::http::router(state)
+}
+
+fn happy() -> Script {
+    Script::Events(vec![ScriptEvent::Started(3), ScriptEvent::Token("Hel"), ScriptEvent::Token("lo"), ScriptEvent::Done(Finish::Stop, 2)])
+}
+
+async fn call(app: axum::Router, method: &str, path: &str, body: Option<Value>, bearer: Option<&str>) -> (StatusCode, axum::http::HeaderMap, String) {
+    let mut req = Request::builder().method(method).uri(path).header("content-type", "application/json");
+    if let Some(k) = bearer {
+        req = req.header("authorization", format!("Bearer {k}"));
+    }
+    let req = req.body(body.map_or(Body::empty(), |b| Body::from(b.to_string()))).unwrap();
+    let resp = app.oneshot(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts.headers, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+fn chat(extra: Value) -> Value {
+    let mut body = json!({"model": "fake", "messages": [{"role": "user", "content": "Say hello"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+fn completion(extra: Value) -> Value {
+    let mut body = json!({"model": "fake", "prompt": "Say hello"});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// The `data:` payloads of an SSE body; asserts every event is one `data:` line.
+fn sse(body: &str) -> Vec<String> {
+    assert!(body.ends_with("\n\n"), "an SSE body ends with a blank line: {body:?}");
+    body.trim_end().split("\n\n").map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}")).to_string()).collect()
+}
+
+fn envelope(status: StatusCode, body: &str, want: StatusCode, code: Option<&str>) -> Value {
+    assert_eq!(status, want, "{body}");
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(v["error"]["type"].is_string(), "{v}");
+    if let Some(c) = code {
+        assert_eq!(v["error"]["code"], c, "{v}");
+    }
+    v
+}
+
+#[tokio::test]
+async fn a_chat_answer_is_the_scripted_text_with_its_usage() {
+    let fake = Arc::new(Fake::new(happy()));
+    let (status, _, body) = call(app(fake.clone(), None), "POST", "/v1/chat/completions", Some(chat(json!({"max_tokens": 7}))), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+    let seen = fake.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(v["usage"]["prompt_tokens"], seen[0].0);
+    assert_eq!(seen[0].1, 7, "max_tokens reaches the runtime");
+    assert_eq!(seen[0].2, 1.0, "OpenAI's default temperature");
+}
+
+#[tokio::test]
+async fn n_choices_each_get_a_sequence() {
+    let fake = Arc::new(Fake::new(happy()));
+    let (status, _, body) = call(app(fake.clone(), None), "POST", "/v1/chat/completions", Some(chat(json!({"n": 2}))), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+    assert_eq!(fake.seen.lock().unwrap().len(), 2);
+    // More than the runtime generates at once is the client's mistake.
+    let (status, _, body) = call(app(fake, None), "POST", "/v1/chat/completions", Some(chat(json!({"n": 3}))), None).await;
+    envelope(status, &body, StatusCode::BAD_REQUEST, None);
+}
+
+#[tokio::test]
+async fn chat_and_completion_streams_are_framed_alike() {
+    for (path, body) in [("/v1/chat/completions", chat(json!({"stream": true, "stream_options": {"include_usage": true}}))), ("/v1/completions", completion(json!({"stream": true, "stream_options": {"include_usage": true}})))] {
+        let fake = Arc::new(Fake::new(happy()));
+        let (status, headers, text) = call(app(fake, None), "POST", path, Some(body), None).await;
+        assert_eq!(status, StatusCode::OK, "{path}: {text}");
+        assert!(headers["content-type"].to_str().unwrap().starts_with("text/event-stream"), "{path}");
+        let events = sse(&text);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{path}: {events:?}");
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+        let text_of = |c: &Value| c["choices"][0]["delta"]["content"].as_str().or(c["choices"][0]["text"].as_str()).unwrap_or("").to_string();
+        let streamed: String = chunks.iter().map(text_of).collect();
+        assert_eq!(streamed, "Hello", "{path}");
+        let finishes: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["finish_reason"].is_string()).collect();
+        assert_eq!(finishes.len(), 1, "{path}: one finish chunk");
+        assert_eq!(finishes[0]["choices"][0]["finish_reason"], "stop", "{path}");
+        // The usage chunk comes last, with no choices, and counts the cached prompt tokens.
+        let usage = chunks.last().unwrap();
+        assert_eq!(usage["choices"].as_array().map(Vec::len), Some(0), "{path}: {usage}");
+        assert_eq!(usage["usage"]["completion_tokens"], 2, "{path}: {usage}");
+        assert_eq!(usage["usage"]["prompt_tokens_details"]["cached_tokens"], 3, "{path}: {usage}");
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_is_429_with_retry_after_and_no_sequence_submitted() {
+    let fake = Arc::new(Fake::new(Script::Refuse(SubmitError::QueueFull)));
+    for (path, body) in [("/v1/chat/completions", chat(json!({}))), ("/v1/completions", completion(json!({})))] {
+        let (status, headers, text) = call(app(fake.clone(), None), "POST", path, Some(body), None).await;
+        envelope(status, &text, StatusCode::TOO_MANY_REQUESTS, Some("rate_limit_exceeded"));
+        assert!(headers.contains_key("retry-after"), "{path}");
+    }
+    assert!(fake.seen.lock().unwrap().is_empty(), "refused before preparation: nothing reached submit");
+}
+
+#[tokio::test]
+async fn a_lost_ring_member_is_503_and_shows_on_health() {
+    let mut fake = Fake::new(Script::Refuse(SubmitError::Unavailable("worker 10.0.0.2:9090 is unreachable".into())));
+    fake.degraded = Some("worker 10.0.0.2:9090 is unreachable".into());
+    let app = app(Arc::new(fake), None);
+    let (status, _, text) = call(app.clone(), "POST", "/v1/chat/completions", Some(chat(json!({}))), None).await;
+    let v = envelope(status, &text, StatusCode::SERVICE_UNAVAILABLE, Some("ring_unavailable"));
+    assert!(v["error"]["message"].as_str().unwrap().contains("10.0.0.2:9090"), "{v}");
+    let (status, _, text) = call(app, "GET", "/health", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["status"], "degraded");
+    assert!(v["reason"].as_str().unwrap().contains("10.0.0.2"), "{v}");
+}
+
+#[tokio::test]
+async fn an_engine_failure_is_a_generic_500_and_a_member_failure_a_503() {
+    let failed = Script::Events(vec![ScriptEvent::Started(0), ScriptEvent::Token("Hel"), ScriptEvent::Failed("ggml aborted: secret detail")]);
+    let (status, _, text) = call(app(Arc::new(Fake::new(failed)), None), "POST", "/v1/chat/completions", Some(chat(json!({}))), None).await;
+    let v = envelope(status, &text, StatusCode::INTERNAL_SERVER_ERROR, None);
+    assert!(!text.contains("secret detail"), "internal details stay in the log: {v}");
+    let lost = Script::Events(vec![ScriptEvent::Started(0), ScriptEvent::Unavailable("worker w2 closed the ring link")]);
+    let (status, _, text) = call(app(Arc::new(Fake::new(lost)), None), "POST", "/v1/completions", Some(completion(json!({}))), None).await;
+    envelope(status, &text, StatusCode::SERVICE_UNAVAILABLE, Some("ring_unavailable"));
+}
+
+#[tokio::test]
+async fn a_failure_mid_stream_ends_the_stream_with_an_error_event() {
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let failed = Script::Events(vec![ScriptEvent::Started(0), ScriptEvent::Token("Hel"), ScriptEvent::Unavailable("worker w2 closed the ring link")]);
+        let body = if path.contains("chat") { chat(json!({"stream": true})) } else { completion(json!({"stream": true})) };
+        let (status, _, text) = call(app(Arc::new(Fake::new(failed)), None), "POST", path, Some(body), None).await;
+        assert_eq!(status, StatusCode::OK, "the stream had started: {text}");
+        let events = sse(&text);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{path}: {events:?}");
+        let error: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        assert_eq!(error["error"]["code"], "ring_unavailable", "{path}: {error}");
+        assert!(events.iter().all(|e| !e.contains("\"finish_reason\":\"stop\"")), "{path}: a failed choice does not finish normally: {events:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_admin_endpoints_are_guarded_and_answer_typed_refusals() {
+    let fake = Arc::new(Fake::new(happy()));
+    let (status, _, text) = call(app(fake.clone(), None), "GET", "/admin/plan", None, None).await;
+    envelope(status, &text, StatusCode::FORBIDDEN, Some("admin_disabled"));
+    let app = app(fake, Some("k"));
+    let (status, _, text) = call(app.clone(), "GET", "/admin/plan", None, Some("wrong")).await;
+    envelope(status, &text, StatusCode::UNAUTHORIZED, Some("invalid_admin_key"));
+    let (status, _, text) = call(app.clone(), "GET", "/admin/plan", None, Some("k")).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let plan: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(plan["source"], "single", "{plan}");
+    let (status, _, text) = call(app.clone(), "POST", "/admin/replan", None, Some("k")).await;
+    let v = envelope(status, &text, StatusCode::CONFLICT, Some("conflict"));
+    assert!(v["error"]["message"].as_str().unwrap().contains("--workers"), "{v}");
+    let (status, _, text) = call(app, "POST", "/admin/replan", Some(json!({"strategy": "no-such"})), Some("k")).await;
+    envelope(status, &text, StatusCode::BAD_REQUEST, None);
+}
+
+#[tokio::test]
+async fn bad_requests_never_reach_the_runtime() {
+    let fake = Arc::new(Fake::new(happy()));
+    let app = app(fake.clone(), None);
+    let cases = [
+        ("/v1/chat/completions", json!({"model": "fake", "messages": []}), StatusCode::BAD_REQUEST),
+        ("/v1/chat/completions", json!({"model": "other", "messages": [{"role": "user", "content": "x"}]}), StatusCode::NOT_FOUND),
+        ("/v1/chat/completions", json!({"model": "fake", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}), StatusCode::BAD_REQUEST),
+        ("/v1/completions", json!({"model": "fake", "prompt": "x".repeat(8000)}), StatusCode::BAD_REQUEST),
+        ("/v1/nothing", json!({}), StatusCode::NOT_FOUND),
+    ];
+    for (path, body, want) in cases {
+        let (status, _, text) = call(app.clone(), "POST", path, Some(body.clone()), None).await;
+        envelope(status, &text, want, None);
+    }
+    assert!(fake.seen.lock().unwrap().is_empty());
+}
