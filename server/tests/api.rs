@@ -517,17 +517,15 @@ async fn health_answers_while_large_requests_are_prepared() {
             })
         })
         .collect();
-    let started = std::time::Instant::now();
-    let mut slowest = Duration::ZERO;
-    let mut polls = 0;
+    // /health answers counted only when some preparation was still running after them.
+    let mut answered_while_busy = 0;
     while !heavy.iter().all(|h| h.is_finished()) {
-        let t = std::time::Instant::now();
         assert_eq!(s.get("/health").await.status(), 200);
-        slowest = slowest.max(t.elapsed());
-        polls += 1;
+        if !heavy.iter().all(|h| h.is_finished()) {
+            answered_while_busy += 1;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let busy = started.elapsed();
     let answers: Vec<(u16, String)> = futures::future::join_all(heavy).await.into_iter().map(Result::unwrap).collect();
     let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
     for (status, body) in &answers {
@@ -536,10 +534,9 @@ async fn health_answers_while_large_requests_are_prepared() {
     // The long prompt and the tool's description (in the system prompt) do not fit the
     // 1024-token context: refused, but only after tokenizing and converting.
     assert_eq!(statuses, [200, 400, 400].repeat(3));
-    eprintln!("{polls} /health polls during {busy:?} of preparation: slowest {slowest:?}");
-    // Not a benchmark: with preparation on the HTTP threads, /health waited for whole
-    // conversions (up to minutes before the caps).
-    assert!(slowest < Duration::from_secs(2), "/health took {slowest:?} while requests were prepared");
+    // With preparation on the HTTP threads, /health waited for whole conversions (up to
+    // minutes before the caps): no answer came while any was still running.
+    assert!(answered_while_busy > 0, "/health never answered while requests were being prepared");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -241,7 +241,6 @@ mod tests {
         const MB: usize = 1 << 20;
         let stops: Vec<String> = vec!["ab".repeat(MB / 2 - 1) + "ac", "x".repeat(MB), "é".repeat(MB / 2), "東".repeat(MB / 3)];
         let mut m = StopMatcher::new(stops);
-        let started = std::time::Instant::now();
         let mut emitted = 0;
         for _ in 0..50_000 {
             let (out, hit) = m.push("ab");
@@ -256,8 +255,8 @@ mod tests {
             let (_, hit) = m.push(" y");
             assert!(!hit);
         }
-        // Generous: the old matcher would take hours on this; a slow debug build takes seconds.
-        assert!(started.elapsed() < std::time::Duration::from_secs(60), "{:?}", started.elapsed());
+        // The old matcher would take hours on this (the harness's timeout catches that); the
+        // time it takes now is measured in docs/robustness.md, not asserted.
     }
 }
 
