@@ -67,6 +67,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
     let usage_field = if include_usage { Some(None) } else { None };
     let mut offsets: Vec<usize> = echoes.iter().map(String::len).collect();
     let mut completion = 0;
+    let mut cached = 0;
     let mut finished = 0;
     let mut failed = false;
     let head: Vec<SseEvent> = echoes
@@ -81,7 +82,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
             return futures::stream::iter(out);
         }
         match ev {
-            Event::Started { .. } => {}
+            Event::Started { cached_tokens } => cached = cached.max(cached_tokens),
             Event::Token { text, info } => {
                 if !text.is_empty() || info.is_some() {
                     let lp = logprobs.map(|_| legacy_logprobs(info.as_slice(), offsets[i]));
@@ -95,7 +96,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
                 out.push(chunk(vec![CompletionChunkChoice { text: String::new(), index: i as u32, logprobs: None, finish_reason: Some(finish_reason(finish)) }], usage_field));
                 if finished == total {
                     if include_usage {
-                        out.push(chunk(vec![], Some(Some(Usage::new(prompt_tokens as u32, completion as u32)))));
+                        out.push(chunk(vec![], Some(Some(Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached as u32 }), ..Usage::new(prompt_tokens as u32, completion as u32) }))));
                     }
                     out.push(SseEvent::default().data("[DONE]"));
                 }

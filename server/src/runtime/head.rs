@@ -1,18 +1,16 @@
 //! The head node's runtime: the model loaded, its pipeline (every layer here, or a ring
 //! with workers), the speculation proposer and the batching loop, behind `Runtime`.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use engine::tokenizer::Tokenizer;
 use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
-use transport::ClusterSecret;
 
 use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, Proposer, SubmitError};
 use super::ring::board::{ClusterView, PlanBoard, PlanView, ReplanRequest};
 use super::ring::head::RingConfig;
+use super::ring::RingSetup;
 use super::ring::planning::Planner;
 use super::{ReplanReply, Runtime};
 use crate::error::{ReplanError, Result};
@@ -48,32 +46,6 @@ pub enum Speculation {
     Draft(PathBuf),
 }
 
-/// A ring's settings (`serve --workers ...`).
-#[derive(Debug, Clone)]
-pub struct RingSetup {
-    /// Candidate workers, in ring order; the plan may leave some out.
-    pub workers: Vec<String>,
-    pub secret: ClusterSecret,
-    /// Where the last worker connects back to.
-    pub listen: SocketAddr,
-    /// What the last worker dials to reach `listen`; `None`: `listen` itself.
-    pub advertise: Option<String>,
-    /// Layers per device and round, pinned by the user (`--windows`); `None`: the
-    /// scheduler plans.
-    pub windows: Option<Vec<usize>>,
-    pub strategy: scheduler::Strategy,
-    /// Send hidden states as f16.
-    pub f16: bool,
-    pub step_timeout: Duration,
-    pub prefetch: bool,
-    pub startup_wait: Duration,
-    /// Re-plan by itself after the queue has been idle this long (never with pinned
-    /// windows: a plan the user pinned stays unless they ask for another).
-    pub replan_idle: Option<Duration>,
-    pub hop_delay: Duration,
-    /// `Some(true)`: every device releases its windows after use.
-    pub release: Option<bool>,
-}
 
 /// A running head: the batching loop and the plan board.
 pub struct Head {
@@ -96,25 +68,9 @@ impl Head {
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
                 let pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
-                let replan_idle = if pinned.is_some() { None } else { ring.replan_idle };
-                let ring_cfg = RingConfig {
-                    secret: ring.secret.clone(),
-                    pinned,
-                    listen: ring.listen,
-                    advertise: ring.advertise.clone(),
-                    n_seq: stage.n_seq,
-                    n_ctx_seq: stage.n_ctx_seq,
-                    max_batch: stage.max_batch,
-                    threads: stage.threads,
-                    f16: ring.f16,
-                    step_timeout: ring.step_timeout,
-                    prefetch: ring.prefetch,
-                    startup_wait: ring.startup_wait,
-                    replan_idle,
-                    hop_delay: ring.hop_delay,
-                    release: ring.release,
-                    batch_invariant,
-                };
+                // A plan the user pinned stays unless they ask for another.
+                let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
+                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant };
                 let planner = Planner::new(file.clone(), cfg.model.clone(), ring.workers.clone(), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy);
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)

@@ -8,7 +8,8 @@ pub mod head;
 pub mod profiling;
 pub mod ring;
 
-pub use head::{Head, HeadConfig, RingSetup, Speculation};
+pub use head::{Head, HeadConfig, Speculation};
+pub use ring::RingSetup;
 
 use crate::error::ReplanError;
 use generation::{GenerationRequest, SubmitError};

@@ -12,18 +12,17 @@
 //! new schedule predicts a real gain, or when `POST /admin/replan` asks. Adopting a plan
 //! rebuilds the head's stage and forms the ring again with the members it keeps.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::{BatchToken, Logits, ModelFile, SeqId, Stage, StageConfig, StageInput, StageOutput};
 use scheduler::{DeviceProfile, Plan, Prediction, ReplanPolicy, Strategy};
-use transport::{Activations, ClusterSecret, ControlClient, Dtype, Frame, FrameSink, FrameStream, KvOp, Link, LinkConfig, LinkServer, TokenMeta};
+use transport::{Activations, ControlClient, Dtype, Frame, FrameSink, FrameStream, KvOp, Link, LinkConfig, LinkServer, TokenMeta};
 
 use super::board::{self, CheckView, PlanBoard};
 use super::paging::WindowPager;
 use super::planning::{addresses, Planner, HEAD_NAME};
-use super::WorkerPlan;
+use super::{RingSetup, WorkerPlan};
 use crate::error::{Error, ReplanError, Result};
 use crate::metrics::RingMeter;
 
@@ -79,35 +78,17 @@ struct Links {
     from_last: FrameStream,
 }
 
-/// The ring's settings, fixed for the life of the head.
+/// The ring's settings, fixed for the life of the head: what the user set, the stage's
+/// shape every member builds, and the plan if the user pinned one.
 pub struct RingConfig {
-    pub secret: ClusterSecret,
+    pub setup: RingSetup,
     /// The plan pinned by `--windows` (the head and every candidate), or `None` to let the
     /// planner's strategy choose.
     pub pinned: Option<Plan>,
-    /// Where the last worker connects back to; its host must be reachable from it.
-    pub listen: SocketAddr,
-    /// What the last worker dials to reach `listen`; `None`: `listen` itself (with the
-    /// port the system chose).
-    pub advertise: Option<String>,
     pub n_seq: usize,
     pub n_ctx_seq: usize,
     pub max_batch: usize,
     pub threads: usize,
-    pub f16: bool,
-    /// Longest wait for a frame to come round the ring (one round of one step).
-    pub step_timeout: Duration,
-    /// Read the head's next window ahead while the workers compute.
-    pub prefetch: bool,
-    /// How long to wait at start for workers that cannot be reached yet.
-    pub startup_wait: Duration,
-    /// Re-plan by itself after the queue has been idle this long (`--replan-idle`).
-    pub replan_idle: Option<Duration>,
-    /// Added to every frame the head sends (`--emulate-hop-ms`, benchmarks only).
-    pub hop_delay: Duration,
-    /// `Some(true)`: every device releases its windows after use (`--release-windows`);
-    /// `None`: each decides from the memory it may use.
-    pub release: Option<bool>,
     /// Every member computes with batch-invariant kernels (speculation is on).
     pub batch_invariant: bool,
 }
@@ -153,7 +134,7 @@ impl Layout {
             StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true, batch_invariant: cfg.batch_invariant },
         )?;
         // Made after the stage, so the stage's own memory counts against the budget.
-        let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.prefetch, cfg.release));
+        let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.setup.prefetch, cfg.setup.release));
         if let Some(p) = &pager {
             tracing::info!("head windows: {}", p.describe());
         }
@@ -178,7 +159,7 @@ impl RingPipeline {
     /// plan from `cfg.pinned` or the planner's strategy, and forms the ring.
     pub fn connect(file: Arc<ModelFile>, cfg: RingConfig, planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline> {
         let rt = crate::process::ring_runtime()?;
-        let devices = planner.gather(&rt, cfg.startup_wait, None)?;
+        let devices = planner.gather(&rt, cfg.setup.startup_wait, None)?;
         board.gathered(devices.clone());
         let candidates = planner.workers.len();
         let (plan, members, prediction, source) = match cfg.pinned.clone() {
@@ -196,8 +177,8 @@ impl RingPipeline {
             }
         };
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
-        let link_config = LinkConfig { send_delay: cfg.hop_delay, ..LinkConfig::default() };
-        let server = rt.block_on(LinkServer::bind(cfg.listen, cfg.secret.clone(), link_config.clone(), None))?;
+        let link_config = LinkConfig { send_delay: cfg.setup.hop_delay, ..LinkConfig::default() };
+        let server = rt.block_on(LinkServer::bind(cfg.setup.listen, cfg.setup.secret.clone(), link_config.clone(), None))?;
         let workers = super::planning::addresses(&devices, &members);
         let strategy = (source != "windows").then_some(planner.options.strategy);
         let n_embd = file.spec.n_embd;
@@ -216,8 +197,8 @@ impl RingPipeline {
             pending_kv: Vec::new(),
             step: 0,
             n_embd,
-            dtype: if cfg.f16 { Dtype::F16 } else { Dtype::F32 },
-            replan: Replanning { idle_after: cfg.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
+            dtype: if cfg.setup.f16 { Dtype::F16 } else { Dtype::F32 },
+            replan: Replanning { idle_after: cfg.setup.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
             board,
             meter,
             cfg,
@@ -228,7 +209,7 @@ impl RingPipeline {
         if !ring.members.is_empty() {
             // Workers may still be starting (one compose file per device, started in any
             // order): wait for unreachable ones, but fail at once on a definite refusal.
-            let deadline = Instant::now() + ring.cfg.startup_wait;
+            let deadline = Instant::now() + ring.cfg.setup.startup_wait;
             ring.links = Some(loop {
                 match ring.form() {
                     Ok(links) => break links,
@@ -348,14 +329,14 @@ impl RingPipeline {
             // reallocate their caches on every attempt.
             let mut clients = Vec::with_capacity(workers.len());
             for w in workers {
-                let client = ControlClient::connect(w, &cfg.secret, link_config).await.map_err(|e| super::connecting(w, e))?;
+                let client = ControlClient::connect(w, &cfg.setup.secret, link_config).await.map_err(|e| super::connecting(w, e))?;
                 let health = client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| super::connecting(w, e))?;
                 if health["fingerprint"].as_str() != Some(fingerprint.as_str()) {
                     return Err(Error::RingRefused(format!("worker {w} has a different model file (fingerprint {}, the head's is {fingerprint})", health["fingerprint"])));
                 }
                 clients.push(client);
             }
-            let back = cfg.advertise.clone().unwrap_or_else(|| server.local_addr().to_string());
+            let back = cfg.setup.advertise.clone().unwrap_or_else(|| server.local_addr().to_string());
             for (i, (w, client)) in workers.iter().zip(&clients).enumerate() {
                 let next = workers.get(i + 1).cloned().unwrap_or_else(|| back.clone());
                 let wp = WorkerPlan {
@@ -365,7 +346,7 @@ impl RingPipeline {
                     n_seq: cfg.n_seq,
                     n_ctx_seq: cfg.n_ctx_seq,
                     max_batch: cfg.max_batch,
-                    release: cfg.release,
+                    release: cfg.setup.release,
                     batch_invariant: cfg.batch_invariant,
                     head: head_id.clone(),
                 };
@@ -379,7 +360,7 @@ impl RingPipeline {
             // Connecting to the first worker makes each worker dial its successor; the
             // last one dials back here.
             let first = &workers[0];
-            let mut to_first = Link::connect(first, &cfg.secret, link_config).await.map_err(|e| super::connecting(first, e))?.sink;
+            let mut to_first = Link::connect(first, &cfg.setup.secret, link_config).await.map_err(|e| super::connecting(first, e))?.sink;
             let mut from_last = tokio::time::timeout(link_config.handshake_timeout * FORM_WAIT_HANDSHAKES, server.accept())
                 .await
                 .map_err(|_| Error::RingRefused("the last worker did not connect back to the head (is --ring-listen reachable from it?)".into()))?
@@ -387,7 +368,7 @@ impl RingPipeline {
                 .stream;
             from_last.set_peer(workers.last().map_or("the last worker", String::as_str));
             to_first.send(&Frame::KvOps { step: probe, ops: Vec::new() }).await.map_err(|e| Error::RingBroken(e.to_string()))?;
-            match from_last.recv_within(cfg.step_timeout).await {
+            match from_last.recv_within(cfg.setup.step_timeout).await {
                 Ok(Some(Frame::KvOps { step, .. })) if step == probe => Ok(Links { to_first, from_last }),
                 Ok(Some(Frame::Error { message, .. })) => Err(Error::RingBroken(format!("a worker failed the ring probe: {message}"))),
                 Ok(other) => Err(Error::RingBroken(format!("the ring probe came back as {}", other.map_or("the end of the stream", |f| f.kind_name())))),
@@ -410,7 +391,7 @@ impl RingPipeline {
             return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
         };
         let kv = (!self.pending_kv.is_empty()).then(|| Frame::KvOps { step: self.step, ops: std::mem::take(&mut self.pending_kv) });
-        let timeout = self.cfg.step_timeout;
+        let timeout = self.cfg.setup.step_timeout;
         let started = std::time::Instant::now();
         let result = self.rt.block_on(async {
             if let Some(kv) = &kv {

@@ -13,9 +13,41 @@ mod worker;
 pub use head::RingPipeline;
 pub use worker::{run as run_worker, WorkerConfig};
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
+use transport::ClusterSecret;
 
 use crate::error::Error;
+
+/// A ring's settings (`serve --workers ...`).
+#[derive(Debug, Clone)]
+pub struct RingSetup {
+    /// Candidate workers, in ring order; the plan may leave some out.
+    pub workers: Vec<String>,
+    pub secret: ClusterSecret,
+    /// Where the last worker connects back to.
+    pub listen: SocketAddr,
+    /// What the last worker dials to reach `listen`; `None`: `listen` itself.
+    pub advertise: Option<String>,
+    /// Layers per device and round, pinned by the user (`--windows`); `None`: the
+    /// scheduler plans.
+    pub windows: Option<Vec<usize>>,
+    pub strategy: scheduler::Strategy,
+    /// Send hidden states as f16.
+    pub f16: bool,
+    pub step_timeout: Duration,
+    pub prefetch: bool,
+    pub startup_wait: Duration,
+    /// Re-plan by itself after the queue has been idle this long (never with pinned
+    /// windows: a plan the user pinned stays unless they ask for another).
+    pub replan_idle: Option<Duration>,
+    /// Added to every frame the head sends (`--emulate-hop-ms`, benchmarks only).
+    pub hop_delay: Duration,
+    /// `Some(true)`: every device releases its windows after use.
+    pub release: Option<bool>,
+}
 
 /// What the head tells a worker at ring formation (control method `load_plan`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,8 +128,8 @@ pub fn cluster_secret(secret: Option<&str>, addr: &str, user: SecretUser) -> Res
 }
 
 /// `--emulate-hop-ms` as a delay (negative or non-finite: none).
-pub fn hop_delay(ms: f64) -> std::time::Duration {
-    std::time::Duration::try_from_secs_f64(ms / 1e3).unwrap_or_default()
+pub fn hop_delay(ms: f64) -> Duration {
+    Duration::try_from_secs_f64(ms / 1e3).unwrap_or_default()
 }
 
 #[cfg(test)]

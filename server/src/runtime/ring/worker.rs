@@ -271,9 +271,12 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
     }
 }
 
+/// Why a link ends when the head sent another plan meanwhile.
+const REPLACED: &str = "a newer plan replaced this link";
+
 /// Frames from the predecessor: compute what is ours, pass everything on in order. Runs
 /// on the ring thread; returns a newer link if one arrives meanwhile.
-async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedReceiver<Link>) -> Result<Option<Link>, String> {
+async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedReceiver<Link>) -> Result<Option<Link>> {
     let state = &cx.worker;
     let (next, generation) = {
         let mut s = state.meta();
@@ -281,33 +284,33 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
         (s.next.clone(), s.generation)
     };
     let _live = LiveLink(state.clone(), generation);
-    let next = next.ok_or("a head linked before sending a plan")?;
-    let mut out = Link::connect(&next, &cx.secret, &cx.config).await.map_err(|e| e.to_string())?;
+    let next = next.ok_or_else(|| Error::RingRefused("a head linked before sending a plan".into()))?;
+    let mut out = Link::connect(&next, &cx.secret, &cx.config).await?;
     // When this worker last handed on its output: the wait for the next input starts then.
     let mut last_sent: Option<Instant> = None;
     loop {
         let frame = tokio::select! {
             biased;
             newer = links.recv() => return Ok(newer),
-            frame = link.stream.recv() => frame.map_err(|e| e.to_string())?,
+            frame = link.stream.recv() => frame?,
         };
         let Some(frame) = frame else { return Ok(None) };
         if state.meta().generation != generation {
-            return Err("a newer plan replaced this link".into());
+            return Err(Error::RingBroken(REPLACED.into()));
         }
         let reply = match frame {
             Frame::Activations(activations) => {
                 let waited = last_sent.map(|t| t.elapsed());
                 // Blocking here is right: this is the ring thread, not a runtime worker.
                 let reply = compute(state, activations, waited, generation);
-                out.sink.send(&reply).await.map_err(|e| e.to_string())?;
+                out.sink.send(&reply).await?;
                 last_sent = Some(Instant::now());
                 continue;
             }
             Frame::KvOps { step, ops } => {
                 let mut c = state.compute();
                 if c.generation != generation {
-                    return Err("a newer plan replaced this link".into());
+                    return Err(Error::RingBroken(REPLACED.into()));
                 }
                 if let Some(stage) = c.stage.as_mut() {
                     apply(stage, &ops);
@@ -316,7 +319,7 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
             }
             other => other,
         };
-        out.sink.send(&reply).await.map_err(|e| e.to_string())?;
+        out.sink.send(&reply).await?;
     }
 }
 
@@ -324,7 +327,7 @@ fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation:
     let mut guard = state.compute();
     let s = &mut *guard;
     if s.generation != generation {
-        return Frame::Error { step: a.step, message: "a newer plan replaced this link".into() };
+        return Frame::Error { step: a.step, message: REPLACED.into() };
     }
     let Some(stage) = s.stage.as_mut() else {
         if s.relay {
