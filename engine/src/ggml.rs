@@ -18,6 +18,29 @@ pub enum Device {
 pub const F16_ZERO: u16 = 0x0000;
 pub const F16_NEG_INF: u16 = 0xFC00;
 
+/// ggml contexts and backend buffers owned together: the buffers hold the data of the
+/// contexts' tensors, so they are freed first, then the contexts, each exactly once.
+#[derive(Default)]
+pub struct Allocations {
+    pub contexts: Vec<*mut sys::ggml_context>,
+    pub buffers: Vec<sys::ggml_backend_buffer_t>,
+}
+
+impl Drop for Allocations {
+    fn drop(&mut self) {
+        // SAFETY: each pointer came from ggml, is owned by this value alone and is freed
+        // exactly once here.
+        unsafe {
+            for b in self.buffers.drain(..) {
+                sys::ggml_backend_buffer_free(b);
+            }
+            for c in self.contexts.drain(..) {
+                sys::ggml_free(c);
+            }
+        }
+    }
+}
+
 /// A ggml context that allocates no tensor data, only the metadata of `n_tensors`
 /// tensors (data comes from a backend buffer or the model mapping).
 pub fn new_meta_context(n_tensors: usize) -> Result<*mut sys::ggml_context> {

@@ -33,8 +33,8 @@ pub struct KvCache {
     pub capacity: usize,
     slots: Vec<Option<SeqId>>,
     seqs: HashMap<SeqId, SeqState>,
-    contexts: Vec<*mut sys::ggml_context>,
-    buffers: Vec<sys::ggml_backend_buffer_t>,
+    /// Everything this value allocated in ggml, freed when it drops.
+    alloc: crate::ggml::Allocations,
 }
 
 unsafe impl Send for KvCache {}
@@ -43,20 +43,6 @@ unsafe impl Send for KvCache {}
 pub struct SeqState {
     pub slot: usize,
     pub len: usize,
-}
-
-impl Drop for KvCache {
-    fn drop(&mut self) {
-        // SAFETY: buffers and context were created by ggml in `new` and are freed once.
-        unsafe {
-            for b in self.buffers.drain(..) {
-                sys::ggml_backend_buffer_free(b);
-            }
-            for c in self.contexts.drain(..) {
-                sys::ggml_free(c);
-            }
-        }
-    }
 }
 
 impl KvCache {
@@ -89,15 +75,14 @@ impl KvCache {
             capacity: n_ctx_seq,
             slots: vec![None; n_seq],
             seqs: HashMap::new(),
-            contexts: [Some(cpu_ctx), accel_ctx].into_iter().flatten().collect(),
-            buffers: Vec::new(),
+            alloc: crate::ggml::Allocations { contexts: [Some(cpu_ctx), accel_ctx].into_iter().flatten().collect(), buffers: Vec::new() },
         };
         // SAFETY: each context holds only this cache's tensors; the buffer types are the
         // CPU's and the accelerator's own.
         unsafe {
             let cpu = sys::ggml_backend_alloc_ctx_tensors_from_buft(cpu_ctx, sys::ggml_backend_cpu_buffer_type());
             if !cpu.is_null() {
-                cache.buffers.push(cpu);
+                cache.alloc.buffers.push(cpu);
             }
             if let Some(actx) = accel_ctx {
                 let accel = accel.ok_or_else(|| Error::Ggml("accelerator layers without an accelerator".into()))?;
@@ -105,14 +90,14 @@ impl KvCache {
                 if b.is_null() {
                     return Err(Error::Ggml("could not allocate the KV cache in accelerator memory".into()));
                 }
-                cache.buffers.push(b);
+                cache.alloc.buffers.push(b);
             }
-            if cache.buffers.is_empty() && devices.contains(&Device::Cpu) {
+            if cache.alloc.buffers.is_empty() && devices.contains(&Device::Cpu) {
                 return Err(Error::Ggml("could not allocate the KV cache".into()));
             }
             // Unwritten cells are masked out, but zeros keep NaN garbage out of any kernel
             // that multiplies before masking.
-            for b in &cache.buffers {
+            for b in &cache.alloc.buffers {
                 sys::ggml_backend_buffer_clear(*b, 0);
             }
         }

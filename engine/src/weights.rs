@@ -48,27 +48,13 @@ pub struct Weights {
     pub output: Option<*mut sys::ggml_tensor>,
     pub output_b: Option<*mut sys::ggml_tensor>,
     pub layers: BTreeMap<usize, LayerWeights>,
-    contexts: Vec<*mut sys::ggml_context>,
-    buffers: Vec<sys::ggml_backend_buffer_t>,
+    /// Everything this value allocated in ggml, freed when it drops.
+    alloc: crate::ggml::Allocations,
 }
 
 // SAFETY: the tensors and buffers are owned by this value alone and only used by the
 // thread that holds it; ggml has no thread affinity for host memory.
 unsafe impl Send for Weights {}
-
-impl Drop for Weights {
-    fn drop(&mut self) {
-        // SAFETY: each pointer came from ggml and is freed exactly once here.
-        unsafe {
-            for b in self.buffers.drain(..) {
-                sys::ggml_backend_buffer_free(b);
-            }
-            for c in self.contexts.drain(..) {
-                sys::ggml_free(c);
-            }
-        }
-    }
-}
 
 /// Which layers to bind and where each runs.
 pub struct WeightPlan {
@@ -110,16 +96,15 @@ impl Weights {
             output: None,
             output_b: None,
             layers: BTreeMap::new(),
-            contexts: Vec::new(),
-            buffers: Vec::new(),
+            alloc: crate::ggml::Allocations::default(),
         };
         let n_tensors = names.len() + 1;
         let cpu_ctx = ggml::new_meta_context(n_tensors)?;
-        weights.contexts.push(cpu_ctx);
+        weights.alloc.contexts.push(cpu_ctx);
         let accel_ctx = match accel {
             Some(_) => {
                 let c = ggml::new_meta_context(n_tensors)?;
-                weights.contexts.push(c);
+                weights.alloc.contexts.push(c);
                 Some(c)
             }
             None => None,
@@ -171,7 +156,7 @@ impl Weights {
         if cpu_buf.is_null() {
             return Err(Error::Ggml("could not wrap the model mapping as a CPU buffer".into()));
         }
-        weights.buffers.push(cpu_buf);
+        weights.alloc.buffers.push(cpu_buf);
         // SAFETY: valid buffer from above.
         unsafe { sys::ggml_backend_buffer_set_usage(cpu_buf, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
         let data_offset = file.gguf.data_offset() as usize;
@@ -203,7 +188,7 @@ impl Weights {
                 if buf.is_null() {
                     return Err(Error::Ggml("could not allocate accelerator memory for the offloaded layers".into()));
                 }
-                weights.buffers.push(buf);
+                weights.alloc.buffers.push(buf);
                 for (t, info) in &on_accel {
                     let src = file.gguf.tensor_bytes(info);
                     // SAFETY: t was allocated in buf with exactly src.len() bytes.
