@@ -4,9 +4,13 @@
 //! sends token events back. Nothing here knows about HTTP or OpenAI's JSON.
 
 mod batcher;
+#[cfg(test)]
+mod batcher_tests;
 mod logprobs;
 mod pipeline;
 mod request;
+#[cfg(test)]
+mod scripted;
 mod speculation;
 mod stop;
 

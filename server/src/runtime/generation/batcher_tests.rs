@@ -1,0 +1,352 @@
+//! The batching loop against a scripted pipeline (`scripted.rs`): admission, queueing,
+//! chunking, prefix reuse, cancellation, stopping, speculation's accept and rollback, a
+//! ring's failure and recovery, idle maintenance. Only the vocabulary is real (the default
+//! model's, for text, end-of-generation tokens and the sampler); no weights are loaded.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use engine::sampler::SamplingParams;
+use engine::tokenizer::Tokenizer;
+use tokio::sync::mpsc;
+
+use super::scripted::{Controls, Failure, Log, Script, Scripted};
+use super::{Batcher, BatcherConfig, Event, Finish, GenerationRequest, Proposer, SubmitError};
+
+/// Generous: these tests take milliseconds; the bound only turns a hang into a failure.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+fn vocabulary() -> Arc<Tokenizer> {
+    static VOCAB: OnceLock<Arc<Tokenizer>> = OnceLock::new();
+    VOCAB
+        .get_or_init(|| {
+            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+            Arc::new(Tokenizer::load(engine::default_model::ensure_default_model(&dir).expect("the default model")).unwrap())
+        })
+        .clone()
+}
+
+/// The single token of `text` (asserts it is one).
+fn token(text: &str) -> i32 {
+    let t = vocabulary().tokenize(text, true);
+    assert_eq!(t.len(), 1, "{text:?} is {t:?}");
+    t[0]
+}
+
+/// Counts " one two three four" round and round after whatever came before.
+fn counting() -> Script {
+    let words: Vec<i32> = [" one", " two", " three", " four"].iter().map(|w| token(w)).collect();
+    Box::new(move |history| {
+        let last = *history.last().unwrap();
+        words.iter().position(|&w| w == last).map_or(words[0], |i| words[(i + 1) % words.len()])
+    })
+}
+
+struct Rig {
+    batcher: Batcher,
+    log: Arc<Mutex<Log>>,
+    controls: Arc<Mutex<Controls>>,
+}
+
+impl Rig {
+    fn start(pipeline: Scripted, parallel: usize, queue: usize, max_batch: usize, proposer: Option<Proposer>) -> Rig {
+        crate::metrics::install();
+        let (log, controls) = (pipeline.log.clone(), pipeline.controls.clone());
+        let cfg = BatcherConfig { parallel, queue, max_batch, spec_tokens: 4 };
+        Rig { batcher: Batcher::start(Box::new(pipeline), vocabulary(), cfg, proposer), log, controls }
+    }
+
+    fn simple(script: Script) -> Rig {
+        Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, script), 2, 4, 64, None)
+    }
+
+    fn submit(&self, prompt: &[i32], max_tokens: usize, stop: &[&str]) -> mpsc::UnboundedReceiver<Event> {
+        let (rx, req) = request(prompt, max_tokens, stop);
+        self.batcher.submit(req).expect("submitted");
+        rx
+    }
+
+    fn violations(&self) -> Vec<String> {
+        self.log.lock().unwrap().violations.clone()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.batcher.shutdown();
+    }
+}
+
+fn request(prompt: &[i32], max_tokens: usize, stop: &[&str]) -> (mpsc::UnboundedReceiver<Event>, GenerationRequest) {
+    let (events, rx) = mpsc::unbounded_channel();
+    let req = GenerationRequest {
+        id: "test".into(),
+        prompt: prompt.to_vec(),
+        sampling: SamplingParams::greedy(),
+        max_tokens,
+        stop: stop.iter().map(|s| s.to_string()).collect(),
+        logprobs: None,
+        events,
+        enqueued: Instant::now(),
+    };
+    (rx, req)
+}
+
+fn next(rx: &mut mpsc::UnboundedReceiver<Event>) -> Option<Event> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match rx.try_recv() {
+            Ok(e) => return Some(e),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                assert!(Instant::now() < deadline, "no event within {DEADLINE:?}");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// A sequence's whole answer.
+#[derive(Debug, Default, PartialEq)]
+struct Answer {
+    cached: Option<usize>,
+    text: String,
+    finish: Option<Finish>,
+    completion_tokens: usize,
+    failed: Option<String>,
+    unavailable: Option<String>,
+}
+
+fn answer(mut rx: mpsc::UnboundedReceiver<Event>) -> Answer {
+    let mut a = Answer::default();
+    while let Some(e) = next(&mut rx) {
+        match e {
+            Event::Started { cached_tokens } => a.cached = Some(cached_tokens),
+            Event::Token { text, .. } => a.text.push_str(&text),
+            Event::Done { finish, completion_tokens } => {
+                a.finish = Some(finish);
+                a.completion_tokens = completion_tokens;
+                return a;
+            }
+            Event::Failed(m) => {
+                a.failed = Some(m);
+                return a;
+            }
+            Event::Unavailable(m) => {
+                a.unavailable = Some(m);
+                return a;
+            }
+        }
+    }
+    a
+}
+
+fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + DEADLINE;
+    while !ok() {
+        assert!(Instant::now() < deadline, "{what}: not within {DEADLINE:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn prompt(words: &str) -> Vec<i32> {
+    vocabulary().tokenize(words, false)
+}
+
+#[test]
+fn an_answer_follows_the_script_to_max_tokens() {
+    let rig = Rig::simple(counting());
+    let a = answer(rig.submit(&prompt("Count with me:"), 6, &[]));
+    assert_eq!(a.text, " one two three four one two");
+    assert_eq!((a.finish, a.completion_tokens, a.cached), (Some(Finish::Length), 6, Some(0)));
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn an_end_of_generation_token_stops_without_being_sent() {
+    let eog = token("<|im_end|>");
+    let three = token(" three");
+    let count = counting();
+    let rig = Rig::simple(Box::new(move |h| if *h.last().unwrap() == three { eog } else { count(h) }));
+    let a = answer(rig.submit(&prompt("Count:"), 50, &[]));
+    assert_eq!(a.text, " one two three");
+    assert_eq!((a.finish, a.completion_tokens), (Some(Finish::Stop), 3));
+}
+
+#[test]
+fn a_stop_string_cuts_the_text_before_it() {
+    let rig = Rig::simple(counting());
+    let a = answer(rig.submit(&prompt("Count:"), 50, &[" thr"]));
+    assert_eq!(a.text, " one two");
+    assert_eq!(a.finish, Some(Finish::Stop));
+    // Held back while it might have been the stop string, then released: " two" was sent.
+    let a = answer(rig.submit(&prompt("Count:"), 3, &[" two fo", " onf"]));
+    assert_eq!(a.text, " one two three");
+    assert_eq!(a.finish, Some(Finish::Length));
+}
+
+#[test]
+fn the_context_ends_an_answer_with_length() {
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 12, counting()), 1, 2, 64, None);
+    let p = prompt("Count with me, please:");
+    let a = answer(rig.submit(&p, 1000, &[]));
+    assert_eq!(a.finish, Some(Finish::Length));
+    assert_eq!(p.len() + a.completion_tokens, 12, "prompt plus answer fill the context exactly: {a:?}");
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn a_long_prompt_is_fed_in_chunks_while_a_running_stream_keeps_going() {
+    const MAX_BATCH: usize = 8;
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_delay(Duration::from_millis(1));
+    let rig = Rig::start(pipeline, 2, 4, MAX_BATCH, None);
+    let mut running = rig.submit(&prompt("Go:"), 10_000, &[]);
+    assert!(matches!(next(&mut running), Some(Event::Started { .. })));
+    let long: Vec<i32> = prompt(&"the quick brown fox jumps over the lazy dog ".repeat(6));
+    assert!(long.len() > 5 * MAX_BATCH, "{} tokens", long.len());
+    let a = answer(rig.submit(&long, 2, &[]));
+    assert_eq!(a.completion_tokens, 2);
+    drop(running);
+    let log = rig.log.lock().unwrap();
+    assert!(log.batches.iter().all(|b| b.len() <= MAX_BATCH), "a batch over --max-batch");
+    // Every batch that fed part of the long prompt (sequence 1) also advanced the running
+    // stream (sequence 0) by one decode token.
+    let feeding: Vec<_> = log.batches.iter().filter(|b| b.iter().filter(|t| t.0 == 1).count() > 1).collect();
+    assert!(feeding.len() >= long.len() / MAX_BATCH, "{} batches fed the prompt", feeding.len());
+    for b in &feeding {
+        assert_eq!(b.iter().filter(|t| t.0 == 0).count(), 1, "the running stream stalled in {b:?}");
+    }
+    assert_eq!(log.violations, Vec::<String>::new());
+}
+
+#[test]
+fn a_shared_prefix_is_reused_from_the_cache() {
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting()), 1, 2, 64, None);
+    let first = prompt("You are a counting assistant. Count with me:");
+    assert_eq!(answer(rig.submit(&first, 3, &[])).cached, Some(0));
+    // Same system text, another question: the shared tokens are not computed again.
+    let shared = first.len() - 3;
+    let mut second = first[..shared].to_vec();
+    second.extend(prompt(" and now backwards"));
+    let batches_before = rig.log.lock().unwrap().batches.len();
+    let a = answer(rig.submit(&second, 3, &[]));
+    assert_eq!(a.cached, Some(shared));
+    let log = rig.log.lock().unwrap();
+    assert!(log.truncates.contains(&(0, shared)), "{:?}", log.truncates);
+    let first_feed = &log.batches[batches_before];
+    assert_eq!(first_feed[0].1 as usize, shared, "feeding starts after the reused prefix");
+    // The whole prompt again: all but its last token reused (its logits are needed).
+    drop(log);
+    let a = answer(rig.submit(&second, 3, &[]));
+    assert_eq!(a.cached, Some(second.len() - 1));
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn queueing_refusal_and_cancellation() {
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 1 << 20, counting()).with_delay(Duration::from_millis(1));
+    let rig = Rig::start(pipeline, 1, 1, 64, None);
+    let mut busy = rig.submit(&prompt("Go:"), usize::MAX, &[]);
+    assert!(matches!(next(&mut busy), Some(Event::Started { .. })));
+    let waiting = rig.submit(&prompt("Me next:"), 2, &[]);
+    assert_eq!(rig.batcher.has_room(), Err(SubmitError::QueueFull));
+    let (_rx, req) = request(&prompt("And me"), 2, &[]);
+    assert_eq!(rig.batcher.submit(req), Err(SubmitError::QueueFull));
+    // The running client goes away: its slot frees and the waiting one runs.
+    drop(busy);
+    let a = answer(waiting);
+    assert_eq!(a.completion_tokens, 2);
+    wait_until("the queue empties", || rig.batcher.has_room().is_ok());
+}
+
+/// Counting with a hiccup every seventh token, so n-gram drafts (which expect the count to
+/// go on) are sometimes wrong.
+fn counting_with_hiccups() -> Script {
+    let hiccup = token(" five");
+    let count = counting();
+    Box::new(move |h| if h.len() % 7 == 0 { hiccup } else { count(h) })
+}
+
+#[test]
+fn speculation_gives_the_same_answer_and_rolls_back_rejected_drafts() {
+    let p = prompt("Count: one two three four one two three four one two three four");
+    let plain = {
+        let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting_with_hiccups()), 2, 4, 64, None);
+        answer(rig.submit(&p, 60, &[]))
+    };
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting_with_hiccups()), 2, 4, 64, Some(Proposer::Ngram));
+    let spec = answer(rig.submit(&p, 60, &[]));
+    assert_eq!(spec, plain, "speculation must not change the answer");
+    assert_eq!(spec.completion_tokens, 60);
+    let log = rig.log.lock().unwrap();
+    let drafted = log.batches.iter().filter(|b| b.len() > 1 && b.iter().all(|t| t.2)).count();
+    assert!(drafted > 0, "no step carried draft tokens");
+    let steps_after_prompt = log.batches.len() - 1;
+    assert!(steps_after_prompt < 60, "accepted drafts save steps: {steps_after_prompt} steps for 60 tokens");
+    assert!(!log.truncates.is_empty(), "a rejected draft leaves the cache");
+    assert_eq!(log.violations, Vec::<String>::new());
+}
+
+#[test]
+fn a_lost_ring_member_degrades_the_head_until_it_recovers() {
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 1024, counting()).with_delay(Duration::from_millis(1));
+    let rig = Rig::start(pipeline, 2, 4, 64, None);
+    let p = prompt("Count:");
+    assert_eq!(answer(rig.submit(&p, 3, &[])).cached, Some(0));
+    {
+        let mut c = rig.controls.lock().unwrap();
+        c.failures.extend([None, Some(Failure::Ring("worker w1 closed the ring link".into()))]);
+        c.recover_failures = 2;
+    }
+    let (a, b) = (rig.submit(&p, 100, &[]), rig.submit(&prompt("Another"), 100, &[]));
+    let (a, b) = (answer(a), answer(b));
+    for x in [&a, &b] {
+        assert!(x.unavailable.as_deref().is_some_and(|m| m.contains("w1")), "{x:?}");
+    }
+    assert!(rig.batcher.degraded().is_some_and(|d| d.contains("w1") || d.contains("unreachable")));
+    let (_rx, req) = request(&p, 3, &[]);
+    assert!(matches!(rig.batcher.submit(req), Err(SubmitError::Unavailable(_))));
+    // Two failed attempts, then the ring is whole: serving resumes, with nothing cached.
+    wait_until("the ring recovers", || rig.batcher.degraded().is_none());
+    assert!(rig.log.lock().unwrap().recovers >= 3);
+    let again = answer(rig.submit(&p, 3, &[]));
+    assert_eq!((again.cached, again.completion_tokens), (Some(0), 3), "caches were forgotten with the ring");
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn a_local_engine_failure_fails_the_batch_but_not_the_head() {
+    let rig = Rig::simple(counting());
+    rig.controls.lock().unwrap().failures.push_back(Some(Failure::Local("ggml aborted".into())));
+    let a = answer(rig.submit(&prompt("Count:"), 3, &[]));
+    assert!(a.failed.is_some() && a.unavailable.is_none(), "{a:?}");
+    assert!(rig.batcher.degraded().is_none());
+    assert_eq!(answer(rig.submit(&prompt("Count:"), 3, &[])).completion_tokens, 3);
+    assert!(rig.log.lock().unwrap().clears.contains(&0), "the failed sequence's cache is cleared");
+}
+
+#[test]
+fn idle_maintenance_that_empties_caches_is_honoured() {
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting()), 1, 2, 64, None);
+    let p = prompt("Count with me:");
+    answer(rig.submit(&p, 2, &[]));
+    let idles = rig.log.lock().unwrap().idles;
+    rig.controls.lock().unwrap().idle_empties = true;
+    wait_until("the loop idles again", || rig.log.lock().unwrap().idles > idles + 1);
+    let a = answer(rig.submit(&p, 2, &[]));
+    assert_eq!(a.cached, Some(0), "nothing reused after the pipeline emptied its caches");
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn shutdown_lets_running_answers_finish() {
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 1024, counting()).with_delay(Duration::from_millis(1));
+    let rig = Rig::start(pipeline, 2, 4, 64, None);
+    let (mut a, b) = (rig.submit(&prompt("Count:"), 40, &[]), rig.submit(&prompt("Count too:"), 40, &[]));
+    assert!(matches!(next(&mut a), Some(Event::Started { .. })));
+    rig.batcher.shutdown();
+    let (_rx, req) = request(&prompt("Late"), 2, &[]);
+    assert_eq!(rig.batcher.submit(req), Err(SubmitError::ShuttingDown));
+    assert_eq!(answer(a).completion_tokens, 40);
+    assert_eq!(answer(b).completion_tokens, 40);
+}
