@@ -52,9 +52,6 @@ pub enum Error {
 
     #[error("sampler: {0}")]
     Sampler(String),
-
-    #[error("model fetch: {0}")]
-    Fetch(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -9,7 +9,6 @@
 
 mod backend;
 pub mod chat_template;
-pub mod default_model;
 mod error;
 mod ggml;
 pub mod gguf;

@@ -298,9 +298,12 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use std::path::PathBuf;
 
+    /// The default model's vocabulary, fetched by the project's script.
     fn tokenizer() -> Tokenizer {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-        Tokenizer::load(crate::default_model::ensure_default_model(&dir).expect("fetch the default model")).unwrap()
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = std::process::Command::new("bash").arg(root.join("scripts/fetch-model.sh")).env("HEARTH_MODELS_DIR", root.join("models")).output().expect("run scripts/fetch-model.sh");
+        assert!(out.status.success(), "fetching the default model failed: {}", String::from_utf8_lossy(&out.stderr));
+        Tokenizer::load(String::from_utf8_lossy(&out.stdout).trim()).unwrap()
     }
 
     /// An enum of `n` quoted values (many share prefixes), in a list: long enough to need

@@ -52,11 +52,6 @@ impl Logits {
     pub fn row(&self, i: usize) -> &[f32] {
         &self.data[i * self.n_vocab..(i + 1) * self.n_vocab]
     }
-
-    /// The logits of batch token `batch_index`, if it asked for them.
-    pub fn for_token(&self, batch_index: usize) -> Option<&[f32]> {
-        self.rows.iter().position(|&r| r == batch_index).map(|i| self.row(i))
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -115,7 +110,9 @@ pub struct Stage {
     weights: Weights,
     windows: Vec<Window>,
     cpu: sys::ggml_backend_t,
-    accel: Option<Accelerator>,
+    /// Owns the accelerator's backend, which the scheduler, the weights and the caches use
+    /// until the stage drops; never read.
+    _accel: Option<Accelerator>,
     sched: sys::ggml_backend_sched_t,
     /// Backing store for graph metadata, reused by every step.
     meta: Vec<u8>,
@@ -207,7 +204,7 @@ impl Stage {
             unsafe { sys::ggml_backend_free(cpu) };
             return Err(Error::Ggml("could not create the ggml scheduler".into()));
         }
-        let mut stage = Stage { file, weights, windows, cpu, accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output };
+        let mut stage = Stage { file, weights, windows, cpu, _accel: accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output };
         stage.reserve()?;
         Ok(stage)
     }
@@ -218,15 +215,6 @@ impl Stage {
 
     pub fn windows(&self) -> Vec<Range<usize>> {
         self.windows.iter().map(|w| w.layers.clone()).collect()
-    }
-
-    pub fn accelerator_name(&self) -> Option<&str> {
-        self.accel.as_ref().map(|a| a.name.as_str())
-    }
-
-    pub fn set_threads(&mut self, threads: usize) {
-        // SAFETY: live CPU backend.
-        unsafe { sys::ggml_backend_cpu_set_n_threads(self.cpu, threads.max(1) as i32) };
     }
 
     /// Cached positions of `seq` in window `window`.

@@ -42,6 +42,10 @@ pub enum Error {
     #[error("{0}")]
     Config(String),
 
+    /// Fetching the default model failed.
+    #[error("model fetch: {0}")]
+    Fetch(String),
+
     /// Measuring this device failed.
     #[error("profiling: {0}")]
     Profile(String),

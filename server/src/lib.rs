@@ -5,7 +5,7 @@
 //! ```text
 //!   cli ──► http ──► runtime ──► (engine, scheduler, transport)
 //!    └──────────────────┘
-//!   every room may use the leaves: error, metrics, process
+//!   every room may use the leaves: error, metrics, models, process
 //! ```
 //!
 //! - `runtime`: what runs on a node whatever asks it to: generation (queue, continuous
@@ -23,6 +23,7 @@ pub mod cli;
 pub mod error;
 pub mod http;
 pub mod metrics;
+pub mod models;
 pub mod process;
 pub mod runtime;
 

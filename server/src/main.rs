@@ -32,6 +32,8 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,llama-cpp-2=warn,llama_cpp_2=warn")))
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in log files or `docker logs`.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = cli::run(cli::Cli::parse());
     match result {

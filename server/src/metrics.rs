@@ -53,7 +53,7 @@ pub fn render() -> String {
 
 fn describe() {
     describe_counter!("hearth_requests_total", "HTTP requests by endpoint and status code");
-    describe_histogram!("hearth_request_duration_seconds", Unit::Seconds, "HTTP request duration by endpoint, until the last byte of the response");
+    describe_histogram!("hearth_request_duration_seconds", Unit::Seconds, "HTTP request duration by endpoint, until the response headers (a stream: until it starts)");
     describe_histogram!("hearth_queue_time_seconds", Unit::Seconds, "Time a sequence waited in the queue for a slot");
     describe_histogram!("hearth_time_to_first_token_seconds", Unit::Seconds, "From enqueue to the first sampled token");
     describe_histogram!("hearth_time_per_output_token_seconds", Unit::Seconds, "Time between consecutive tokens of one sequence");
@@ -80,7 +80,7 @@ fn describe() {
     describe_counter!("hearth_decode_sequence_steps_total", "Steps in which a sequence generated (one trip through the pipeline each); hearth_generated_tokens_total over this is the tokens per ring traversal");
     describe_counter!("hearth_spec_draft_tokens_total", "Draft tokens proposed by speculative decoding (--spec-mode)");
     describe_counter!("hearth_spec_accepted_tokens_total", "Draft tokens the model's own samples confirmed");
-    describe_gauge!("hearth_plan_predicted_tpot_seconds", Unit::Seconds, "TPOT the scheduler's cost model predicts for the running plan (absent for a plan it did not judge)");
+    describe_gauge!("hearth_plan_predicted_tpot_seconds", Unit::Seconds, "TPOT the scheduler's cost model predicts for the running plan (NaN for a plan it did not judge, such as a head without workers)");
     describe_gauge!("hearth_plan_measured_tpot_seconds", Unit::Seconds, "Mean time of the last 64 single-token decode steps under the running plan");
     describe_gauge!("hearth_plan_rounds", "k: rounds each token makes around the ring under the running plan");
     describe_counter!("hearth_replans_total", "Plans adopted after the first (idle re-planning or POST /admin/replan)");

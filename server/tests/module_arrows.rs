@@ -12,6 +12,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
     ("error.rs", &["crate::runtime", "crate::http", "crate::cli", "crate::metrics", "crate::process"]),
     ("metrics.rs", &["crate::runtime", "crate::http", "crate::cli", "crate::error", "crate::process"]),
     ("process.rs", &["crate::runtime", "crate::http", "crate::cli", "crate::error", "crate::metrics"]),
+    ("models.rs", &["crate::runtime", "crate::http", "crate::cli", "crate::metrics", "crate::process"]),
 ];
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {

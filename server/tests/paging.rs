@@ -11,7 +11,7 @@ use engine::{BatchToken, ModelFile, Stage, StageConfig, StageInput};
 use hearth::runtime::ring::paging::WindowPager;
 
 fn private_copy(tag: &str) -> (PathBuf, Arc<ModelFile>) {
-    let model = engine::default_model::ensure_default_model(&engine::default_model::models_dir()).unwrap();
+    let model = hearth::models::ensure_default_model(&hearth::models::models_dir()).unwrap();
     let dir = std::env::temp_dir().join(format!("hearth-paging-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("model.gguf");

@@ -12,9 +12,13 @@ use engine::tokenizer::Tokenizer;
 use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 use serde_json::json;
 
+/// The default model, fetched by the project's script (test code may run processes; the
+/// engine itself never does).
 pub fn default_model() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-    engine::default_model::ensure_default_model(&dir).expect("fetch the default model")
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("bash").arg(root.join("scripts/fetch-model.sh")).env("HEARTH_MODELS_DIR", root.join("models")).output().expect("run scripts/fetch-model.sh");
+    assert!(out.status.success(), "fetching the default model failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 /// Threads per test: tests run in parallel on small machines, and oversubscribed ggml

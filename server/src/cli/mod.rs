@@ -14,7 +14,7 @@ pub mod worker_profile;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use engine::default_model;
+use crate::models as default_model;
 
 #[derive(Parser, Debug)]
 #[command(name = "hearth", version, about = "Run big language models across the devices of a home, behind one OpenAI-compatible API")]
@@ -163,7 +163,7 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
-    pub fn resolve(&self) -> Result<PathBuf, engine::Error> {
+    pub fn resolve(&self) -> crate::Result<PathBuf> {
         match &self.model {
             Some(p) => Ok(p.clone()),
             None => {

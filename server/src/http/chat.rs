@@ -296,7 +296,7 @@ where
     let mut states: Vec<ChoiceStream> = (0..n).map(|_| ChoiceStream::default()).collect();
     let mut finished = 0;
     let mut failed = false;
-    let head = futures::stream::iter((0..n).flat_map(|i| render_once(&render, Out::Role(i))).collect::<Vec<_>>());
+    let head = futures::stream::iter((0..n).flat_map(|i| render(Out::Role(i))).collect::<Vec<_>>());
     let render = std::sync::Arc::new(render);
     let r2 = render.clone();
     let body = events
@@ -360,8 +360,4 @@ where
         })
         .boxed();
     head.chain(body)
-}
-
-fn render_once<F: Fn(Out) -> Vec<SseEvent>>(render: &F, out: Out) -> Vec<SseEvent> {
-    render(out)
 }

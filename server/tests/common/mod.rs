@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 pub fn default_model() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-    engine::default_model::ensure_default_model(&dir).expect("fetch the default model")
+    hearth::models::ensure_default_model(&dir).expect("fetch the default model")
 }
 
 /// A running `hearth serve`; killed if the test fails before stopping it.

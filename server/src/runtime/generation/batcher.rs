@@ -722,7 +722,7 @@ mod tests {
     fn batcher(parallel: usize, queue: usize) -> Batcher {
         crate::metrics::install();
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-        let tokenizer = Arc::new(Tokenizer::load(engine::default_model::ensure_default_model(&dir).expect("fetch the default model")).unwrap());
+        let tokenizer = Arc::new(Tokenizer::load(crate::models::ensure_default_model(&dir).expect("fetch the default model")).unwrap());
         let say = tokenizer.tokenize("a", false)[0] as usize;
         let pipeline = Box::new(Endless { n_vocab: tokenizer.n_vocab(), say });
         Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0 }, None)

@@ -21,7 +21,7 @@ fn vocabulary() -> Arc<Tokenizer> {
     VOCAB
         .get_or_init(|| {
             let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-            Arc::new(Tokenizer::load(engine::default_model::ensure_default_model(&dir).expect("the default model")).unwrap())
+            Arc::new(Tokenizer::load(crate::models::ensure_default_model(&dir).expect("the default model")).unwrap())
         })
         .clone()
 }

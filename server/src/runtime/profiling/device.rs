@@ -107,7 +107,7 @@ fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>)
             (dir, 2 * file.spec.n_embd_kv() * 2)
         }
         None => {
-            let dir = engine::default_model::models_dir();
+            let dir = crate::models::models_dir();
             std::fs::create_dir_all(&dir).map_err(|e| Error::Profile(format!("cannot create {}: {e}", dir.display())))?;
             (dir, TYPICAL_KV_BYTES)
         }

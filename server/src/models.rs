@@ -1,11 +1,11 @@
-//! hearth's default model and how it is fetched. The fetch is the project's own script
+//! Where models live and how the default one is fetched: the project's own script
 //! (scripts/fetch-model.sh), compiled into the binary so an installed `hearth` can fetch
-//! it too; tests and the server share it.
+//! too. A leaf: the CLI resolves `--model` with it, tests find the default model with it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const FETCH_SCRIPT: &str = include_str!("../../scripts/fetch-model.sh");
