@@ -1,28 +1,27 @@
 //! `POST /v1/chat/completions`.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::sampler::{Sampler, SamplingParams};
-use futures::StreamExt;
 use openapi::{
     AssistantMessage, ChatChoice, ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse, ChatMessage, ChoiceLogprobs, ChunkChoice, Delta, FinishReason, FunctionCall,
-    FunctionCallDelta, PromptTokensDetails, ResponseFormat, Role, ToolCall, ToolCallDelta, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
+    FunctionCallDelta, ResponseFormat, Role, ToolCall, ToolCallDelta, ToolChoice, ToolChoiceMode, TopLogprob, Usage,
 };
 use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::generate::{self, finish_reason, sampling_fields, Choice, GenSpec};
-use crate::process::now_secs;
 use super::json::ApiJson;
 use super::prepare;
+use super::sse;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
-use crate::runtime::generation::{Event, Finish, TokenInfo};
+use crate::process::now_secs;
+use crate::runtime::generation::{Finish, TokenInfo};
 
 pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<ChatCompletionRequest>) -> Result<Response, ApiError> {
     generate::check_room(&state)?;
@@ -45,7 +44,9 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     let receivers = generate::start(&state, &spec, n)?;
     let meta = Meta { id, created: now_secs(), model: state.model_id.clone(), fingerprint: state.fingerprint.clone(), prompt_tokens: spec.prompt.len() };
     if req.stream {
-        Ok(stream(meta, receivers, tool_use, req.include_usage(), n).into_response())
+        let prompt_tokens = meta.prompt_tokens;
+        let chunks = ChatChunks { meta, usage_field: req.include_usage().then_some(None), tool_use, choices: (0..n).map(|_| ChoiceStream::default()).collect() };
+        Ok(sse::stream(receivers, prompt_tokens, req.include_usage(), chunks))
     } else {
         let choices = generate::collect_all(receivers).await?;
         Ok(Json(response(meta, choices, tool_use.as_ref())).into_response())
@@ -212,13 +213,20 @@ fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>) -> Cha
         created: meta.created,
         model: meta.model,
         choices,
-        usage: usage(meta.prompt_tokens, completion, cached),
+        usage: sse::usage(meta.prompt_tokens, completion, cached),
         system_fingerprint: meta.fingerprint,
     }
 }
 
-fn usage(prompt: usize, completion: usize, cached: usize) -> Usage {
-    Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached as u32 }), ..Usage::new(prompt as u32, completion as u32) }
+/// Chat's chunks: a role chunk per choice first; content as it comes, unless the request
+/// has tools and the text may still be a tool call (then it is held back and decided at
+/// the end: one tool-call chunk, or the held text as content); a finish chunk per choice.
+struct ChatChunks {
+    meta: Meta,
+    /// Every chunk carries `usage: null` when usage was asked for.
+    usage_field: Option<Option<Usage>>,
+    tool_use: Option<ToolUse>,
+    choices: Vec<ChoiceStream>,
 }
 
 /// Per-choice streaming state.
@@ -228,136 +236,70 @@ struct ChoiceStream {
     held: String,
     /// Held text turned out to be ordinary content: stream from now on.
     plain: bool,
-    completion_tokens: usize,
-    cached_tokens: usize,
 }
 
-fn stream(meta: Meta, receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>, tool_use: Option<ToolUse>, include_usage: bool, n: usize) -> Sse<impl futures::Stream<Item = Result<SseEvent, Infallible>>> {
-    let chunk = {
-        let (id, created, model, fingerprint) = (meta.id.clone(), meta.created, meta.model.clone(), meta.fingerprint.clone());
-        move |choices: Vec<ChunkChoice>, usage: Option<Option<Usage>>| {
-            let c = ChatCompletionChunk { id: id.clone(), object: Default::default(), created, model: model.clone(), system_fingerprint: fingerprint.clone(), choices, usage };
-            SseEvent::default().data(serde_json::to_string(&c).unwrap_or_default())
-        }
-    };
-    let usage_field = if include_usage { Some(None) } else { None };
-    let delta = |content: Option<String>, tool_calls: Option<Vec<ToolCallDelta>>| Delta { role: None, content, tool_calls };
-    let prompt_tokens = meta.prompt_tokens;
-    let events = generate::merged(receivers);
-    let body = async_stream_chat(events, n, tool_use, move |ev: Out| match ev {
-        Out::Role(i) => vec![chunk(vec![ChunkChoice { index: i as u32, delta: Delta { role: Some(Default::default()), content: Some(String::new()), tool_calls: None }, logprobs: None, finish_reason: None }], usage_field)],
-        Out::Content(i, text, info) => vec![chunk(vec![ChunkChoice { index: i as u32, delta: delta(Some(text), None), logprobs: info.map(|t| logprobs_of(&[t])), finish_reason: None }], usage_field)],
-        Out::Calls(i, calls) => {
-            let deltas = calls
-                .into_iter()
-                .enumerate()
-                .map(|(k, c)| ToolCallDelta { index: k as u32, id: Some(new_call_id()), kind: Some(Default::default()), function: FunctionCallDelta { name: Some(c.name), arguments: Some(c.arguments) } })
-                .collect();
-            vec![chunk(vec![ChunkChoice { index: i as u32, delta: delta(None, Some(deltas)), logprobs: None, finish_reason: None }], usage_field)]
-        }
-        Out::Finish(i, reason) => vec![chunk(vec![ChunkChoice { index: i as u32, delta: delta(None, None), logprobs: None, finish_reason: Some(reason) }], usage_field)],
-        Out::Usage(completion, cached) => {
-            if include_usage {
-                vec![chunk(vec![], Some(Some(usage(prompt_tokens, completion, cached))))]
-            } else {
-                vec![]
-            }
-        }
-        Out::Error(e) => {
-            if let ApiError::Internal(detail) = &e {
-                tracing::error!("generation failed: {detail}");
-            }
-            let body = e.body();
-            vec![SseEvent::default().data(serde_json::to_string(&body).unwrap_or_default())]
-        }
-        Out::Done => vec![SseEvent::default().data("[DONE]")],
-    });
-    Sse::new(body.map(Ok)).keep_alive(KeepAlive::default())
+impl ChatChunks {
+    fn chunk(&self, choice: ChunkChoice) -> SseEvent {
+        let m = &self.meta;
+        sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![choice], usage: self.usage_field })
+    }
+
+    fn delta(&self, i: usize, content: Option<String>, tool_calls: Option<Vec<ToolCallDelta>>, logprobs: Option<ChoiceLogprobs>, finish_reason: Option<FinishReason>) -> SseEvent {
+        self.chunk(ChunkChoice { index: i as u32, delta: Delta { role: None, content, tool_calls }, logprobs, finish_reason })
+    }
 }
 
-/// What the SSE body emits, in order, per choice.
-enum Out {
-    Role(usize),
-    Content(usize, String, Option<TokenInfo>),
-    Calls(usize, Vec<tools::ParsedCall>),
-    Finish(usize, FinishReason),
-    Usage(usize, usize),
-    Error(ApiError),
-    Done,
-}
+impl sse::Chunks for ChatChunks {
+    fn opening(&mut self) -> Vec<SseEvent> {
+        (0..self.choices.len())
+            .map(|i| self.chunk(ChunkChoice { index: i as u32, delta: Delta { role: Some(Default::default()), content: Some(String::new()), tool_calls: None }, logprobs: None, finish_reason: None }))
+            .collect()
+    }
 
-/// Turns the merged token events of all choices into the ordered chunks of an OpenAI
-/// stream: a role chunk per choice, content (or, with tools, a tool-call chunk decided at
-/// the end), a finish chunk per choice, then usage and `[DONE]`.
-fn async_stream_chat<F>(events: impl futures::Stream<Item = (usize, Event)> + Send + 'static, n: usize, tool_use: Option<ToolUse>, render: F) -> impl futures::Stream<Item = SseEvent> + Send
-where
-    F: Fn(Out) -> Vec<SseEvent> + Send + Sync + 'static,
-{
-    let mut states: Vec<ChoiceStream> = (0..n).map(|_| ChoiceStream::default()).collect();
-    let mut finished = 0;
-    let mut failed = false;
-    let head = futures::stream::iter((0..n).flat_map(|i| render(Out::Role(i))).collect::<Vec<_>>());
-    let render = std::sync::Arc::new(render);
-    let r2 = render.clone();
-    let body = events
-        .flat_map(move |(i, ev)| {
-            let mut out: Vec<Out> = Vec::new();
-            if failed {
-                return futures::stream::iter(Vec::new());
+    fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent> {
+        let st = &mut self.choices[i];
+        if self.tool_use.is_some() && !st.plain {
+            st.held.push_str(&text);
+            if tools::may_be_tool_call(&st.held) {
+                return Vec::new();
             }
-            let st = &mut states[i];
-            match ev {
-                Event::Started { cached_tokens, .. } => st.cached_tokens = cached_tokens,
-                Event::Token { text, info } => match &tool_use {
-                    Some(_) if !st.plain => {
-                        st.held.push_str(&text);
-                        if !tools::may_be_tool_call(&st.held) {
-                            st.plain = true;
-                            out.push(Out::Content(i, std::mem::take(&mut st.held), info));
-                        }
-                    }
-                    _ => {
-                        if !text.is_empty() || info.is_some() {
-                            out.push(Out::Content(i, text, info));
-                        }
-                    }
-                },
-                Event::Done { finish, completion_tokens } => {
-                    st.completion_tokens = completion_tokens;
-                    let mut reason = finish_reason(finish);
-                    if let Some(t) = &tool_use {
-                        if !st.plain {
-                            let calls = tools::parse_tool_calls(&st.held, &t.tools);
-                            if calls.is_empty() {
-                                out.push(Out::Content(i, std::mem::take(&mut st.held), None));
-                            } else {
-                                out.push(Out::Calls(i, calls));
-                                reason = FinishReason::ToolCalls;
-                            }
-                        }
-                    }
-                    out.push(Out::Finish(i, reason));
-                    finished += 1;
-                    if finished == n {
-                        let completion = states.iter().map(|s| s.completion_tokens).sum();
-                        let cached = states.iter().map(|s| s.cached_tokens).max().unwrap_or(0);
-                        out.push(Out::Usage(completion, cached));
-                        out.push(Out::Done);
-                    }
-                }
-                Event::Failed(m) => {
-                    failed = true;
-                    out.push(Out::Error(ApiError::Internal(m)));
-                    out.push(Out::Done);
-                }
-                Event::Unavailable(m) => {
-                    failed = true;
-                    out.push(Out::Error(ApiError::Unavailable(m)));
-                    out.push(Out::Done);
+            st.plain = true;
+            let held = std::mem::take(&mut st.held);
+            return vec![self.delta(i, Some(held), None, info.map(|t| logprobs_of(&[t])), None)];
+        }
+        if text.is_empty() && info.is_none() {
+            return Vec::new();
+        }
+        vec![self.delta(i, Some(text), None, info.map(|t| logprobs_of(&[t])), None)]
+    }
+
+    fn finish(&mut self, i: usize, finish: Finish) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        let mut reason = finish_reason(finish);
+        if let Some(t) = &self.tool_use {
+            let st = &mut self.choices[i];
+            if !st.plain {
+                let held = std::mem::take(&mut st.held);
+                let calls = tools::parse_tool_calls(&held, &t.tools);
+                if calls.is_empty() {
+                    out.push(self.delta(i, Some(held), None, None, None));
+                } else {
+                    let deltas = calls
+                        .into_iter()
+                        .enumerate()
+                        .map(|(k, c)| ToolCallDelta { index: k as u32, id: Some(new_call_id()), kind: Some(Default::default()), function: FunctionCallDelta { name: Some(c.name), arguments: Some(c.arguments) } })
+                        .collect();
+                    out.push(self.delta(i, None, Some(deltas), None, None));
+                    reason = FinishReason::ToolCalls;
                 }
             }
-            futures::stream::iter(out.into_iter().flat_map(|o| r2(o)).collect::<Vec<_>>())
-        })
-        .boxed();
-    head.chain(body)
+        }
+        out.push(self.delta(i, None, None, None, Some(reason)));
+        out
+    }
+
+    fn usage(&self, usage: Usage) -> SseEvent {
+        let m = &self.meta;
+        sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![], usage: Some(Some(usage)) })
+    }
 }

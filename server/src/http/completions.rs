@@ -1,24 +1,23 @@
 //! `POST /v1/completions` (the legacy text API): raw prompts, no chat template.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::sampler::{Sampler, SamplingParams};
-use futures::StreamExt;
-use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, PromptTokensDetails, Usage};
+use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, Usage};
 
 use super::error::ApiError;
 use super::generate::{self, finish_reason, sampling_fields, GenSpec};
-use crate::process::now_secs;
 use super::json::ApiJson;
 use super::prepare;
+use super::sse;
 use super::{check_model, AppState};
-use crate::runtime::generation::{Event, TokenInfo};
+use crate::process::now_secs;
+use crate::runtime::generation::{Finish, TokenInfo};
 
 pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<CompletionRequest>) -> Result<Response, ApiError> {
     generate::check_room(&state)?;
@@ -51,71 +50,64 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
                 logprobs: logprobs.map(|_| legacy_logprobs(&c.tokens, echo.len())),
                 text: echo + &c.text,
                 index: i as u32,
-                finish_reason: finish_reason(c.finish.unwrap_or(crate::runtime::generation::Finish::Stop)),
+                finish_reason: finish_reason(c.finish.unwrap_or(Finish::Stop)),
             })
             .collect();
-        let usage = Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached as u32 }), ..Usage::new(prompt_tokens as u32, completion as u32) };
+        let usage = sse::usage(prompt_tokens, completion, cached);
         return Ok(Json(CompletionResponse { id, object: Default::default(), created, model, choices, usage, system_fingerprint: fingerprint }).into_response());
     }
 
-    let include_usage = req.include_usage();
-    let total = receivers.len();
-    let chunk = move |choices: Vec<CompletionChunkChoice>, usage: Option<Option<Usage>>| {
-        let c = CompletionChunk { id: id.clone(), object: Default::default(), created, model: model.clone(), system_fingerprint: fingerprint.clone(), choices, usage };
-        SseEvent::default().data(serde_json::to_string(&c).unwrap_or_default())
-    };
-    let usage_field = if include_usage { Some(None) } else { None };
-    let mut offsets: Vec<usize> = echoes.iter().map(String::len).collect();
-    let mut completion = 0;
-    let mut cached = 0;
-    let mut finished = 0;
-    let mut failed = false;
-    let head: Vec<SseEvent> = echoes
-        .iter()
-        .enumerate()
-        .filter(|(_, e)| !e.is_empty())
-        .map(|(i, e)| chunk(vec![CompletionChunkChoice { text: e.clone(), index: i as u32, logprobs: None, finish_reason: None }], usage_field))
-        .collect();
-    let body = generate::merged(receivers).flat_map(move |(i, ev)| {
-        let mut out = Vec::new();
-        if failed {
-            return futures::stream::iter(out);
+    let chunks = CompletionChunks { id, created, model, fingerprint, usage_field: req.include_usage().then_some(None), offsets: echoes.iter().map(String::len).collect(), echoes, logprobs };
+    Ok(sse::stream(receivers, prompt_tokens, req.include_usage(), chunks))
+}
+
+/// Text completions' chunks: the echoed prompts first (with `echo`), then text as it
+/// comes, with legacy log-probabilities whose offsets count from the start of the echo.
+struct CompletionChunks {
+    id: String,
+    created: u64,
+    model: String,
+    fingerprint: String,
+    /// Every chunk carries `usage: null` when usage was asked for.
+    usage_field: Option<Option<Usage>>,
+    echoes: Vec<String>,
+    /// Per choice: bytes of text sent so far.
+    offsets: Vec<usize>,
+    logprobs: Option<usize>,
+}
+
+impl CompletionChunks {
+    fn chunk(&self, choices: Vec<CompletionChunkChoice>, usage: Option<Option<Usage>>) -> SseEvent {
+        sse::data(&CompletionChunk { id: self.id.clone(), object: Default::default(), created: self.created, model: self.model.clone(), system_fingerprint: self.fingerprint.clone(), choices, usage })
+    }
+}
+
+impl sse::Chunks for CompletionChunks {
+    fn opening(&mut self) -> Vec<SseEvent> {
+        self.echoes
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| !e.is_empty())
+            .map(|(i, e)| self.chunk(vec![CompletionChunkChoice { text: e.clone(), index: i as u32, logprobs: None, finish_reason: None }], self.usage_field))
+            .collect()
+    }
+
+    fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent> {
+        if text.is_empty() && info.is_none() {
+            return Vec::new();
         }
-        match ev {
-            Event::Started { cached_tokens } => cached = cached.max(cached_tokens),
-            Event::Token { text, info } => {
-                if !text.is_empty() || info.is_some() {
-                    let lp = logprobs.map(|_| legacy_logprobs(info.as_slice(), offsets[i]));
-                    offsets[i] += text.len();
-                    out.push(chunk(vec![CompletionChunkChoice { text, index: i as u32, logprobs: lp, finish_reason: None }], usage_field));
-                }
-            }
-            Event::Done { finish, completion_tokens } => {
-                completion += completion_tokens;
-                finished += 1;
-                out.push(chunk(vec![CompletionChunkChoice { text: String::new(), index: i as u32, logprobs: None, finish_reason: Some(finish_reason(finish)) }], usage_field));
-                if finished == total {
-                    if include_usage {
-                        out.push(chunk(vec![], Some(Some(Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached as u32 }), ..Usage::new(prompt_tokens as u32, completion as u32) }))));
-                    }
-                    out.push(SseEvent::default().data("[DONE]"));
-                }
-            }
-            Event::Failed(m) => {
-                failed = true;
-                out.push(SseEvent::default().data(serde_json::to_string(&ApiError::Internal(m).body()).unwrap_or_default()));
-                out.push(SseEvent::default().data("[DONE]"));
-            }
-            Event::Unavailable(m) => {
-                failed = true;
-                out.push(SseEvent::default().data(serde_json::to_string(&ApiError::Unavailable(m).body()).unwrap_or_default()));
-                out.push(SseEvent::default().data("[DONE]"));
-            }
-        }
-        futures::stream::iter(out)
-    });
-    let stream = futures::stream::iter(head).chain(body).map(Ok::<_, Infallible>);
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()).into_response())
+        let lp = self.logprobs.map(|_| legacy_logprobs(info.as_slice(), self.offsets[i]));
+        self.offsets[i] += text.len();
+        vec![self.chunk(vec![CompletionChunkChoice { text, index: i as u32, logprobs: lp, finish_reason: None }], self.usage_field)]
+    }
+
+    fn finish(&mut self, i: usize, finish: Finish) -> Vec<SseEvent> {
+        vec![self.chunk(vec![CompletionChunkChoice { text: String::new(), index: i as u32, logprobs: None, finish_reason: Some(finish_reason(finish)) }], self.usage_field)]
+    }
+
+    fn usage(&self, usage: Usage) -> SseEvent {
+        self.chunk(vec![], Some(Some(usage)))
+    }
 }
 
 /// Each prompt as tokens and as text (for `echo`).

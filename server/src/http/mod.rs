@@ -10,6 +10,7 @@ mod generate;
 mod json;
 mod prepare;
 pub mod server;
+mod sse;
 mod tools;
 
 use std::sync::Arc;
