@@ -29,6 +29,7 @@ constant_tag!(
     ToolType::Function = "function"
 );
 
+with_sampling_fields! {
 /// A chat completion request. Fields hearth does not know are ignored, as OpenAI does.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
@@ -56,32 +57,12 @@ pub struct ChatCompletionRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1)]
     pub max_completion_tokens: Option<u32>,
-    /// Sampling temperature; 0 picks the most likely token every time. Default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0, maximum = 2)]
-    pub temperature: Option<f32>,
-    /// Nucleus sampling: keep the smallest set of tokens whose probabilities add up to this.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0, maximum = 1)]
-    pub top_p: Option<f32>,
     /// Seed of the sampler, for repeatable answers on the same model and settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
     /// Up to 4 sequences that end generation; they are not included in the output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<Stop>,
-    /// Penalises tokens that already appeared at all, in -2..=2.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = -2, maximum = 2)]
-    pub presence_penalty: Option<f32>,
-    /// Penalises tokens by how often they already appeared, in -2..=2.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = -2, maximum = 2)]
-    pub frequency_penalty: Option<f32>,
-    /// Added to the logits of the given tokens: keys are token ids (as strings), values in
-    /// -100..=100, where -100 bans a token and 100 forces it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logit_bias: Option<BTreeMap<String, f32>>,
     /// Return the log-probability of each generated token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<bool>,
@@ -110,21 +91,7 @@ pub struct ChatCompletionRequest {
     /// An id of the end user, recorded in logs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// hearth extension (as in llama.cpp and vLLM): sample only among the k most likely
-    /// tokens; 0 or -1 disables it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = -1)]
-    pub top_k: Option<i32>,
-    /// hearth extension (as in llama.cpp and vLLM): drop tokens whose probability is below
-    /// this fraction of the most likely token's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(minimum = 0, maximum = 1)]
-    pub min_p: Option<f32>,
-    /// hearth extension (llama.cpp's repetition penalty): divides the logits of recently
-    /// seen tokens by this; 1 disables it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0)]
-    pub repeat_penalty: Option<f32>,
+}
 }
 
 impl ChatCompletionRequest {

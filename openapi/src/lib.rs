@@ -7,6 +7,8 @@
 //! transport or the server, nor on any web framework, so that clients and tests can use it
 //! cheaply and OpenAI JSON never leaks below the server.
 
+#[macro_use]
+mod sampling;
 mod chat;
 mod completions;
 mod error;
@@ -22,6 +24,7 @@ pub use generation::{
     FinishReason, ListObject, PromptTokensDetails, Stop, StreamOptions, Usage, LOGPROB_FLOOR,
 };
 pub use models::*;
+pub use sampling::SamplingOptions;
 pub use spec::{spec, spec_json, ApiDoc, HealthResponse, ReplanRequest};
 pub use validate::{
     parse_logit_bias, Limits, SchemaLimits, MAX_COMPLETION_LOGPROBS, MAX_LOGIT_BIAS, MAX_MESSAGES,

@@ -11,6 +11,7 @@ use crate::chat::{
 use crate::completions::{CompletionRequest, PromptInput};
 use crate::error::WireError;
 use crate::generation::Stop;
+use crate::sampling::SamplingOptions;
 
 /// The most alternatives per position the legacy completions `logprobs` may ask for.
 pub const MAX_COMPLETION_LOGPROBS: u32 = 5;
@@ -171,24 +172,18 @@ pub fn parse_logit_bias(bias: &BTreeMap<String, f32>) -> Result<Vec<(u32, f32)>,
     Ok(parsed)
 }
 
-/// The sampling fields chat and text completions share, checked by one set of rules.
+/// What chat and text completions share, checked by one set of rules: the sampling
+/// fields, the number of choices and the stop sequences.
 struct Sampling<'a> {
-    temperature: Option<f32>,
-    top_p: Option<f32>,
+    options: SamplingOptions<'a>,
     n: Option<u32>,
-    presence_penalty: Option<f32>,
-    frequency_penalty: Option<f32>,
-    logit_bias: Option<&'a BTreeMap<String, f32>>,
     stop: Option<&'a Stop>,
-    top_k: Option<i32>,
-    min_p: Option<f32>,
-    repeat_penalty: Option<f32>,
 }
 
 impl Sampling<'_> {
     fn check(&self, limits: &Limits) -> Result<(), WireError> {
-        check_range("temperature", self.temperature, 0.0, 2.0)?;
-        if let Some(top_p) = self.top_p {
+        check_range("temperature", self.options.temperature, 0.0, 2.0)?;
+        if let Some(top_p) = self.options.top_p {
             if !(top_p > 0.0 && top_p <= 1.0) {
                 return Err(invalid(
                     "top_p",
@@ -209,9 +204,9 @@ impl Sampling<'_> {
                 ));
             }
         }
-        check_range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
-        check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
-        if let Some(bias) = self.logit_bias {
+        check_range("presence_penalty", self.options.presence_penalty, -2.0, 2.0)?;
+        check_range("frequency_penalty", self.options.frequency_penalty, -2.0, 2.0)?;
+        if let Some(bias) = self.options.logit_bias {
             if bias.len() > limits.max_logit_bias {
                 return Err(invalid(
                     "logit_bias",
@@ -253,7 +248,7 @@ impl Sampling<'_> {
                 ));
             }
         }
-        if let Some(top_k) = self.top_k {
+        if let Some(top_k) = self.options.top_k {
             if top_k < -1 {
                 return Err(invalid(
                     "top_k",
@@ -261,8 +256,8 @@ impl Sampling<'_> {
                 ));
             }
         }
-        check_range("min_p", self.min_p, 0.0, 1.0)?;
-        if let Some(penalty) = self.repeat_penalty {
+        check_range("min_p", self.options.min_p, 0.0, 1.0)?;
+        if let Some(penalty) = self.options.repeat_penalty {
             // llama.cpp divides logits by it: 0 would turn them into infinities.
             if !(penalty > 0.0 && penalty.is_finite()) {
                 return Err(invalid(
@@ -581,19 +576,7 @@ impl ChatCompletionRequest {
     /// Checks the request against OpenAI's rules and the server's `limits`.
     pub fn validate(&self, limits: &Limits) -> Result<(), WireError> {
         self.validate_messages(limits)?;
-        Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            n: self.n,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            logit_bias: self.logit_bias.as_ref(),
-            stop: self.stop.as_ref(),
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-        }
-        .check(limits)?;
+        Sampling { options: self.sampling(), n: self.n, stop: self.stop.as_ref() }.check(limits)?;
         check_at_least_one("max_tokens", self.max_tokens)?;
         check_at_least_one("max_completion_tokens", self.max_completion_tokens)?;
         if let Some(top) = self.top_logprobs {
@@ -816,19 +799,7 @@ impl CompletionRequest {
                 "Unsupported parameter: 'suffix' (fill-in-the-middle) is not supported.",
             ));
         }
-        Sampling {
-            temperature: self.temperature,
-            top_p: self.top_p,
-            n: self.n,
-            presence_penalty: self.presence_penalty,
-            frequency_penalty: self.frequency_penalty,
-            logit_bias: self.logit_bias.as_ref(),
-            stop: self.stop.as_ref(),
-            top_k: self.top_k,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-        }
-        .check(limits)?;
+        Sampling { options: self.sampling(), n: self.n, stop: self.stop.as_ref() }.check(limits)?;
         // With echo, 0 new tokens is how a client scores a prompt.
         if !self.echo {
             check_at_least_one("max_tokens", self.max_tokens)?;

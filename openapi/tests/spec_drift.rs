@@ -1,7 +1,7 @@
 //! The checked-in `openapi/openapi.json` must be the document the code generates, so that
 //! clients and reviewers can read the API without building hearth.
 //!
-//! Regenerate it with `HEARTH_UPDATE_OPENAPI=1 cargo test -p hearth-openapi --test spec_drift`.
+//! Regenerate it with `HEARTH_UPDATE_OPENAPI=1 cargo test --release --workspace --test spec_drift`.
 
 use std::path::Path;
 
@@ -26,7 +26,7 @@ fn checked_in_spec_matches_the_code() {
             .unwrap_or_else(|| checked_in.lines().count().min(generated.lines().count()));
         panic!(
             "{} is out of date with the wire types (first difference at line {}).\n\
-             Regenerate it with: HEARTH_UPDATE_OPENAPI=1 cargo test -p hearth-openapi --test spec_drift\n\
+             Regenerate it with: HEARTH_UPDATE_OPENAPI=1 cargo test --release --workspace --test spec_drift\n\
              and commit the result.",
             path.display(),
             first_difference + 1

@@ -14,7 +14,7 @@ use openapi::{
 use serde_json::{json, Value};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, sampling_fields, Choice, GenSpec};
+use super::generate::{self, finish_reason, Choice, GenSpec};
 use super::json::ApiJson;
 use super::prepare;
 use super::sse;
@@ -84,7 +84,7 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
         _ => (None, ""),
     };
     let has_grammar = grammar.is_some();
-    let sampling = generate::sampling_params(sampling_fields!(req), grammar)?;
+    let sampling = generate::sampling_params(req.sampling(), grammar)?;
     // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
     // a failure inside the batching loop.
     Sampler::new(&state.tokenizer, &sampling).map_err(|e| match e {

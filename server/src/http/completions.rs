@@ -11,7 +11,7 @@ use engine::sampler::{Sampler, SamplingParams};
 use openapi::{CompletionChoice, CompletionChunk, CompletionChunkChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, PromptInput, Usage};
 
 use super::error::ApiError;
-use super::generate::{self, finish_reason, sampling_fields, GenSpec};
+use super::generate::{self, finish_reason, GenSpec};
 use super::json::ApiJson;
 use super::prepare;
 use super::sse;
@@ -118,7 +118,7 @@ type Prompts = Vec<(Vec<i32>, String)>;
 fn prepare(state: &AppState, req: &CompletionRequest) -> Result<(SamplingParams, Prompts), ApiError> {
     req.validate(&state.limits)?;
     check_model(state, &req.model)?;
-    let sampling = generate::sampling_params(sampling_fields!(req), None)?;
+    let sampling = generate::sampling_params(req.sampling(), None)?;
     Sampler::new(&state.tokenizer, &sampling)?;
     let n_vocab = state.tokenizer.n_vocab();
     let mut prompts = Vec::new();

@@ -13,52 +13,34 @@ use super::error::ApiError;
 use super::AppState;
 use crate::runtime::generation::{Event, Finish, GenerationRequest, TokenInfo};
 
-/// The sampling fields chat and text completions share, as sent.
-pub struct SamplingFields<'a> {
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<i32>,
-    pub min_p: Option<f32>,
-    pub repeat_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    pub presence_penalty: Option<f32>,
-    pub logit_bias: Option<&'a std::collections::BTreeMap<String, f32>>,
-}
+/// OpenAI's defaults for the parameters OpenAI has (an unset temperature or top_p means 1).
+const DEFAULT_TEMPERATURE: f32 = 1.0;
+const DEFAULT_TOP_P: f32 = 1.0;
+/// llama-server's defaults for hearth's extensions: they keep small models on track.
+const DEFAULT_TOP_K: i32 = 40;
+const DEFAULT_MIN_P: f32 = 0.05;
+/// Repetition and OpenAI's penalties are off unless asked for.
+const DEFAULT_REPEAT_PENALTY: f32 = 1.0;
+const DEFAULT_PENALTY: f32 = 0.0;
+/// How many recent tokens the repetition penalty looks at (llama-server's default).
+const REPEAT_LAST_N: i32 = 64;
 
-/// The shared sampling fields of a chat or text completion request (their names match).
-macro_rules! sampling_fields {
-    ($req:expr) => {
-        $crate::http::generate::SamplingFields {
-            temperature: $req.temperature,
-            top_p: $req.top_p,
-            top_k: $req.top_k,
-            min_p: $req.min_p,
-            repeat_penalty: $req.repeat_penalty,
-            frequency_penalty: $req.frequency_penalty,
-            presence_penalty: $req.presence_penalty,
-            logit_bias: $req.logit_bias.as_ref(),
-        }
-    };
-}
-pub(crate) use sampling_fields;
-
-/// Unset OpenAI parameters take OpenAI's defaults (temperature 1, top_p 1); hearth's
-/// extensions take llama-server's (top_k 40, min_p 0.05), which keep small models on
-/// track. The seed is set per choice.
-pub fn sampling_params(f: SamplingFields, grammar: Option<String>) -> Result<SamplingParams, ApiError> {
-    let logit_bias = match f.logit_bias {
+/// The sampling parameters of a validated request: what the client sent, every unset one
+/// at its default. The seed is set per choice.
+pub fn sampling_params(sent: openapi::SamplingOptions, grammar: Option<String>) -> Result<SamplingParams, ApiError> {
+    let logit_bias = match sent.logit_bias {
         Some(b) => openapi::parse_logit_bias(b)?.into_iter().map(|(t, v)| (t.min(i32::MAX as u32) as i32, v)).collect(),
         None => Vec::new(),
     };
     Ok(SamplingParams {
-        temperature: f.temperature.unwrap_or(1.0),
-        top_k: f.top_k.unwrap_or(40),
-        top_p: f.top_p.unwrap_or(1.0),
-        min_p: f.min_p.unwrap_or(0.05),
-        repeat_penalty: f.repeat_penalty.unwrap_or(1.0),
-        repeat_last_n: 64,
-        frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
-        presence_penalty: f.presence_penalty.unwrap_or(0.0),
+        temperature: sent.temperature.unwrap_or(DEFAULT_TEMPERATURE),
+        top_k: sent.top_k.unwrap_or(DEFAULT_TOP_K),
+        top_p: sent.top_p.unwrap_or(DEFAULT_TOP_P),
+        min_p: sent.min_p.unwrap_or(DEFAULT_MIN_P),
+        repeat_penalty: sent.repeat_penalty.unwrap_or(DEFAULT_REPEAT_PENALTY),
+        repeat_last_n: REPEAT_LAST_N,
+        frequency_penalty: sent.frequency_penalty.unwrap_or(DEFAULT_PENALTY),
+        presence_penalty: sent.presence_penalty.unwrap_or(DEFAULT_PENALTY),
         seed: 0,
         logit_bias,
         grammar,
