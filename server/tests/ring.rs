@@ -53,7 +53,9 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
 fn two_concurrent_streams_across_the_ring() {
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
-    let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &format!("{},{}", w1.addr, w2.addr), "--plan-strategy", "even"]);
+    // Batch-invariant kernels: with llama.cpp's own, a sequence decoded beside another
+    // rounds differently from the same sequence alone (docs/speculation.md).
+    let head = Served::start(&["--threads", "1", "--parallel", "2", "--batch-invariant", "--workers", &format!("{},{}", w1.addr, w2.addr), "--plan-strategy", "even"]);
     let alone = chat(&head.addr, true);
     let addr = head.addr.clone();
     let other = std::thread::spawn(move || chat(&addr, true));
