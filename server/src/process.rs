@@ -1,6 +1,7 @@
 //! What the process gets from the operating system, shared by every role: the tokio
 //! runtimes (HTTP at lower priority, ring I/O at normal priority), thread priorities,
-//! shutdown signals and the wall clock. A leaf: it imports nothing from this crate.
+//! shutdown signals, the OpenMP environment and the wall clock. A leaf: it imports nothing
+//! from this crate.
 
 /// The runtime for HTTP work. Its threads run at a lower priority than the engine's: a
 /// ggml step waits at a barrier for all its threads, so an HTTP task that preempts one of
@@ -61,3 +62,27 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
 pub fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
+
+/// How long (in pause instructions) an idle OpenMP thread spins before it sleeps, unless
+/// the user set `GOMP_SPINCOUNT`. libgomp's default (300,000, i.e. milliseconds on CPUs
+/// whose pause takes ~100 cycles) keeps a ring member's threads burning cores after its
+/// window is done, while the next member on the same machine needs them. Waits inside a
+/// step (ggml's per-op barriers) last microseconds, well within this.
+const OPENMP_SPIN_COUNT: &str = "10000";
+
+/// libgomp reads its settings once, when it is loaded, before `main`: setting them means
+/// starting over with the new environment. Returns only if that is not needed or fails.
+#[cfg(unix)]
+pub fn settle_openmp_environment() {
+    use std::os::unix::process::CommandExt;
+    if std::env::var_os("GOMP_SPINCOUNT").is_some() || std::env::var_os("OMP_WAIT_POLICY").is_some() {
+        return;
+    }
+    let Ok(exe) = std::env::current_exe() else { return };
+    let args: Vec<_> = std::env::args_os().skip(1).collect();
+    let err = std::process::Command::new(exe).args(args).env("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT).exec();
+    eprintln!("hearth: could not restart with GOMP_SPINCOUNT set ({err}); continuing");
+}
+
+#[cfg(not(unix))]
+pub fn settle_openmp_environment() {}

@@ -368,3 +368,22 @@ fn fetch_model(args: FetchArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("{}", path.display());
     Ok(())
 }
+
+/// The `hearth` binary's whole body, shared by the system tests' copy of it.
+pub fn main() -> std::process::ExitCode {
+    crate::process::settle_openmp_environment();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,llama-cpp-2=warn,llama_cpp_2=warn")))
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal, never in log files or `docker logs`.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let result = run(Cli::parse());
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hearth: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

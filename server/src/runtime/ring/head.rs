@@ -398,6 +398,8 @@ impl RingPipeline {
                 links.to_first.send(kv).await.map_err(|e| e.to_string())?;
             }
             links.to_first.send(&frame).await.map_err(|e| e.to_string())?;
+            // Sent means encoded: the frame coming back decodes into its buffers.
+            links.from_last.recycle(frame);
             loop {
                 match links.from_last.recv_within(timeout).await.map_err(|e| e.to_string())? {
                     // The KV operations sent ahead, coming back: every worker applied them.

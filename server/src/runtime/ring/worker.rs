@@ -305,6 +305,8 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
                 let reply = compute(state, activations, waited, generation);
                 out.sink.send(&reply).await?;
                 last_sent = Some(Instant::now());
+                // Sent means encoded: its buffers, the size of the next input, decode that.
+                link.stream.recycle(reply);
                 continue;
             }
             Frame::KvOps { step, ops } => {

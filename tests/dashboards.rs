@@ -268,8 +268,17 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
         );
         chat(&head.addr, "Explain in detail how a bicycle works.", 24);
     }
-    // Two more scrapes after the last request.
-    std::thread::sleep(Duration::from_secs(11));
+    // Two more scrapes after the last request (rates need two samples of the final
+    // counts): Prometheus holds the head's final token count, then a newer sample of it.
+    let text = common::http(&head.addr, "GET", "/metrics", "", "").unwrap().body;
+    let tokens: f64 = text.lines().find_map(|l| l.strip_prefix("hearth_generated_tokens_total ")?.trim().parse().ok()).expect("a token count");
+    let sample = |prom: &str| -> Option<(f64, f64)> {
+        let s = query(prom, "hearth_generated_tokens_total").ok()?.into_iter().next()?;
+        let at = query(prom, "timestamp(hearth_generated_tokens_total)").ok()?.into_iter().next()?;
+        Some((s["value"][1].as_str()?.parse().ok()?, at["value"][1].as_str()?.parse().ok()?))
+    };
+    let first = common::wait_for("Prometheus to scrape the final counts", Duration::from_secs(60), || sample(&prom.addr).filter(|s| s.0 == tokens).map(|s| s.1));
+    common::wait_for("one more scrape", Duration::from_secs(60), || sample(&prom.addr).filter(|s| s.1 > first));
 
     let names = exported(&head.addr);
     let mut failures = Vec::new();

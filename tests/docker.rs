@@ -302,7 +302,7 @@ fn a_head_and_two_workers_in_containers_serve_lose_a_worker_and_recover() {
                 BASE_IMAGE,
                 "--tag",
                 IMAGE,
-                env!("CARGO_BIN_EXE_hearth"),
+                env!("CARGO_BIN_EXE_hearth-under-test"),
             ]),
     )
     .unwrap_or_else(|e| panic!("building {IMAGE}: {e}"));

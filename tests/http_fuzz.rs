@@ -12,9 +12,9 @@
 //! minutes (see docs/robustness.md).
 
 mod common;
-#[path = "../../tests/fuzz_driver.rs"]
+#[path = "fuzz_driver.rs"]
 mod fuzz;
-#[path = "../../tests/fuzz_json.rs"]
+#[path = "fuzz_json.rs"]
 mod fuzz_json;
 
 use std::io::{Read, Write};

@@ -51,7 +51,7 @@ fn sigterm_lets_a_running_stream_finish() {
 
 #[test]
 fn a_missing_model_is_a_clear_error() {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(["serve", "--model", "/nonexistent/model.gguf"]).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).args(["serve", "--model", "/nonexistent/model.gguf"]).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");

@@ -9,7 +9,7 @@ use std::time::Instant;
 use scheduler::DeviceProfile;
 
 fn hearth(cache: &std::path::Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).args(args).env("XDG_CACHE_HOME", cache).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).args(args).env("XDG_CACHE_HOME", cache).output().unwrap();
     assert!(out.status.success(), "hearth {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap()
 }

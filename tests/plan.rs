@@ -8,7 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 fn plan(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hearth")).arg("plan").args(args).output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).arg("plan").args(args).output().unwrap();
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
 }
 

@@ -1,0 +1,136 @@
+//! Shared by the system tests: the default model, `hearth serve` started
+//! as a child process on a free port, a plain HTTP/1.1 client and polling.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn default_model() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+    hearth::models::ensure_default_model(&dir).expect("fetch the default model")
+}
+
+/// A running `hearth serve`; killed if the test fails before stopping it.
+pub struct Served {
+    pub child: Child,
+    /// host:port
+    pub addr: String,
+}
+
+impl Served {
+    /// Starts `hearth serve --port 0 ARGS --model <default>` and waits for its address.
+    pub fn start(args: &[&str]) -> Served {
+        Served::spawn(&["serve", "--port", "0"], args, &default_model(), "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
+    }
+
+    /// Starts `hearth worker --listen 127.0.0.1:0 ARGS --model <default>`.
+    pub fn worker(args: &[&str]) -> Served {
+        Served::worker_at("127.0.0.1:0", &default_model(), args).unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))
+    }
+
+    /// Starts `hearth worker --listen LISTEN ARGS --model MODEL`; the log if it fails.
+    pub fn worker_at(listen: &str, model: &std::path::Path, args: &[&str]) -> Result<Served, String> {
+        Served::spawn(&["worker", "--listen", listen], args, model, "worker listening on ")
+    }
+
+    /// Like `start`, but returns the server's log if it exits instead of listening.
+    pub fn try_start(args: &[&str]) -> Result<Served, String> {
+        Served::spawn(&["serve", "--port", "0"], args, &default_model(), "listening on http://")
+    }
+
+    fn spawn(role: &[&str], args: &[&str], model: &std::path::Path, marker: &str) -> Result<Served, String> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth-under-test"))
+            .args(role)
+            .args(args)
+            .arg("--model")
+            .arg(model)
+            .env("HEARTH_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = String::new();
+        let addr = loop {
+            let Some(line) = lines.next() else {
+                let _ = child.wait();
+                return Err(log);
+            };
+            let line = line.unwrap();
+            if let Some(rest) = line.split(marker).nth(1) {
+                break rest.trim().to_string();
+            }
+            log.push_str(&line);
+            log.push('\n');
+        };
+        // Keep draining the log so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Ok(Served { child, addr })
+    }
+
+    /// Sends SIGTERM (a user's Ctrl-C or `docker stop`).
+    pub fn terminate(&self) {
+        self.signal(SIGTERM);
+    }
+
+    /// Sends a signal (SIGSTOP freezes the process: a stalled device).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        assert_eq!(unsafe { kill(self.child.id() as i32, sig) }, 0);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP answer: status, the header block lower-cased, body.
+pub struct Response {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+/// One HTTP/1.1 request on a connection of its own. `headers`: extra header lines, each
+/// ending in `\r\n`. Err when the connection fails (a server not up yet) or the answer is
+/// not HTTP.
+pub fn http(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> Result<Response, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(120))).map_err(|e| e.to_string())?;
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).map_err(|e| e.to_string())?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
+    let (head, body) = resp.split_once("\r\n\r\n").ok_or_else(|| format!("not an HTTP response: {resp:?}"))?;
+    let status = head.get(9..12).and_then(|c| c.parse().ok()).ok_or_else(|| format!("not an HTTP response: {resp:?}"))?;
+    Ok(Response { status, headers: head.to_ascii_lowercase(), body: body.to_string() })
+}
+
+/// Polls `check` until it gives a value; panics naming `what` after `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A loopback port free now (for a process that must be told its port up front).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+pub const SIGTERM: i32 = 15;
+pub const SIGSTOP: i32 = 19;
+pub const SIGCONT: i32 = 18;
+
+extern "C" {
+    fn kill(pid: i32, sig: i32) -> i32;
+}
