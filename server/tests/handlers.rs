@@ -34,6 +34,8 @@ enum Script {
 enum ScriptEvent {
     Started(usize),
     Token(&'static str),
+    /// Text that is not `'static`.
+    Text(String),
     Done(Finish, usize),
     Failed(&'static str),
     Unavailable(&'static str),
@@ -64,6 +66,7 @@ impl Runtime for Fake {
             let _ = req.events.send(match e {
                 ScriptEvent::Started(cached_tokens) => Event::Started { cached_tokens },
                 ScriptEvent::Token(t) => Event::Token { text: t.into(), info: None },
+                ScriptEvent::Text(t) => Event::Token { text: t, info: None },
                 ScriptEvent::Done(finish, completion_tokens) => Event::Done { finish, completion_tokens },
                 ScriptEvent::Failed(m) => Event::Failed(m.into()),
                 ScriptEvent::Unavailable(m) => Event::Unavailable(m.into()),
@@ -315,4 +318,44 @@ async fn bad_requests_never_reach_the_runtime() {
         envelope(status, &text, want, None);
     }
     assert!(fake.seen.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn streamed_tool_calls_are_held_back_and_sent_as_one_delta() {
+    let weather = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let call = Script::Events(vec![
+        ScriptEvent::Started(0),
+        ScriptEvent::Token("<tool_"),
+        ScriptEvent::Text(r#"call>{"name": "get_weather", "arguments": {"city": "Oslo"}}"#.into()),
+        ScriptEvent::Token("</tool_call>"),
+        ScriptEvent::Done(Finish::Stop, 3),
+    ]);
+    let (status, _, text) = call_app(call.clone(), chat(json!({"tools": weather, "stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let chunks: Vec<Value> = sse(&text).iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c["choices"][0]["delta"]["content"].as_str().is_none_or(str::is_empty)), "no tool-call text leaks as content: {chunks:?}");
+    let calls: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    let f = &calls[0]["choices"][0]["delta"]["tool_calls"][0]["function"];
+    assert_eq!(f["name"], "get_weather");
+    assert_eq!(serde_json::from_str::<Value>(f["arguments"].as_str().unwrap()).unwrap(), json!({"city": "Oslo"}));
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    // The same answer whole.
+    let (status, _, text) = call_app(call, chat(json!({"tools": weather}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+
+    // Text that only began like a call is content after all, none of it lost.
+    let prose = Script::Events(vec![ScriptEvent::Started(0), ScriptEvent::Token("<to"), ScriptEvent::Token("day is sunny"), ScriptEvent::Done(Finish::Stop, 2)]);
+    let (_, _, text) = call_app(prose, chat(json!({"tools": weather, "stream": true}))).await;
+    let chunks: Vec<Value> = sse(&text).iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let content: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(content, "<today is sunny");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+}
+
+async fn call_app(script: Script, body: Value) -> (StatusCode, axum::http::HeaderMap, String) {
+    call(app(Arc::new(Fake::new(script)), None), "POST", "/v1/chat/completions", Some(body), None).await
 }
