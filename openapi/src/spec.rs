@@ -38,6 +38,34 @@ impl HealthResponse {
     }
 }
 
+/// The refusals both generation routes share (each route's 400 says what it refuses).
+#[derive(utoipa::IntoResponses)]
+enum GenerationRefusals {
+    #[response(status = 401, description = "Missing or wrong API key")]
+    Unauthorized(ErrorResponse),
+    #[response(status = 404, description = "Unknown model (`model_not_found`)")]
+    ModelNotFound(ErrorResponse),
+    #[response(status = 413, description = "Request body over the server's limit")]
+    TooLarge(ErrorResponse),
+    #[response(status = 429, description = "The request queue or the queue of requests being prepared is full; retry later",
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
+    Busy(ErrorResponse),
+    #[response(status = 500, description = "Internal error")]
+    Internal(ErrorResponse),
+    #[response(status = 503, description = "Not ready, shutting down, or overloaded; retry later",
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
+    Unavailable(ErrorResponse),
+}
+
+/// The refusals every admin route shares.
+#[derive(utoipa::IntoResponses)]
+enum AdminRefusals {
+    #[response(status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)")]
+    WrongKey(ErrorResponse),
+    #[response(status = 403, description = "Started without `--admin-key` (`admin_disabled`)")]
+    Disabled(ErrorResponse),
+}
+
 /// Creates a chat completion.
 ///
 /// The conversation is rendered with the model's chat template (tool definitions
@@ -57,14 +85,7 @@ impl HealthResponse {
                 (ChatCompletionChunk = "text/event-stream"),
             )),
         (status = 400, description = "Invalid parameter or a request over one of the server's limits (named in `param`), or a prompt longer than the context (`context_length_exceeded`)", body = ErrorResponse),
-        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
-        (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
-        (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
-        (status = 429, description = "The request queue or the queue of requests being prepared is full; retry later", body = ErrorResponse,
-            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
-        (status = 500, description = "Internal error", body = ErrorResponse),
-        (status = 503, description = "Not ready, shutting down, or overloaded; retry later", body = ErrorResponse,
-            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+        GenerationRefusals,
     ),
     security(("api_key" = []))
 )]
@@ -88,14 +109,7 @@ fn create_chat_completion() {}
                 (CompletionChunk = "text/event-stream"),
             )),
         (status = 400, description = "Invalid or unsupported parameter or a request over one of the server's limits (named in `param`), or a prompt longer than the context (`context_length_exceeded`)", body = ErrorResponse),
-        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
-        (status = 404, description = "Unknown model (`model_not_found`)", body = ErrorResponse),
-        (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
-        (status = 429, description = "The request queue or the queue of requests being prepared is full; retry later", body = ErrorResponse,
-            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
-        (status = 500, description = "Internal error", body = ErrorResponse),
-        (status = 503, description = "Not ready, shutting down, or overloaded; retry later", body = ErrorResponse,
-            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
+        GenerationRefusals,
     ),
     security(("api_key" = []))
 )]
@@ -185,8 +199,7 @@ pub struct ReplanRequest {
     security(("admin_key" = [])),
     responses(
         (status = 200, description = "The running plan, its predicted and measured TPOT", body = Object),
-        (status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)", body = ErrorResponse),
-        (status = 403, description = "Started without `--admin-key` (`admin_disabled`)", body = ErrorResponse),
+        AdminRefusals,
     )
 )]
 fn get_plan() {}
@@ -207,8 +220,7 @@ fn get_plan() {}
         (status = 200, description = "The plan after re-planning (see `last_check` for what was decided)", body = Object),
         (status = 202, description = "Busy: the re-plan runs when the queue is next idle", body = Object),
         (status = 400, description = "Malformed JSON or an unknown strategy", body = ErrorResponse),
-        (status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)", body = ErrorResponse),
-        (status = 403, description = "Started without `--admin-key` (`admin_disabled`)", body = ErrorResponse),
+        AdminRefusals,
         (status = 409, description = "No workers to plan for, or the re-plan failed (`conflict`)", body = ErrorResponse),
     )
 )]
@@ -226,8 +238,7 @@ fn replan() {}
     security(("admin_key" = [])),
     responses(
         (status = 200, description = "Every device's profile", body = Object),
-        (status = 401, description = "Missing or wrong admin key (`invalid_admin_key`)", body = ErrorResponse),
-        (status = 403, description = "Started without `--admin-key` (`admin_disabled`)", body = ErrorResponse),
+        AdminRefusals,
     )
 )]
 fn get_cluster() {}
