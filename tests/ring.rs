@@ -165,10 +165,10 @@ fn a_worker_killed_mid_stream_ends_it_with_an_error_then_503_until_it_returns_an
     // The head keeps answering /health, degraded, and refuses new requests at once.
     let h = health(&head.addr);
     assert_eq!(h["status"], "degraded", "{h}");
-    let started = Instant::now();
+    // (That the refusal comes at submission, before any queueing, is the batcher's unit
+    // test `a_lost_ring_member_degrades_the_head_until_it_recovers`.)
     let (status, body) = raw(&head.addr, "POST /v1/chat/completions", LONG);
     assert_ring_unavailable(status, &body, "");
-    assert!(started.elapsed() < Duration::from_secs(30), "a broken ring must refuse at once, not wait out the step timeout (120 s); took {:?}", started.elapsed());
     // Once the head has tried to re-form the ring, the reason names the lost worker.
     common::wait_for("the reason to name the lost worker", Duration::from_secs(30), || health(&head.addr)["reason"].as_str().is_some_and(|r| r.contains(&w2_addr)).then_some(()));
 
