@@ -494,7 +494,8 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     let mut slow_link_drops = 0;
     let mut warm: Option<(Vec<usize>, Vec<usize>, usize)> = None;
     let mut solves = 0;
-    let mut best: Option<(f64, Vec<usize>, Solved)> = None;
+    // (cost, members, solution, whether it needed slow disks treated as fast)
+    let mut best: Option<(f64, Vec<usize>, Solved, bool)> = None;
     // The baselines' plans, for the safeguard below (first round only).
     let mut seeds: Vec<(Vec<usize>, Vec<usize>, usize)> = Vec::new();
     for p in [memory_plan(devices, model), compute_plan(devices, model), even_plan(devices, model)].into_iter().flatten() {
@@ -503,6 +504,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     loop {
         let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
         let mut result = None;
+        let mut relaxed = false;
         // Fallbacks when nothing is feasible: let any device take no layers (then drop
         // it), then treat slow disks as fast (they may overload after all).
         for (zero_ok, threshold) in [(false, opts.disk_threshold), (true, opts.disk_threshold), (true, 0.0)] {
@@ -547,12 +549,21 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
             solves += solver.solves;
             if r.is_some() {
                 result = r;
+                relaxed = threshold != opts.disk_threshold;
                 break;
             }
         }
         let Some(r) = result else { break };
-        if best.as_ref().is_none_or(|(c, _, _)| r.cost < *c) {
-            best = Some((r.cost, members.clone(), r.clone()));
+        // A plan that overloads a slow disk (found only by treating slow disks as fast, once
+        // dropping devices left too little memory) loses to any plan that does not, however
+        // fast it predicts: the cost model cannot price thrashing a slow disk.
+        let better = match &best {
+            None => true,
+            Some((_, _, _, was_relaxed)) if *was_relaxed != relaxed => !relaxed,
+            Some((c, _, _, _)) => r.cost < *c,
+        };
+        if better {
+            best = Some((r.cost, members.clone(), r.clone(), relaxed));
         }
         let Some(limit) = opts.drop_at_most_layers else { break };
         let small: Vec<usize> = (0..members.len()).filter(|&m| r.k * r.w[m] <= limit && !(m == 0 && relay_head)).collect();
@@ -584,7 +595,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
         warm = Some((kept.iter().map(|&m| r.w[m]).collect(), kept.iter().map(|&m| r.n[m]).collect(), r.k));
         members = kept.iter().map(|&m| members[m]).collect();
     }
-    let (_, members, r) = best.ok_or(ScheduleError::Infeasible)?;
+    let (_, members, r, _) = best.ok_or(ScheduleError::Infeasible)?;
     // A device other than the head that ended with no layers is left out of the ring.
     let keep: Vec<usize> = (0..members.len()).filter(|&m| m == 0 || r.w[m] > 0).collect();
     let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&m| DevicePlan { window: r.w[m], gpu_layers: r.n[m] }).collect() };
