@@ -17,7 +17,7 @@ pub enum Error {
     #[error("invalid GGUF at byte {offset}: {reason}")]
     InvalidGguf { offset: u64, reason: String },
 
-    #[error("model architecture `{0}` is not supported (hearth runs llama, mistral, qwen2, qwen3)")]
+    #[error("model architecture `{0}` is not supported (hearth runs llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gpt-oss)")]
     UnsupportedArchitecture(String),
 
     #[error("model metadata `{key}` is missing or has the wrong type: {reason}")]
@@ -25,6 +25,9 @@ pub enum Error {
 
     #[error("model tensor `{name}`: {reason}")]
     Tensor { name: String, reason: String },
+
+    #[error("cannot make this model: {0}")]
+    InvalidModel(String),
 
     #[error("invalid layer window: {0}")]
     InvalidWindow(String),

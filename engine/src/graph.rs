@@ -12,7 +12,8 @@ use llama_cpp_sys_2 as sys;
 
 use crate::kv_cache::KvCache;
 use crate::model::{Arch, ModelSpec};
-use crate::weights::Weights;
+use crate::model::{Gating, Moe, MoeActivation};
+use crate::weights::{Ffn, MoeWeights, Weights};
 
 type T = *mut sys::ggml_tensor;
 
@@ -48,6 +49,8 @@ pub struct BuiltGraph {
     pub pos: Option<T>,
     pub cells: Option<T>,
     pub masks: Vec<T>,
+    /// Sliding-window masks, one per sequence, when the window has sliding layers.
+    pub swa_masks: Vec<T>,
     pub out_ids: Option<T>,
     pub attn_scale: Option<T>,
     /// Hidden states `[n_embd, n_tokens]`, logits `[n_vocab, n_out]`, or none when the
@@ -55,9 +58,11 @@ pub struct BuiltGraph {
     pub output: Option<T>,
 }
 
-/// Nodes per layer are ~30 plus ~8 per attended sequence; this bound leaves headroom.
-pub fn max_nodes(n_layers: usize, n_groups: usize) -> usize {
-    n_layers * (48 + 10 * n_groups) + 64
+/// Nodes per layer are ~30 plus ~8 per attended sequence, and a MoE FFN ~25 more plus
+/// 2 per expert used; this bound leaves headroom.
+pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
+    let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used);
+    n_layers * (48 + moe + 10 * n_groups) + 64
 }
 
 /// Builds the graph in `ctx` (a no-alloc context sized for `max_nodes`).
@@ -87,17 +92,30 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let (tokens, embd, mut x) = if first {
         let ids = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok));
         let tok_embd = w.tok_embd.expect("the first window binds the embeddings");
-        (Some(ids), None, sys::ggml_get_rows(ctx, tok_embd, ids))
+        let mut x = sys::ggml_get_rows(ctx, tok_embd, ids);
+        if let Some(s) = spec.embed_scale {
+            x = sys::ggml_scale(ctx, x, s);
+        }
+        (Some(ids), None, x)
     } else {
         let e = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, spec.n_embd as i64, n_tok));
         (None, Some(e), e)
     };
-    let masks: Vec<T> = shape
-        .groups
-        .iter()
-        .filter(|_| has_layers)
-        .map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, g.n_kv as i64, g.n_rows as i64, 1, 1)))
-        .collect();
+    // Inputs no node reads are left unallocated by ggml (and setting one aborts), so a
+    // mask exists only for a kind of layer (full or sliding) that attends in this graph:
+    // the model's last layer attends only when some output is wanted.
+    let attending = |il: usize| !(last && il + 1 == spec.n_layer && shape.n_out == 0);
+    let new_masks = |wanted: bool| -> Vec<T> {
+        if !wanted {
+            return Vec::new();
+        }
+        shape.groups.iter().map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, g.n_kv as i64, g.n_rows as i64, 1, 1))).collect()
+    };
+    let masks = new_masks(shape.layers.clone().any(|il| attending(il) && !spec.is_swa(il)));
+    let swa_masks = new_masks(shape.layers.clone().any(|il| attending(il) && spec.is_swa(il)));
+    // gpt-oss keeps every row through its last layer and picks the output rows after
+    // it (llama.cpp's `openai-moe` graph); the others pick them before the last FFN.
+    let trim_after_layers = spec.arch == Arch::GptOss;
     let attn_scale = spec.attn_temperature.filter(|_| has_layers).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
 
@@ -120,11 +138,12 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
         k = sys::ggml_reshape_3d(ctx, k, hd, n_head_kv, n_tok);
         let v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
-        if spec.arch == Arch::Qwen3 {
-            q = norm(q, l.q_norm.expect("qwen3 has attn_q_norm"));
-            k = norm(k, l.k_norm.expect("qwen3 has attn_k_norm"));
+        if spec.arch.qk_norm() {
+            q = norm(q, l.q_norm.expect("checked at load: the arch has attn_q_norm"));
+            k = norm(k, l.k_norm.expect("checked at load: the arch has attn_k_norm"));
         }
         let freqs = l.rope_freqs.unwrap_or(std::ptr::null_mut());
+        let (freq_base, freq_scale) = spec.rope_of(il);
         let rope_it = |t: T| {
             sys::ggml_rope_ext(
                 ctx,
@@ -134,8 +153,8 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 rope.n_dims,
                 spec.arch.rope_mode(),
                 rope.n_ctx_orig,
-                rope.freq_base,
-                rope.freq_scale,
+                freq_base,
+                freq_scale,
                 rope.ext_factor,
                 rope.attn_factor,
                 rope.beta_fast,
@@ -146,6 +165,9 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         k = rope_it(k);
         if let Some(scale) = attn_scale {
             q = sys::ggml_mul(ctx, q, scale);
+        }
+        if let Some(s) = spec.q_scale {
+            q = sys::ggml_scale(ctx, q, s);
         }
         // Same expansion order as llama.cpp, so the node order (and thus any fusion the
         // CPU backend applies) is the same.
@@ -164,43 +186,64 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             break;
         }
 
+        let layer_masks = if spec.is_swa(il) { &swa_masks } else { &masks };
+        let kq_scale = if spec.q_scale.is_some() { 1.0 } else { spec.kq_scale };
         let mut attn: T = std::ptr::null_mut();
-        for (g, mask) in shape.groups.iter().zip(&masks) {
+        for (g, mask) in shape.groups.iter().zip(layer_masks) {
             let qg = sys::ggml_view_3d(ctx, q, hd, n_head, g.n_rows as i64, (*q).nb[1], (*q).nb[2], (*q).nb[2] * g.row0);
             let qg = sys::ggml_permute(ctx, qg, 0, 2, 1, 3);
             let cache_view = |c: T| {
                 let view = sys::ggml_view_3d(ctx, c, hd, n_head_kv, g.n_kv as i64, f16_row(hd), f16_row(n_embd_kv), f16_row(n_embd_kv) * g.cell0);
                 sys::ggml_permute(ctx, view, 0, 2, 1, 3)
             };
-            let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k), cache_view(kv.v), *mask, spec.kq_scale, 0.0, 0.0);
+            let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k), cache_view(kv.v), *mask, kq_scale, 0.0, 0.0);
+            if let Some(sinks) = l.sinks {
+                sys::ggml_flash_attn_ext_add_sinks(fa, sinks);
+            }
             sys::ggml_prec_set_acc(fa, sys::GGML_PREC_F32);
             let out = sys::ggml_reshape_2d(ctx, fa, hd * n_head, g.n_rows as i64);
             attn = if attn.is_null() { out } else { sys::ggml_concat(ctx, attn, out, 1) };
         }
         let mut cur = add_opt(sys::ggml_mul_mat(ctx, l.wo, attn), l.bo);
         let mut residual = inp_sa;
-        if is_model_last {
+        if is_model_last && !trim_after_layers {
             let ids = out_ids.expect("checked above");
             cur = sys::ggml_get_rows(ctx, cur, ids);
             residual = sys::ggml_get_rows(ctx, residual, ids);
         }
+        if let Some(n) = l.attn_post_norm {
+            cur = norm(cur, n);
+        }
         let ffn_inp = sys::ggml_add(ctx, cur, residual);
         let cur = norm(ffn_inp, l.ffn_norm);
-        let up = add_opt(sys::ggml_mul_mat(ctx, l.ffn_up, cur), l.ffn_up_b);
-        let gate = add_opt(sys::ggml_mul_mat(ctx, l.ffn_gate, cur), l.ffn_gate_b);
-        let act = sys::ggml_swiglu_split(ctx, gate, up);
-        let down = add_opt(sys::ggml_mul_mat(ctx, l.ffn_down, act), l.ffn_down_b);
-        x = sys::ggml_add(ctx, down, ffn_inp);
+        let mut cur = match &l.ffn {
+            Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
+                let up = add_opt(sys::ggml_mul_mat(ctx, *up, cur), *up_b);
+                let gate = add_opt(sys::ggml_mul_mat(ctx, *gate, cur), *gate_b);
+                let act = if spec.arch == Arch::Gemma3 { sys::ggml_geglu_split(ctx, gate, up) } else { sys::ggml_swiglu_split(ctx, gate, up) };
+                add_opt(sys::ggml_mul_mat(ctx, *down, act), *down_b)
+            }
+            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur),
+        };
+        if let Some(n) = l.ffn_post_norm {
+            cur = norm(cur, n);
+        }
+        x = sys::ggml_add(ctx, cur, ffn_inp);
     }
 
     let output = if last {
         out_ids.map(|ids| {
-            if !has_layers {
-                // The trim the last layer would have done before its FFN.
+            if !has_layers || trim_after_layers {
+                // The trim the last layer would have done before its FFN (or, for archs
+                // that trim after the layers, does here).
                 x = sys::ggml_get_rows(ctx, x, ids);
             }
             let normed = norm(x, w.output_norm.expect("the last window binds output_norm"));
-            add_opt(sys::ggml_mul_mat(ctx, w.output.expect("the last window binds the LM head"), normed), w.output_b)
+            let mut logits = add_opt(sys::ggml_mul_mat(ctx, w.output.expect("the last window binds the LM head"), normed), w.output_b);
+            if let Some(c) = spec.logit_softcap {
+                logits = sys::ggml_scale(ctx, sys::ggml_tanh(ctx, sys::ggml_scale(ctx, logits, 1.0 / c)), c);
+            }
+            logits
         })
     } else {
         Some(x)
@@ -209,5 +252,73 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         sys::ggml_set_output(o);
         sys::ggml_build_forward_expand(gf, o);
     }
-    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, out_ids, attn_scale, output }
+    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, output }
+}
+
+/// llama.cpp's `build_moe_ffn` for the archs hearth runs: router, gating, top-k experts
+/// per token through `ggml_mul_mat_id`, weighted sum of the chosen experts' outputs.
+///
+/// SAFETY: as `build`.
+unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T) -> T {
+    // Clamp of the weights' sum, as llama.cpp: the smallest normal F16.
+    const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
+    // gpt-oss's clamped SwiGLU, constants as llama.cpp hard-codes them.
+    const OAI_ALPHA: f32 = 1.702;
+    const OAI_LIMIT: f32 = 7.0;
+    let (n_embd, n_tok) = ((*cur).ne[0], (*cur).ne[1]);
+    let (n_expert, k) = (moe.n_expert as i64, moe.n_expert_used as i64);
+    let add_opt = |t: T, b: Option<T>| match b {
+        Some(b) => sys::ggml_add(ctx, t, b),
+        None => t,
+    };
+    let add_id = |t: T, b: Option<T>, ids: T| match b {
+        Some(b) => sys::ggml_add_id(ctx, t, b, ids),
+        None => t,
+    };
+    let logits = add_opt(sys::ggml_mul_mat(ctx, m.router, cur), m.router_b);
+    let probs = match moe.gating {
+        Gating::Softmax => sys::ggml_soft_max(ctx, logits),
+        Gating::SoftmaxWeight => logits,
+    };
+    let selected = sys::ggml_argsort_top_k(ctx, probs, k as i32);
+    let mut weights = sys::ggml_get_rows(ctx, sys::ggml_reshape_3d(ctx, probs, 1, n_expert, n_tok), selected);
+    if moe.gating == Gating::SoftmaxWeight {
+        weights = sys::ggml_reshape_3d(ctx, sys::ggml_soft_max(ctx, sys::ggml_reshape_2d(ctx, weights, k, n_tok)), 1, k, n_tok);
+    }
+    if moe.norm_weights {
+        let w2 = sys::ggml_reshape_2d(ctx, weights, k, n_tok);
+        let sum = sys::ggml_clamp(ctx, sys::ggml_sum_rows(ctx, w2), MIN_WEIGHT_SUM, f32::INFINITY);
+        weights = sys::ggml_reshape_3d(ctx, sys::ggml_div(ctx, w2, sum), 1, k, n_tok);
+    }
+    if moe.weights_scale != 0.0 && moe.weights_scale != 1.0 {
+        weights = sys::ggml_scale(ctx, weights, moe.weights_scale);
+    }
+    sys::ggml_build_forward_expand(gf, weights);
+    let cur = sys::ggml_reshape_3d(ctx, cur, n_embd, 1, n_tok);
+    let up = add_id(sys::ggml_mul_mat_id(ctx, m.up, cur, selected), m.up_b, selected);
+    let gate = add_id(sys::ggml_mul_mat_id(ctx, m.gate, cur, selected), m.gate_b, selected);
+    let act = match moe.activation {
+        MoeActivation::Silu => sys::ggml_swiglu_split(ctx, gate, up),
+        MoeActivation::SwigluOai => sys::ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT),
+    };
+    let experts = add_id(sys::ggml_mul_mat_id(ctx, m.down, act, selected), m.down_b, selected);
+    let experts = sys::ggml_mul(ctx, experts, weights);
+    sys::ggml_build_forward_expand(gf, experts);
+    // Views first, then the adds, in llama.cpp's order.
+    let views: Vec<T> = (0..k)
+        .map(|i| {
+            let v = sys::ggml_view_2d(ctx, experts, n_embd, n_tok, (*experts).nb[2], i as usize * (*experts).nb[1]);
+            sys::ggml_build_forward_expand(gf, v);
+            v
+        })
+        .collect();
+    let mut out = views[0];
+    for v in &views[1..] {
+        out = sys::ggml_add(ctx, out, *v);
+        sys::ggml_build_forward_expand(gf, out);
+    }
+    if k == 1 {
+        out = sys::ggml_cont(ctx, out);
+    }
+    out
 }

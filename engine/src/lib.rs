@@ -18,6 +18,7 @@ pub mod model;
 pub mod model_file;
 pub mod pipeline;
 pub mod profiler;
+pub mod random_model;
 pub mod reference;
 pub mod residency;
 pub mod sampler;

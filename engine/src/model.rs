@@ -18,6 +18,16 @@ pub enum Arch {
     Qwen2,
     /// Per-head RMSNorm on Q and K before RoPE.
     Qwen3,
+    /// Qwen3 attention with a Mixture-of-Experts FFN: softmax router, top-k, the chosen
+    /// experts' weights renormalised to sum to one.
+    Qwen3Moe,
+    /// Gemma 3: scaled embeddings, Q/K norms, norms after attention and after the FFN,
+    /// GELU FFN, sliding-window layers (5 of 6) with their own RoPE base.
+    Gemma3,
+    /// gpt-oss (`gpt-oss` in GGUF, llama.cpp's `openai-moe`): attention sinks and biases,
+    /// alternating sliding-window layers, a MoE FFN with biased experts, softmax over the
+    /// chosen experts only, and the clamped SwiGLU.
+    GptOss,
 }
 
 impl Arch {
@@ -27,6 +37,9 @@ impl Arch {
             "mistral3" | "mistral" => Ok(Arch::Mistral),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "gemma3" => Ok(Arch::Gemma3),
+            "gpt-oss" => Ok(Arch::GptOss),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -38,9 +51,56 @@ impl Arch {
         const ROPE_NEOX: i32 = 2;
         match self {
             Arch::Llama | Arch::Mistral => ROPE_NORM,
-            Arch::Qwen2 | Arch::Qwen3 => ROPE_NEOX,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss => ROPE_NEOX,
         }
     }
+
+    /// Per-head RMSNorm on Q and K before RoPE.
+    pub fn qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
+    }
+}
+
+/// How a Mixture-of-Experts FFN picks and weighs its experts (llama.cpp's
+/// `build_moe_ffn` arguments for the arch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Moe {
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    /// Hidden size of one expert.
+    pub n_ff_exp: usize,
+    pub gating: Gating,
+    /// Divide the chosen experts' weights by their sum.
+    pub norm_weights: bool,
+    /// Multiplies the experts' weights when not 0 or 1 (`expert_weights_scale`).
+    pub weights_scale: f32,
+    pub activation: MoeActivation,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over all router logits, then top-k of the probabilities.
+    Softmax,
+    /// Top-k of the raw logits, softmax over the k chosen (gpt-oss).
+    SoftmaxWeight,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeActivation {
+    Silu,
+    /// gpt-oss: `ggml_swiglu_oai` with alpha 1.702 and limit 7, as llama.cpp hard-codes.
+    SwigluOai,
+}
+
+/// Layers that attend only to the last `n_swa` positions (llama.cpp's standard SWA:
+/// a key `p0` is masked for a query `p1` when `p1 - p0 >= n_swa`), with their own RoPE.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlidingWindow {
+    pub n_swa: usize,
+    /// `layers[il]`: layer il is a sliding-window layer.
+    pub layers: Vec<bool>,
+    pub freq_base: f32,
+    pub freq_scale: f32,
 }
 
 /// RoPE parameters as llama.cpp derives them from the model's training metadata
@@ -82,6 +142,15 @@ pub struct ModelSpec {
     pub attn_temperature: Option<AttnTemperature>,
     /// The LM head is the token embedding matrix (no `output.weight`).
     pub tied_output: bool,
+    /// Mixture-of-Experts FFN in every layer (else a dense SwiGLU/GELU FFN).
+    pub moe: Option<Moe>,
+    pub swa: Option<SlidingWindow>,
+    /// Token embeddings are multiplied by this (Gemma: sqrt(n_embd)).
+    pub embed_scale: Option<f32>,
+    /// Queries are multiplied by this before attention, which then scales by 1 (Gemma).
+    pub q_scale: Option<f32>,
+    /// `tanh(x / c) * c` on the logits (Gemma's `final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
 }
 
 impl ModelSpec {
@@ -91,6 +160,19 @@ impl ModelSpec {
 
     pub fn n_embd_q(&self) -> usize {
         self.head_dim * self.n_head
+    }
+
+    /// Whether layer `il` attends through a sliding window.
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.swa.as_ref().is_some_and(|s| s.layers.get(il).copied().unwrap_or(false))
+    }
+
+    /// RoPE frequency base and scale of layer `il` (sliding-window layers have their own).
+    pub fn rope_of(&self, il: usize) -> (f32, f32) {
+        match &self.swa {
+            Some(s) if self.is_swa(il) => (s.freq_base, s.freq_scale),
+            _ => (self.rope.freq_base, self.rope.freq_scale),
+        }
     }
 
     pub fn from_gguf(file: &GgufFile) -> Result<ModelSpec> {
@@ -154,6 +236,46 @@ impl ModelSpec {
             Some(s) if s != 0.0 => s,
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
+        let moe = match arch {
+            Arch::Qwen3Moe | Arch::GptOss => {
+                let n_expert = req_u("expert_count")?;
+                let n_expert_used = req_u("expert_used_count")?;
+                if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
+                    return Err(missing(&key("expert_used_count"), &format!("1..=expert_count experts used of 1..={MAX_EXPERTS}, found {n_expert_used} of {n_expert}")));
+                }
+                let n_ff_exp = opt_u("expert_feed_forward_length").unwrap_or(n_ff / n_expert_used);
+                if n_ff_exp == 0 || n_ff_exp > MAX_DIMENSION {
+                    return Err(missing(&key("expert_feed_forward_length"), &format!("a value in 1..={MAX_DIMENSION}, found {n_ff_exp}")));
+                }
+                let gpt_oss = arch == Arch::GptOss;
+                Some(Moe {
+                    n_expert,
+                    n_expert_used,
+                    n_ff_exp,
+                    gating: if gpt_oss { Gating::SoftmaxWeight } else { Gating::Softmax },
+                    norm_weights: !gpt_oss,
+                    // llama.cpp reads `expert_weights_scale` only for archs that use it
+                    // (deepseek2 and kin), not for these two: a file that carries it
+                    // anyway computes as if it did not.
+                    weights_scale: 0.0,
+                    activation: if gpt_oss { MoeActivation::SwigluOai } else { MoeActivation::Silu },
+                })
+            }
+            _ => None,
+        };
+        let swa = sliding_window(arch, meta, &arch_name, n_layer, &rope)?;
+        let (embed_scale, q_scale, logit_softcap, kq_scale) = match arch {
+            Arch::Gemma3 => {
+                // llama.cpp: Gemma 3 27B (62 layers) scales queries by 1/sqrt(n_embd/n_head),
+                // the others by 1/sqrt(head_dim); attention itself then scales by 1.
+                let q = if n_layer == GEMMA3_27B_LAYERS { 1.0 / ((n_embd / n_head) as f32).sqrt() } else { 1.0 / (head_dim as f32).sqrt() };
+                let cap = opt_f("final_logit_softcapping").filter(|c| *c != 0.0);
+                (Some((n_embd as f32).sqrt()), Some(q), cap, 1.0)
+            }
+            // gpt-oss scales by 1/sqrt(n_rot) whatever `attention.scale` says.
+            Arch::GptOss => (None, None, None, 1.0 / (n_rot as f32).sqrt()),
+            _ => (None, None, None, kq_scale),
+        };
 
         let embd = require_tensor(file, "token_embd.weight")?;
         let n_vocab = embd.dims.get(1).copied().unwrap_or(0) as usize;
@@ -174,6 +296,11 @@ impl ModelSpec {
             rope,
             attn_temperature,
             tied_output,
+            moe,
+            swa,
+            embed_scale,
+            q_scale,
+            logit_softcap,
         };
         spec.check_tensors(file)?;
         Ok(spec)
@@ -195,17 +322,82 @@ impl ModelSpec {
             expect_shape(file, &t("attn_k"), &[e, kv])?;
             expect_shape(file, &t("attn_v"), &[e, kv])?;
             expect_shape(file, &t("attn_output"), &[q, e])?;
-            expect_shape(file, &t("ffn_norm"), &[e])?;
-            expect_shape(file, &t("ffn_gate"), &[e, ff])?;
-            expect_shape(file, &t("ffn_up"), &[e, ff])?;
-            expect_shape(file, &t("ffn_down"), &[ff, e])?;
-            if self.arch == Arch::Qwen3 {
+            match self.arch {
+                // gpt-oss normalises the FFN input with `post_attention_norm`.
+                Arch::GptOss => expect_shape(file, &t("post_attention_norm"), &[e])?,
+                _ => expect_shape(file, &t("ffn_norm"), &[e])?,
+            }
+            match &self.moe {
+                Some(m) => {
+                    let (n_exp, ffe) = (m.n_expert as u64, m.n_ff_exp as u64);
+                    expect_shape(file, &t("ffn_gate_inp"), &[e, n_exp])?;
+                    expect_shape(file, &t("ffn_gate_exps"), &[e, ffe, n_exp])?;
+                    expect_shape(file, &t("ffn_up_exps"), &[e, ffe, n_exp])?;
+                    expect_shape(file, &t("ffn_down_exps"), &[ffe, e, n_exp])?;
+                }
+                None => {
+                    expect_shape(file, &t("ffn_gate"), &[e, ff])?;
+                    expect_shape(file, &t("ffn_up"), &[e, ff])?;
+                    expect_shape(file, &t("ffn_down"), &[ff, e])?;
+                }
+            }
+            if self.arch.qk_norm() {
                 expect_shape(file, &t("attn_q_norm"), &[self.head_dim as u64])?;
                 expect_shape(file, &t("attn_k_norm"), &[self.head_dim as u64])?;
+            }
+            if self.arch == Arch::Gemma3 {
+                expect_shape(file, &t("post_attention_norm"), &[e])?;
+                expect_shape(file, &t("post_ffw_norm"), &[e])?;
+            }
+            if self.arch == Arch::GptOss {
+                expect_shape(file, &t("attn_sinks"), &[self.n_head as u64])?;
             }
         }
         Ok(())
     }
+}
+
+/// llama.cpp's `LLAMA_MAX_EXPERTS`.
+const MAX_EXPERTS: usize = 512;
+
+/// llama.cpp tells Gemma 3 27B, whose query scale differs, by its layer count.
+const GEMMA3_27B_LAYERS: usize = 62;
+
+/// Which layers slide, as llama.cpp's `load_swa_pattern` decides: an explicit per-layer
+/// array, else every `pattern`-th layer (the last of each group) attends fully.
+fn sliding_window(arch: Arch, meta: &crate::gguf::GgufMeta, arch_name: &str, n_layer: usize, rope: &Rope) -> Result<Option<SlidingWindow>> {
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let default_pattern = match arch {
+        Arch::Gemma3 => 6,
+        Arch::GptOss => 2,
+        _ => return Ok(None),
+    };
+    let n_swa = meta.get_u64(&key("attention.sliding_window")).unwrap_or(0) as usize;
+    if n_swa == 0 {
+        if arch == Arch::GptOss {
+            return Err(missing(&key("attention.sliding_window"), "a window of at least one token"));
+        }
+        return Ok(None);
+    }
+    let pattern_value = meta.get(&key("attention.sliding_window_pattern"));
+    let layers: Vec<bool> = match pattern_value.and_then(|v| v.as_array()) {
+        Some(items) => {
+            let v: Vec<bool> = items.iter().map(|v| v.as_bool().unwrap_or(false)).collect();
+            if v.len() != n_layer {
+                return Err(missing(&key("attention.sliding_window_pattern"), &format!("{n_layer} booleans, found {}", v.len())));
+            }
+            v
+        }
+        None => {
+            let pattern = pattern_value.and_then(|v| v.as_u64()).unwrap_or(default_pattern) as usize;
+            (0..n_layer).map(|il| pattern == 0 || il % pattern < pattern - 1).collect()
+        }
+    };
+    // llama.cpp's defaults: gpt-oss slides with the model's own RoPE base and scale,
+    // Gemma 3 with base 10,000 and no scaling.
+    let (base_default, freq_scale) = if arch == Arch::GptOss { (rope.freq_base, rope.freq_scale) } else { (10_000.0, 1.0) };
+    let freq_base = meta.get_f32(&key("rope.freq_base_swa")).unwrap_or(base_default);
+    Ok(Some(SlidingWindow { n_swa, layers, freq_base, freq_scale }))
 }
 
 /// Guards every size derived from metadata: no real transformer dimension is near it,

@@ -184,7 +184,7 @@ impl Stage {
             .collect::<Result<Vec<_>>>()?;
 
         let max_layers = cfg.windows.iter().map(|w| w.len()).max().unwrap_or(0);
-        let graph_size = graph::max_nodes(max_layers, cfg.n_seq.min(cfg.max_batch));
+        let graph_size = graph::max_nodes(&spec, max_layers, cfg.n_seq.min(cfg.max_batch));
         // SAFETY: sizes are plain queries; the CPU backend is freed in Drop.
         let (cpu, meta_size) = unsafe {
             let cpu = sys::ggml_backend_cpu_init();
@@ -266,7 +266,8 @@ impl Stage {
             (true, StageInput::Tokens(_)) => return Err(Error::InvalidBatch(format!("window {layers:?} starts the model and takes {n} token ids"))),
             _ => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
         };
-        let plan = plan_batch(&win.cache, batch)?;
+        let n_swa = spec.swa.as_ref().filter(|_| layers.clone().any(|il| spec.is_swa(il))).map(|s| s.n_swa);
+        let plan = plan_batch(&win.cache, batch, n_swa)?;
         let last = self.owns_output && layers.end == spec.n_layer;
         let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
         if last && out_rows.is_empty() && layers.is_empty() {
@@ -399,6 +400,9 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
     for (t, m) in g.masks.iter().zip(&plan.masks) {
         set(*t, as_bytes(m));
     }
+    for (t, m) in g.swa_masks.iter().zip(&plan.swa_masks) {
+        set(*t, as_bytes(m));
+    }
     if let (Some(t), Some(temp)) = (g.attn_scale, spec.attn_temperature) {
         // Llama 4 / Mistral 3 attention temperature, as llama.cpp computes it.
         let v: Vec<f32> = pos.iter().map(|&p| (((p as f32) / temp.floor).floor() + 1.0).ln() * temp.scale + 1.0).collect();
@@ -451,17 +455,20 @@ struct BatchPlan {
     cells: Vec<i64>,
     groups: Vec<GroupPlan>,
     masks: Vec<Vec<u16>>,
+    /// Per sequence, the mask of sliding-window layers (when the window has any).
+    swa_masks: Vec<Vec<u16>>,
     seqs: Vec<SeqPlan>,
 }
 
-fn plan_batch(cache: &KvCache, batch: &[BatchToken]) -> Result<BatchPlan> {
+/// `n_swa`: the sliding window, when the batch's window has sliding layers.
+fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>) -> Result<BatchPlan> {
     let mut seq_order: Vec<SeqId> = Vec::new();
     for t in batch {
         if !seq_order.contains(&t.seq) {
             seq_order.push(t.seq);
         }
     }
-    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), seqs: Vec::new() };
+    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), swa_masks: Vec::new(), seqs: Vec::new() };
     let mut taken: Vec<usize> = Vec::new();
     for seq in seq_order {
         let rows: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].seq == seq).collect();
@@ -485,6 +492,17 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken]) -> Result<BatchPlan> {
             let pos = batch[r].pos as usize;
             mask[j * n_kv..j * n_kv + pos + 1].fill(F16_ZERO);
             plan.cells.push((cell0 + pos) as i64);
+        }
+        if let Some(n_swa) = n_swa {
+            // llama.cpp's standard window: key p0 is hidden from query p1 when
+            // p1 - p0 >= n_swa.
+            let mut swa = mask.clone();
+            for (j, &r) in rows.iter().enumerate() {
+                let pos = batch[r].pos as usize;
+                let hidden = (pos + 1).saturating_sub(n_swa);
+                swa[j * n_kv..j * n_kv + hidden].fill(F16_NEG_INF);
+            }
+            plan.swa_masks.push(swa);
         }
         plan.groups.push(GroupPlan { row0: plan.order.len(), n_rows: rows.len(), cell0, n_kv });
         plan.masks.push(mask);

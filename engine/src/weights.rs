@@ -12,6 +12,7 @@ use llama_cpp_sys_2 as sys;
 
 use crate::ggml::{self, Device};
 use crate::gguf::TensorInfo;
+use crate::model::{Arch, ModelSpec};
 use crate::model_file::ModelFile;
 use crate::{Error, Result};
 
@@ -28,14 +29,61 @@ pub struct LayerWeights {
     pub bo: Option<*mut sys::ggml_tensor>,
     pub q_norm: Option<*mut sys::ggml_tensor>,
     pub k_norm: Option<*mut sys::ggml_tensor>,
+    /// Gemma 3: RMSNorm of the attention output before the residual add.
+    pub attn_post_norm: Option<*mut sys::ggml_tensor>,
+    /// gpt-oss: per-head attention sinks.
+    pub sinks: Option<*mut sys::ggml_tensor>,
+    /// The FFN's input norm (gpt-oss stores it as `post_attention_norm`).
     pub ffn_norm: *mut sys::ggml_tensor,
-    pub ffn_gate: *mut sys::ggml_tensor,
-    pub ffn_up: *mut sys::ggml_tensor,
-    pub ffn_down: *mut sys::ggml_tensor,
-    pub ffn_gate_b: Option<*mut sys::ggml_tensor>,
-    pub ffn_up_b: Option<*mut sys::ggml_tensor>,
-    pub ffn_down_b: Option<*mut sys::ggml_tensor>,
+    pub ffn: Ffn,
+    /// Gemma 3: RMSNorm of the FFN output before the residual add.
+    pub ffn_post_norm: Option<*mut sys::ggml_tensor>,
     pub rope_freqs: Option<*mut sys::ggml_tensor>,
+}
+
+/// A block's feed-forward network: one dense gated FFN, or routed experts.
+pub enum Ffn {
+    Dense { gate: *mut sys::ggml_tensor, up: *mut sys::ggml_tensor, down: *mut sys::ggml_tensor, gate_b: Option<*mut sys::ggml_tensor>, up_b: Option<*mut sys::ggml_tensor>, down_b: Option<*mut sys::ggml_tensor> },
+    Moe(MoeWeights),
+}
+
+/// Router and stacked expert matrices (`[n_embd, n_ff_exp, n_expert]` and
+/// `[n_ff_exp, n_embd, n_expert]`), with per-expert biases where the arch has them.
+pub struct MoeWeights {
+    pub router: *mut sys::ggml_tensor,
+    pub router_b: Option<*mut sys::ggml_tensor>,
+    pub gate: *mut sys::ggml_tensor,
+    pub up: *mut sys::ggml_tensor,
+    pub down: *mut sys::ggml_tensor,
+    pub gate_b: Option<*mut sys::ggml_tensor>,
+    pub up_b: Option<*mut sys::ggml_tensor>,
+    pub down_b: Option<*mut sys::ggml_tensor>,
+}
+
+/// The names (without `blk.N.`) of a block's tensors for `spec`'s architecture: those
+/// it must have, and those it may have. The profiler, the prefetcher and the binding
+/// all read the block through this one list.
+pub fn block_tensor_names(spec: &ModelSpec) -> (Vec<&'static str>, Vec<&'static str>) {
+    let mut required = vec!["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"];
+    let mut optional = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"];
+    required.push(if spec.arch == Arch::GptOss { "post_attention_norm.weight" } else { "ffn_norm.weight" });
+    if spec.moe.is_some() {
+        required.extend(["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]);
+        optional.extend(["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"]);
+    } else {
+        required.extend(["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]);
+        optional.extend(["ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"]);
+    }
+    if spec.arch.qk_norm() {
+        required.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
+    }
+    if spec.arch == Arch::Gemma3 {
+        required.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]);
+    }
+    if spec.arch == Arch::GptOss {
+        required.push("attn_sinks.weight");
+    }
+    (required, optional)
 }
 
 /// Weights of the layers one stage runs, plus the embedding (first window) and the
@@ -79,10 +127,11 @@ impl Weights {
             if il >= spec.n_layer {
                 return Err(Error::InvalidWindow(format!("layer {il} is past the model's {} layers", spec.n_layer)));
             }
-            for n in ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"] {
-                names.push((format!("blk.{il}.{n}.weight"), dev, true));
+            let (required, optional) = block_tensor_names(&spec);
+            for n in required {
+                names.push((format!("blk.{il}.{n}"), dev, true));
             }
-            for n in ["attn_q_norm.weight", "attn_k_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"] {
+            for n in optional {
                 names.push((format!("blk.{il}.{n}"), dev, false));
             }
         }
@@ -208,6 +257,21 @@ impl Weights {
         for &(il, _) in &plan.layers {
             let w = |n: &str| get(&format!("blk.{il}.{n}"));
             let req = |n: &str| w(n).ok_or_else(|| Error::Tensor { name: format!("blk.{il}.{n}"), reason: "missing from the file".into() });
+            let ffn = if spec.moe.is_some() {
+                Ffn::Moe(MoeWeights {
+                    router: req("ffn_gate_inp.weight")?,
+                    router_b: w("ffn_gate_inp.bias"),
+                    gate: req("ffn_gate_exps.weight")?,
+                    up: req("ffn_up_exps.weight")?,
+                    down: req("ffn_down_exps.weight")?,
+                    gate_b: w("ffn_gate_exps.bias"),
+                    up_b: w("ffn_up_exps.bias"),
+                    down_b: w("ffn_down_exps.bias"),
+                })
+            } else {
+                Ffn::Dense { gate: req("ffn_gate.weight")?, up: req("ffn_up.weight")?, down: req("ffn_down.weight")?, gate_b: w("ffn_gate.bias"), up_b: w("ffn_up.bias"), down_b: w("ffn_down.bias") }
+            };
+            let gpt_oss = spec.arch == Arch::GptOss;
             weights.layers.insert(
                 il,
                 LayerWeights {
@@ -222,13 +286,11 @@ impl Weights {
                     bo: w("attn_output.bias"),
                     q_norm: w("attn_q_norm.weight"),
                     k_norm: w("attn_k_norm.weight"),
-                    ffn_norm: req("ffn_norm.weight")?,
-                    ffn_gate: req("ffn_gate.weight")?,
-                    ffn_up: req("ffn_up.weight")?,
-                    ffn_down: req("ffn_down.weight")?,
-                    ffn_gate_b: w("ffn_gate.bias"),
-                    ffn_up_b: w("ffn_up.bias"),
-                    ffn_down_b: w("ffn_down.bias"),
+                    attn_post_norm: if gpt_oss { None } else { w("post_attention_norm.weight") },
+                    sinks: w("attn_sinks.weight"),
+                    ffn_norm: if gpt_oss { req("post_attention_norm.weight")? } else { req("ffn_norm.weight")? },
+                    ffn,
+                    ffn_post_norm: w("post_ffw_norm.weight"),
                     rope_freqs,
                 },
             );

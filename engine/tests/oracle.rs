@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use common::{chat_prompt, pipeline, THREADS};
 use engine::gguf::Value;
+use engine::random_model::RandomModel;
 use engine::reference::{argmax, Reference};
 use engine::tokenizer::Tokenizer;
 use engine::BatchToken;
@@ -98,41 +99,84 @@ fn interleaved_sequences_give_the_same_tokens_as_each_alone() {
     assert_eq!(got[1], expected[1], "sequence b differs when batched with a");
 }
 
-fn tiny(arch: &'static str, qkv_bias: bool, qk_norm: bool, tied_output: bool, extra: Vec<(&'static str, Value)>) {
+/// A tiny model of `m`'s architecture against llama.cpp: logits at every position of
+/// a prompt longer than the sliding window where there is one, greedy tokens whole and
+/// cut into three windows and into disjoint windows on two stages.
+fn tiny(m: RandomModel) {
+    let arch = m.arch.clone();
     let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-{arch}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let spec = common::tiny::TinySpec { arch, n_layer: 3, n_embd: 64, n_ff: 160, n_head: 4, n_head_kv: 2, qkv_bias, qk_norm, tied_output, extra };
-    let path = common::tiny::write(&spec, &dir, 42);
+    let path = common::tiny::write(&m, &dir);
     let tok = Tokenizer::load(&path).unwrap();
     let prompt = tok.tokenize("The small model reads a sentence of about forty tokens, long enough for attention to mix several positions, and for rotary embeddings to matter at each one of them in turn.", false);
     assert!(prompt.len() >= 30, "{} tokens", prompt.len());
     let worst = common::assert_logits_match(&path, &prompt);
     eprintln!("{arch}: worst relative RMS error {worst:.3e}");
-    // And greedy generation through two windows equals llama.cpp's.
     let expected = Reference::load(&path, THREADS).unwrap().greedy(&prompt, 32).unwrap();
-    let mut cut = pipeline(&path, &windows(&[0..1, 1..3]), 1);
-    assert_eq!(cut.greedy(1, &prompt, 32, 512).unwrap(), expected);
+    let mut whole = pipeline(&path, &windows(&[0..3]), 1);
+    assert_eq!(whole.greedy(1, &prompt, 32, 512).unwrap(), expected, "{arch}: greedy tokens differ from llama.cpp's");
+    let mut cut = pipeline(&path, &windows(&[0..1, 1..2, 2..3]), 1);
+    assert_eq!(cut.greedy(1, &prompt, 32, 512).unwrap(), expected, "{arch}: three windows differ");
+    let mut split = pipeline(&path, &[vec![0..1, 2..3], vec![1..2]], 1);
+    assert_eq!(split.greedy(1, &prompt, 32, 512).unwrap(), expected, "{arch}: disjoint windows differ");
     std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn tiny_qwen2_with_qkv_bias_matches_llama_cpp() {
-    tiny("qwen2", true, false, false, vec![]);
+    tiny(common::tiny::model("qwen2"));
 }
 
 #[test]
 fn tiny_qwen3_with_qk_norm_and_tied_output_matches_llama_cpp() {
-    tiny("qwen3", false, true, true, vec![]);
+    let mut m = common::tiny::model("qwen3");
+    m.tied_output = true;
+    tiny(m);
 }
 
 #[test]
 fn tiny_mistral_with_attention_temperature_matches_llama_cpp() {
-    tiny("mistral3", false, false, false, vec![("attention.temperature_scale", Value::F32(0.1)), ("rope.scaling.original_context_length", Value::U32(8))]);
+    let mut m = common::tiny::model("mistral3");
+    m.extra = vec![("attention.temperature_scale".into(), Value::F32(0.1)), ("rope.scaling.original_context_length".into(), Value::U32(8))];
+    tiny(m);
 }
 
 #[test]
 fn tiny_llama_untied_matches_llama_cpp() {
-    tiny("llama", false, false, false, vec![]);
+    tiny(common::tiny::model("llama"));
+}
+
+#[test]
+fn tiny_qwen3moe_routes_experts_as_llama_cpp() {
+    tiny(common::tiny::model("qwen3moe"));
+}
+
+#[test]
+fn tiny_qwen3moe_with_q8_0_weights_and_one_expert_per_token_matches_llama_cpp() {
+    let mut m = common::tiny::model("qwen3moe");
+    m.ty = engine::gguf::GgmlType::Q8_0;
+    m.n_expert_used = 1;
+    // Not read for qwen3moe by llama.cpp, nor by hearth.
+    m.extra = vec![("expert_weights_scale".into(), Value::F32(2.5))];
+    tiny(m);
+}
+
+#[test]
+fn tiny_gemma3_with_sliding_window_shorter_than_the_prompt_matches_llama_cpp() {
+    let mut m = common::tiny::model("gemma3");
+    // A window of 8 with a 2-layer pattern: layer 0 slides, layer 1 attends fully,
+    // layer 2 slides; the 40-token prompt and 32 generated tokens cross it many times.
+    m.n_swa = 8;
+    m.head_dim = Some(32);
+    m.extra = vec![("attention.sliding_window_pattern".into(), Value::U32(2)), ("rope.freq_base_swa".into(), Value::F32(10_000.0)), ("final_logit_softcapping".into(), Value::F32(30.0))];
+    tiny(m);
+}
+
+#[test]
+fn tiny_gpt_oss_with_sinks_sliding_window_and_mxfp4_experts_matches_llama_cpp() {
+    let mut m = common::tiny::model("gpt-oss");
+    m.n_swa = 8;
+    tiny(m);
 }
 
 /// The ring's shape in one process: the head embeds (window 0..0) and owns the output

@@ -139,11 +139,24 @@ fn unsupported_architectures_and_missing_tensors_are_named() {
     std::fs::create_dir_all(&dir).unwrap();
 
     let mut w = GgufWriter::from_meta(real.meta());
-    w.set("general.architecture", Value::from("gemma3")).unwrap();
-    let p = dir.join("gemma.gguf");
+    w.set("general.architecture", Value::from("mamba")).unwrap();
+    let p = dir.join("mamba.gguf");
     w.write_to(&p).unwrap();
-    let err = ModelFile::open(&p).err().expect("gemma3 is not supported");
-    assert!(matches!(&err, Error::UnsupportedArchitecture(a) if a == "gemma3"), "{err}");
+    let err = ModelFile::open(&p).err().expect("mamba is not supported");
+    assert!(matches!(&err, Error::UnsupportedArchitecture(a) if a == "mamba"), "{err}");
+
+    // A MoE arch whose metadata lacks the expert counts is refused by name.
+    let mut w = GgufWriter::from_meta(real.meta());
+    for (k, v) in real.meta().metadata() {
+        if let Some(rest) = k.strip_prefix("llama.") {
+            w.set(format!("qwen3moe.{rest}"), v.clone()).unwrap();
+        }
+    }
+    w.set("general.architecture", Value::from("qwen3moe")).unwrap();
+    let p = dir.join("moe.gguf");
+    w.write_to(&p).unwrap();
+    let err = ModelFile::open(&p).err().expect("no expert counts");
+    assert!(err.to_string().contains("qwen3moe.expert_count"), "{err}");
 
     // Right architecture, but the tensors are gone.
     let w = GgufWriter::from_meta(real.meta());

@@ -104,6 +104,9 @@ pub struct PlanArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct MakeModelArgs {
+    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3 or gpt-oss.
+    #[arg(long, default_value = "llama")]
+    pub arch: String,
     #[arg(long)]
     pub layers: u32,
     #[arg(long, default_value_t = 2048)]
@@ -114,7 +117,22 @@ pub struct MakeModelArgs {
     pub heads: u32,
     #[arg(long, default_value_t = 4)]
     pub kv_heads: u32,
-    /// Weight type: q8_0, q4_0 or f16.
+    /// Size of one attention head (default: embd / heads).
+    #[arg(long)]
+    pub head_dim: Option<u64>,
+    /// MoE archs: experts per layer.
+    #[arg(long, default_value_t = 8)]
+    pub experts: u32,
+    /// MoE archs: experts each token uses.
+    #[arg(long, default_value_t = 2)]
+    pub experts_used: u32,
+    /// MoE archs: one expert's hidden size (default: ff / experts-used).
+    #[arg(long)]
+    pub expert_ff: Option<u64>,
+    /// Sliding-window archs (gemma3, gpt-oss): the window in tokens.
+    #[arg(long, default_value_t = 128)]
+    pub window: u32,
+    /// Weight type of the matrices: q8_0, q4_0 or f16 (gpt-oss experts are always mxfp4).
     #[arg(long, default_value = "q8_0")]
     pub r#type: String,
     #[arg(long, default_value_t = 1)]

@@ -35,10 +35,14 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     let (mut input_bytes, mut output_bytes) = (0u64, 0u64);
     let mut output_flops = PerQuant::default();
     let mut embd_ty = GgmlType::F32;
+    // A token runs only the experts the router picks: of stacked expert matrices, the
+    // FLOPs are charged for `expert_used_count / expert_count` of them, the bytes for all.
+    let expert_share = spec.moe.map_or(1.0, |m| m.n_expert_used as f64 / m.n_expert as f64);
     for t in file.gguf.meta().tensors() {
         // A matrix-vector product: 2 FLOPs per weight; vectors (norms, biases) are
         // element-wise and counted with the F32 work below.
-        let matrix_flops = if t.dims.len() >= 2 && t.dims[1] > 1 { 2.0 * t.n_elements() as f64 } else { 0.0 };
+        let share = if t.name.contains("_exps.") { expert_share } else { 1.0 };
+        let matrix_flops = if t.dims.len() >= 2 && t.dims[1] > 1 { 2.0 * t.n_elements() as f64 * share } else { 0.0 };
         if t.name.starts_with("blk.") {
             layer_bytes += t.n_bytes;
             *format_slot(&mut layer_flops, t.ty) += matrix_flops;
@@ -70,9 +74,11 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     // Attention against an F16 cache: QK^T and AV, each 2 FLOPs per head dim per cached
     // token; softmax, norms, RoPE and the FFN activation in F32.
     lf.f16 += (2 * 2 * spec.n_head * spec.head_dim * n_kv) as f64;
-    lf.f32 += (2 * spec.n_head * n_kv + 10 * e + 4 * spec.n_ff) as f64;
+    // The FFN's hidden width a token goes through: its experts' together under MoE.
+    let n_ff = spec.moe.map_or(spec.n_ff, |m| m.n_ff_exp * m.n_expert_used);
+    lf.f32 += (2 * spec.n_head * n_kv + 10 * e + 4 * n_ff) as f64;
     // One micro-batch of logits and FFN intermediates, F32.
-    let buffer = (UBATCH * 4 * (v + 2 * spec.n_ff)) as f64;
+    let buffer = (UBATCH * 4 * (v + 2 * n_ff)) as f64;
     ModelProfile {
         name: name.to_string(),
         n_layer: spec.n_layer,

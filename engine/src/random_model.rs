@@ -1,0 +1,345 @@
+//! Random-weight GGUF models of every architecture the engine runs: tiny ones for the
+//! oracle tests (llama.cpp loads them like any other file, and any wiring mistake — a
+//! missing bias, a wrong RoPE mode, a norm in the wrong place, a wrong expert — changes
+//! the logits), and files of many GiB for the memory experiments (`hearth make-model`).
+//! The tokenizer is copied from a real GGUF so the model serves like any other; weights
+//! are seeded noise scaled so activations stay finite through many layers. Tensors are
+//! generated while they are written, so a file of many GiB needs only one tensor in
+//! memory.
+
+use std::path::Path;
+
+use crate::gguf::{GgmlType, GgufFile, GgufWriter, Value};
+use crate::{Error, Result};
+
+/// What to write. Sizes are GGUF's; `arch` is the GGUF architecture name.
+#[derive(Debug, Clone)]
+pub struct RandomModel {
+    pub arch: String,
+    pub n_layer: u32,
+    pub n_embd: u64,
+    /// Dense FFN hidden size (MoE archs: written as `feed_forward_length` only).
+    pub n_ff: u64,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    /// Size of one attention head (default n_embd / n_head).
+    pub head_dim: Option<u64>,
+    /// MoE archs: experts, experts per token, one expert's hidden size.
+    pub n_expert: u32,
+    pub n_expert_used: u32,
+    pub n_ff_exp: u64,
+    /// Sliding-window archs: the window in tokens.
+    pub n_swa: u32,
+    /// Type of the matrices (norms and biases are F32; gpt-oss experts are MXFP4, as in
+    /// every gpt-oss GGUF).
+    pub ty: GgmlType,
+    pub tied_output: bool,
+    /// Q/K/V biases (qwen2; gpt-oss always has them).
+    pub qkv_bias: bool,
+    pub context_length: u32,
+    /// Extra `{arch}.` metadata, e.g. Mistral's attention temperature.
+    pub extra: Vec<(String, Value)>,
+    pub seed: u64,
+}
+
+impl RandomModel {
+    /// A model of `arch` with the given size and typical defaults for the rest.
+    pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
+        let moe = matches!(arch, "qwen3moe" | "gpt-oss");
+        RandomModel {
+            arch: arch.to_string(),
+            n_layer,
+            n_embd,
+            n_ff,
+            n_head,
+            n_head_kv,
+            head_dim: None,
+            n_expert: if moe { 8 } else { 0 },
+            n_expert_used: if moe { 2 } else { 0 },
+            n_ff_exp: if moe { n_ff / 2 } else { 0 },
+            n_swa: if matches!(arch, "gemma3" | "gpt-oss") { 128 } else { 0 },
+            ty: GgmlType::F16,
+            tied_output: false,
+            qkv_bias: arch == "qwen2" || arch == "gpt-oss",
+            context_length: 4096,
+            extra: Vec::new(),
+            seed: 1,
+        }
+    }
+
+    fn head_dim(&self) -> u64 {
+        self.head_dim.unwrap_or(self.n_embd / self.n_head.max(1) as u64)
+    }
+
+    /// Checks the shape is one the engine and llama.cpp take, and that each matrix row
+    /// fills whole blocks of the weight types.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidModel(m));
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss"];
+        if !known.contains(&self.arch.as_str()) {
+            return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
+        }
+        if self.n_layer == 0 || self.n_head == 0 || self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 {
+            return bad("need at least one layer and head, and kv heads dividing heads".into());
+        }
+        let block = self.ty.block_size().max(if self.arch == "gpt-oss" { GgmlType::MXFP4.block_size() } else { 1 });
+        let hd = self.head_dim();
+        for (what, v) in [("embd", self.n_embd), ("ff", self.n_ff), ("head size x heads", hd * self.n_head as u64), ("expert ff", if self.is_moe() { self.n_ff_exp } else { block })] {
+            if v == 0 || v % block != 0 {
+                return bad(format!("{what} = {v} must be a positive multiple of {block} (the block of {})", self.ty));
+            }
+        }
+        if self.is_moe() && (self.n_expert == 0 || self.n_expert_used == 0 || self.n_expert_used > self.n_expert) {
+            return bad("a MoE model needs experts, and no more used per token than there are".into());
+        }
+        Ok(())
+    }
+
+    fn is_moe(&self) -> bool {
+        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss")
+    }
+
+    /// Writes the model to `out`, with the tokenizer of `tokenizer_from`; returns the
+    /// file's size in bytes.
+    pub fn write(&self, tokenizer_from: &Path, out: &Path) -> Result<u64> {
+        self.validate()?;
+        let real = GgufFile::open(tokenizer_from)?;
+        let n_vocab = real
+            .tensor("token_embd.weight")
+            .and_then(|t| t.dims.get(1).copied())
+            .ok_or_else(|| Error::InvalidModel(format!("{} has no token_embd.weight to take the vocabulary size from", tokenizer_from.display())))?;
+        let mut w = GgufWriter::new();
+        for (k, v) in real.meta().metadata() {
+            if k.starts_with("tokenizer.") {
+                w.set(k.clone(), v.clone())?;
+            }
+        }
+        let a = self.arch.as_str();
+        let (e, hd) = (self.n_embd, self.head_dim());
+        let (q, kv) = (hd * self.n_head as u64, hd * self.n_head_kv as u64);
+        w.set("general.architecture", Value::from(a))?;
+        w.set("general.name", Value::from(format!("random-{a}-{}x{e}-{}", self.n_layer, self.ty)))?;
+        let u32k = |w: &mut GgufWriter, k: &str, v: u64| w.set(format!("{a}.{k}"), Value::U32(v as u32));
+        u32k(&mut w, "block_count", self.n_layer as u64)?;
+        u32k(&mut w, "context_length", self.context_length as u64)?;
+        u32k(&mut w, "embedding_length", e)?;
+        u32k(&mut w, "feed_forward_length", self.n_ff)?;
+        u32k(&mut w, "attention.head_count", self.n_head as u64)?;
+        u32k(&mut w, "attention.head_count_kv", self.n_head_kv as u64)?;
+        u32k(&mut w, "attention.key_length", hd)?;
+        u32k(&mut w, "attention.value_length", hd)?;
+        u32k(&mut w, "rope.dimension_count", hd)?;
+        w.set(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))?;
+        w.set(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
+        if self.is_moe() {
+            u32k(&mut w, "expert_count", self.n_expert as u64)?;
+            u32k(&mut w, "expert_used_count", self.n_expert_used as u64)?;
+            u32k(&mut w, "expert_feed_forward_length", self.n_ff_exp)?;
+        }
+        if self.n_swa > 0 && matches!(a, "gemma3" | "gpt-oss") {
+            u32k(&mut w, "attention.sliding_window", self.n_swa as u64)?;
+        }
+        for (k, v) in &self.extra {
+            w.set(format!("{a}.{k}"), v.clone())?;
+        }
+
+        let ty = self.ty;
+        let f32t = GgmlType::F32;
+        // Tensors in the order llama.cpp's converters write them.
+        w.add_tensor_later("token_embd.weight", ty, &[e, n_vocab])?;
+        w.add_tensor_later("output_norm.weight", f32t, &[e])?;
+        if !self.tied_output {
+            w.add_tensor_later("output.weight", ty, &[e, n_vocab])?;
+        }
+        let (n_exp, ffe) = (self.n_expert as u64, self.n_ff_exp);
+        for il in 0..self.n_layer {
+            let t = |n: &str| format!("blk.{il}.{n}");
+            w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("attn_q.weight"), ty, &[e, q])?;
+            w.add_tensor_later(t("attn_k.weight"), ty, &[e, kv])?;
+            w.add_tensor_later(t("attn_v.weight"), ty, &[e, kv])?;
+            w.add_tensor_later(t("attn_output.weight"), ty, &[q, e])?;
+            if self.qkv_bias {
+                w.add_tensor_later(t("attn_q.bias"), f32t, &[q])?;
+                w.add_tensor_later(t("attn_k.bias"), f32t, &[kv])?;
+                w.add_tensor_later(t("attn_v.bias"), f32t, &[kv])?;
+            }
+            if matches!(a, "qwen3" | "qwen3moe" | "gemma3") {
+                w.add_tensor_later(t("attn_q_norm.weight"), f32t, &[hd])?;
+                w.add_tensor_later(t("attn_k_norm.weight"), f32t, &[hd])?;
+            }
+            match a {
+                "gemma3" => {
+                    w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
+                    w.add_tensor_later(t("post_ffw_norm.weight"), f32t, &[e])?;
+                }
+                "gpt-oss" => {
+                    w.add_tensor_later(t("attn_output.bias"), f32t, &[e])?;
+                    w.add_tensor_later(t("attn_sinks.weight"), f32t, &[self.n_head as u64])?;
+                    w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
+                }
+                _ => {}
+            }
+            if a != "gpt-oss" {
+                w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
+            }
+            if self.is_moe() {
+                // The router stays F32, as converters keep it.
+                w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
+                let exp_ty = if a == "gpt-oss" { GgmlType::MXFP4 } else { ty };
+                w.add_tensor_later(t("ffn_gate_exps.weight"), exp_ty, &[e, ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_up_exps.weight"), exp_ty, &[e, ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_down_exps.weight"), exp_ty, &[ffe, e, n_exp])?;
+                if a == "gpt-oss" {
+                    w.add_tensor_later(t("ffn_gate_inp.bias"), f32t, &[n_exp])?;
+                    w.add_tensor_later(t("ffn_gate_exps.bias"), f32t, &[ffe, n_exp])?;
+                    w.add_tensor_later(t("ffn_up_exps.bias"), f32t, &[ffe, n_exp])?;
+                    w.add_tensor_later(t("ffn_down_exps.bias"), f32t, &[e, n_exp])?;
+                }
+            } else {
+                w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_down.weight"), ty, &[self.n_ff, e])?;
+            }
+        }
+        let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        w.write_streaming(out, |name, ty, dims, buf| {
+            let (std, center) = spread(name, dims);
+            fill(&mut rng, ty, buf, std, center);
+        })?;
+        Ok(std::fs::metadata(out).map_err(|e| Error::Io { path: out.to_path_buf(), source: e })?.len())
+    }
+}
+
+/// The spread and centre of a tensor's values: matrices 1/sqrt(fan-in) so each layer's
+/// output stays near unit scale, embeddings unit rows, norms around 1, biases and sinks
+/// around 0, the router wide enough that tokens pick different experts.
+fn spread(name: &str, dims: &[u64]) -> (f32, f32) {
+    let fan_in = dims.first().copied().unwrap_or(1).max(1) as f32;
+    if name == "token_embd.weight" {
+        (1.0, 0.0)
+    } else if name.ends_with("norm.weight") {
+        (0.2, 1.0)
+    } else if name.ends_with(".bias") || name.ends_with("attn_sinks.weight") {
+        (0.3, 0.0)
+    } else if name.ends_with("ffn_gate_inp.weight") {
+        (2.0 / fan_in.sqrt(), 0.0)
+    } else {
+        (1.0 / fan_in.sqrt(), 0.0)
+    }
+}
+
+/// xorshift64*: fast, seeded, good enough for noise weights.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// f32 -> IEEE half (round toward zero; subnormals flush to zero): enough for weights.
+fn f16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32 - 127 + 15;
+    if exp <= 0 {
+        return sign;
+    }
+    if exp >= 31 {
+        return sign | 0x7c00;
+    }
+    sign | ((exp as u16) << 10) | ((b >> 13) & 0x3ff) as u16
+}
+
+/// Fills `buf` with a tensor of type `ty` whose values have about `std` spread around
+/// `center` (F32 and F16; the quantized types are centred on 0).
+fn fill(rng: &mut Rng, ty: GgmlType, buf: &mut [u8], std: f32, center: f32) {
+    // Uniform in [-a, a) has std a/sqrt(3).
+    let a = std * 3f32.sqrt();
+    match ty {
+        GgmlType::F32 => {
+            for c in buf.chunks_exact_mut(4) {
+                c.copy_from_slice(&(center + a * rng.unit()).to_le_bytes());
+            }
+        }
+        GgmlType::F16 => {
+            for c in buf.chunks_exact_mut(2) {
+                c.copy_from_slice(&f16_bits(center + a * rng.unit()).to_le_bytes());
+            }
+        }
+        GgmlType::Q8_0 => {
+            // Blocks of 32: an f16 scale d and 32 int8; uniform int8 has std ~73.9.
+            let d = f16_bits(std / 73.9).to_le_bytes();
+            for block in buf.chunks_exact_mut(34) {
+                block[..2].copy_from_slice(&d);
+                for c in block[2..].chunks_mut(8) {
+                    let r = rng.next().to_le_bytes();
+                    c.copy_from_slice(&r[..c.len()]);
+                }
+            }
+        }
+        GgmlType::Q4_0 => {
+            // Blocks of 32: an f16 scale d and 16 bytes of nibbles q, value d*(q-8); std ~4.6.
+            let d = f16_bits(std / 4.6).to_le_bytes();
+            for block in buf.chunks_exact_mut(18) {
+                block[..2].copy_from_slice(&d);
+                block[2..10].copy_from_slice(&rng.next().to_le_bytes());
+                block[10..18].copy_from_slice(&rng.next().to_le_bytes());
+            }
+        }
+        GgmlType::MXFP4 => {
+            // Blocks of 32: an E8M0 exponent e and 16 bytes of FP4 nibbles; ggml reads a
+            // value as k * 2^(e-128) with k in {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}, whose std
+            // over uniform nibbles is ~5.5.
+            let e = (128.0 + (std / 5.5).log2()).round().clamp(1.0, 254.0) as u8;
+            for block in buf.chunks_exact_mut(17) {
+                block[0] = e;
+                block[1..9].copy_from_slice(&rng.next().to_le_bytes());
+                block[9..17].copy_from_slice(&rng.next().to_le_bytes());
+            }
+        }
+        other => unreachable!("random models are written in f32, f16, q8_0, q4_0 and mxfp4, not {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn half_precision_bits() {
+        assert_eq!(f16_bits(1.0), 0x3c00);
+        assert_eq!(f16_bits(-2.0), 0xc000);
+        assert_eq!(f16_bits(0.0), 0);
+        assert_eq!(f16_bits(1e-9), 0);
+        assert_eq!(f16_bits(1e9), 0x7c00);
+    }
+
+    #[test]
+    fn noise_is_centred_and_bounded() {
+        let mut r = Rng(42);
+        let xs: Vec<f32> = (0..10_000).map(|_| r.unit()).collect();
+        assert!(xs.iter().all(|x| (-1.0..1.0).contains(x)));
+        let mean = xs.iter().sum::<f32>() / xs.len() as f32;
+        assert!(mean.abs() < 0.05, "{mean}");
+    }
+
+    #[test]
+    fn shapes_that_do_not_fill_blocks_are_refused() {
+        let mut m = RandomModel::new("qwen3moe", 2, 64, 128, 4, 2);
+        assert!(m.validate().is_ok());
+        m.ty = GgmlType::Q8_0;
+        m.n_ff_exp = 48;
+        assert!(m.validate().is_err());
+        assert!(RandomModel::new("mamba", 2, 64, 128, 4, 2).validate().is_err());
+    }
+}
