@@ -111,3 +111,90 @@ impl Drop for Accelerator {
         unsafe { sys::ggml_backend_free(self.backend) };
     }
 }
+
+/// What a weight is multiplied by, for asking a buffer type whether it can hold it
+/// (llama.cpp's `weight_buft_supported` with the same probe shapes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightOp {
+    MulMat,
+    /// Stacked expert matrices; the number of experts a token uses.
+    MulMatId(usize),
+}
+
+/// The CPU backend's extra buffer types: layouts its kernels prefer for some weight
+/// types (ggml-cpu's "repack" — interleaved Q4_0/Q4_K/IQ4_NL/... blocks for AVX2,
+/// AVX-512 and ARM dot-product kernels — and, where built, AMX or KleidiAI). llama.cpp
+/// puts every weight one of them takes there (its default `use_extra_bufts`), which also
+/// changes the kernels and so the rounding; hearth does the same to compute the same.
+pub struct CpuExtraBuffers {
+    dev: sys::ggml_backend_dev_t,
+    pub types: Vec<sys::ggml_backend_buffer_type_t>,
+}
+
+impl CpuExtraBuffers {
+    /// None: every weight stays in the plain CPU layout.
+    pub fn none() -> CpuExtraBuffers {
+        CpuExtraBuffers { dev: std::ptr::null_mut(), types: Vec::new() }
+    }
+
+    pub fn get() -> CpuExtraBuffers {
+        crate::backend::init();
+        type GetExtraBufts = unsafe extern "C" fn(sys::ggml_backend_dev_t) -> *mut sys::ggml_backend_buffer_type_t;
+        // SAFETY: registry queries on ggml's static registry; the proc address, when
+        // present, has the signature ggml-backend.h declares for this name.
+        unsafe {
+            let dev = sys::ggml_backend_dev_by_type(sys::GGML_BACKEND_DEVICE_TYPE_CPU);
+            if dev.is_null() {
+                return CpuExtraBuffers { dev, types: Vec::new() };
+            }
+            let reg = sys::ggml_backend_dev_backend_reg(dev);
+            let f = sys::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_dev_get_extra_bufts".as_ptr());
+            let mut types = Vec::new();
+            if !f.is_null() {
+                let get: GetExtraBufts = std::mem::transmute(f);
+                let mut p = get(dev);
+                while !p.is_null() && !(*p).is_null() {
+                    types.push(*p);
+                    p = p.add(1);
+                }
+            }
+            CpuExtraBuffers { dev, types }
+        }
+    }
+
+    /// The first extra buffer type whose kernels take a weight of this type and shape
+    /// in `op`, as llama.cpp picks it (probe batch of 512 tokens, as its loader uses).
+    pub fn pick(&self, ty: u32, dims: &[u64], op: WeightOp) -> Option<sys::ggml_backend_buffer_type_t> {
+        const PROBE_TOKENS: i64 = 512;
+        if self.types.is_empty() || dims.len() < 2 {
+            return None;
+        }
+        let ctx = new_meta_context(8).ok()?;
+        let _free = Allocations { contexts: vec![ctx], buffers: Vec::new() };
+        let w = new_tensor(ctx, ty, dims).ok()?;
+        // SAFETY: tensors of a live no-alloc context; the dummy buffer is freed and the
+        // weight's buffer reset before the context is freed.
+        unsafe {
+            let op_tensor = match op {
+                WeightOp::MulMat => {
+                    let b = sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F32, (*w).ne[0], PROBE_TOKENS, (*w).ne[2], (*w).ne[3]);
+                    sys::ggml_mul_mat(ctx, w, b)
+                }
+                WeightOp::MulMatId(k) => {
+                    let b = sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, (*w).ne[0], k as i64, PROBE_TOKENS);
+                    let ids = sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_I32, k as i64, PROBE_TOKENS);
+                    sys::ggml_mul_mat_id(ctx, w, b, ids)
+                }
+            };
+            self.types.iter().copied().find(|&buft| {
+                (*w).buffer = sys::ggml_backend_buft_alloc_buffer(buft, 0);
+                let ok = !(*w).buffer.is_null() && sys::ggml_backend_dev_supports_op(self.dev, op_tensor);
+                if !(*w).buffer.is_null() {
+                    sys::ggml_backend_buffer_free((*w).buffer);
+                }
+                (*w).buffer = std::ptr::null_mut();
+                ok
+            })
+        }
+    }
+}

@@ -3,22 +3,30 @@
 //! Flash attention is forced on because hearth's graphs always use it (llama.cpp's
 //! automatic choice picks it on CPU too).
 
-use std::num::NonZeroU32;
+use std::ffi::CString;
 use std::path::Path;
 use std::time::Instant;
 
-use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::token::LlamaToken;
+use llama_cpp_sys_2 as sys;
 
 use crate::{Error, Result};
 
+/// A llama.cpp model, loaded through its C API (not `llama-cpp-2`'s wrapper, which has no
+/// way to turn the extra buffer types off).
 pub struct Reference {
-    model: LlamaModel,
+    model: *mut sys::llama_model,
     threads: i32,
+    n_vocab: usize,
+}
+
+// SAFETY: the model is read-only after loading; each call makes its own context.
+unsafe impl Send for Reference {}
+
+impl Drop for Reference {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load_with`, freed once.
+        unsafe { sys::llama_model_free(self.model) };
+    }
 }
 
 /// Wall-clock seconds of one prompt pass and of a run of single-token decodes.
@@ -43,55 +51,118 @@ fn llama_err(what: &str, e: impl std::fmt::Display) -> Error {
     Error::Llama(format!("{what}: {e}"))
 }
 
+/// One llama.cpp context, freed on drop.
+struct Context {
+    ctx: *mut sys::llama_context,
+    n_vocab: usize,
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: made by llama_init_from_model, freed once.
+        unsafe { sys::llama_free(self.ctx) };
+    }
+}
+
+impl Context {
+    fn decode(&mut self, tokens: &[i32], start: usize, all_logits: bool) -> Result<()> {
+        // SAFETY: the batch is sized for `tokens` with one sequence id per token; it is
+        // filled within those bounds and freed after the call.
+        unsafe {
+            let mut batch = sys::llama_batch_init(tokens.len() as i32, 0, 1);
+            for (i, &t) in tokens.iter().enumerate() {
+                *batch.token.add(i) = t;
+                *batch.pos.add(i) = (start + i) as i32;
+                *batch.n_seq_id.add(i) = 1;
+                *(*batch.seq_id.add(i)) = 0;
+                *batch.logits.add(i) = i8::from(all_logits || i + 1 == tokens.len());
+            }
+            batch.n_tokens = tokens.len() as i32;
+            let status = sys::llama_decode(self.ctx, batch);
+            sys::llama_batch_free(batch);
+            if status != 0 {
+                return Err(llama_err("decode", format!("llama_decode returned {status}")));
+            }
+        }
+        Ok(())
+    }
+
+    fn logits(&self, i: usize) -> &[f32] {
+        // SAFETY: row i was requested in the last decode; llama.cpp keeps n_vocab floats
+        // there until the next decode, which needs &mut self.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ctx, i as i32);
+            assert!(!p.is_null(), "llama.cpp has no logits for row {i}");
+            std::slice::from_raw_parts(p, self.n_vocab)
+        }
+    }
+}
+
 impl Reference {
+    /// llama.cpp with its defaults (weights repacked where its CPU kernels want).
     pub fn load(path: impl AsRef<Path>, threads: usize) -> Result<Reference> {
-        let backend = crate::backend::init();
+        Self::load_with(path, threads, true)
+    }
+
+    /// `repack: false` is upstream's `--no-repack` (`use_extra_bufts = false`): every
+    /// weight stays in the plain CPU layout.
+    pub fn load_with(path: impl AsRef<Path>, threads: usize, repack: bool) -> Result<Reference> {
+        crate::backend::init();
         let path = path.as_ref();
         if !path.is_file() {
             return Err(Error::Io { path: path.to_path_buf(), source: std::io::Error::from(std::io::ErrorKind::NotFound) });
         }
-        let model = LlamaModel::load_from_file(backend, path, &LlamaModelParams::default()).map_err(|e| llama_err("loading the reference model", e))?;
-        Ok(Reference { model, threads: threads as i32 })
-    }
-
-    fn context(&self, n_ctx: usize, n_batch: usize) -> Result<LlamaContext<'_>> {
-        let params = LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(n_ctx as u32))
-            .with_n_batch(n_batch as u32)
-            .with_n_ubatch(n_batch as u32)
-            .with_n_threads(self.threads)
-            .with_n_threads_batch(self.threads)
-            .with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED);
-        self.model.new_context(crate::backend::init(), params).map_err(|e| llama_err("creating a context", e))
-    }
-
-    fn decode(ctx: &mut LlamaContext<'_>, tokens: &[i32], start: usize, all_logits: bool) -> Result<()> {
-        let mut batch = LlamaBatch::new(tokens.len(), 1);
-        for (i, &t) in tokens.iter().enumerate() {
-            let want = all_logits || i + 1 == tokens.len();
-            batch.add(LlamaToken(t), (start + i) as i32, &[0], want).map_err(|e| llama_err("batch", e))?;
+        let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| llama_err("loading the reference model", "path has a NUL byte"))?;
+        // SAFETY: default params from llama.cpp; the path outlives the call.
+        let model = unsafe {
+            let mut params = sys::llama_model_default_params();
+            params.use_extra_bufts = repack;
+            sys::llama_model_load_from_file(c_path.as_ptr(), params)
+        };
+        if model.is_null() {
+            return Err(llama_err("loading the reference model", format!("llama.cpp could not load {}", path.display())));
         }
-        ctx.decode(&mut batch).map_err(|e| llama_err("decode", e))
+        // SAFETY: a loaded model.
+        let n_vocab = unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model)) } as usize;
+        Ok(Reference { model, threads: threads as i32, n_vocab })
+    }
+
+    fn context(&self, n_ctx: usize, n_batch: usize) -> Result<Context> {
+        // SAFETY: default params from llama.cpp, on a loaded model.
+        let ctx = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.n_ctx = n_ctx as u32;
+            p.n_batch = n_batch as u32;
+            p.n_ubatch = n_batch as u32;
+            p.n_threads = self.threads;
+            p.n_threads_batch = self.threads;
+            p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            sys::llama_init_from_model(self.model, p)
+        };
+        if ctx.is_null() {
+            return Err(llama_err("creating a context", "llama_init_from_model failed"));
+        }
+        Ok(Context { ctx, n_vocab: self.n_vocab })
     }
 
     /// Logits of every position of `tokens`, fed as one batch.
     pub fn prompt_logits(&self, tokens: &[i32]) -> Result<Vec<Vec<f32>>> {
         let mut ctx = self.context(4096, tokens.len().max(1))?;
-        Self::decode(&mut ctx, tokens, 0, true)?;
-        Ok((0..tokens.len()).map(|i| ctx.get_logits_ith(i as i32).to_vec()).collect())
+        ctx.decode(tokens, 0, true)?;
+        Ok((0..tokens.len()).map(|i| ctx.logits(i).to_vec()).collect())
     }
 
     /// Greedy continuation of `prompt`: `n` tokens, the prompt fed as one batch.
     pub fn greedy(&self, prompt: &[i32], n: usize) -> Result<Vec<i32>> {
         let mut ctx = self.context(4096, prompt.len().max(1))?;
-        Self::decode(&mut ctx, prompt, 0, false)?;
+        ctx.decode(prompt, 0, false)?;
         let mut out = Vec::with_capacity(n);
-        let mut logits_index = prompt.len() as i32 - 1;
+        let mut logits_index = prompt.len() - 1;
         while out.len() < n {
-            let next = argmax(ctx.get_logits_ith(logits_index));
+            let next = argmax(ctx.logits(logits_index));
             out.push(next);
             if out.len() < n {
-                Self::decode(&mut ctx, &[next], prompt.len() + out.len() - 1, false)?;
+                ctx.decode(&[next], prompt.len() + out.len() - 1, false)?;
                 logits_index = 0;
             }
         }
@@ -102,13 +173,13 @@ impl Reference {
     pub fn bench(&self, prompt: &[i32], n_gen: usize) -> Result<Timing> {
         let mut ctx = self.context(4096, prompt.len())?;
         let t0 = Instant::now();
-        Self::decode(&mut ctx, prompt, 0, false)?;
+        ctx.decode(prompt, 0, false)?;
         let prompt_secs = t0.elapsed().as_secs_f64();
-        let mut tok = argmax(ctx.get_logits_ith(prompt.len() as i32 - 1));
+        let mut tok = argmax(ctx.logits(prompt.len() - 1));
         let t1 = Instant::now();
         for i in 0..n_gen {
-            Self::decode(&mut ctx, &[tok], prompt.len() + i, false)?;
-            tok = argmax(ctx.get_logits_ith(0));
+            ctx.decode(&[tok], prompt.len() + i, false)?;
+            tok = argmax(ctx.logits(0));
         }
         Ok(Timing { prompt_tokens: prompt.len(), prompt_secs, gen_tokens: n_gen, gen_secs: t1.elapsed().as_secs_f64() })
     }
@@ -123,4 +194,24 @@ pub fn argmax(logits: &[f32]) -> i32 {
         }
     }
     best as i32
+}
+
+/// Writes `src` requantized to llama.cpp file type `ftype` (a `LLAMA_FTYPE_MOSTLY_*`) with
+/// llama.cpp's own quantizer: how the tests get every weight type of one real model.
+pub fn quantize(src: &Path, dst: &Path, ftype: u32, threads: usize) -> Result<()> {
+    crate::backend::init();
+    let c = |p: &Path| std::ffi::CString::new(p.to_string_lossy().as_bytes()).map_err(|_| llama_err("quantize", "path has a NUL byte"));
+    let (src_c, dst_c) = (c(src)?, c(dst)?);
+    // SAFETY: default params from llama.cpp, two valid C strings that outlive the call.
+    let status = unsafe {
+        let mut params = llama_cpp_sys_2::llama_model_quantize_default_params();
+        params.ftype = ftype as _;
+        params.nthread = threads as i32;
+        params.allow_requantize = true;
+        llama_cpp_sys_2::llama_model_quantize(src_c.as_ptr(), dst_c.as_ptr(), &params)
+    };
+    if status != 0 {
+        return Err(llama_err("quantize", format!("llama_model_quantize returned {status} for file type {ftype}")));
+    }
+    Ok(())
 }

@@ -78,12 +78,18 @@ pub struct StageConfig {
     /// 1,100-token prompt. Speculative decoding turns this on to stay exact; off, the
     /// stage computes exactly what llama.cpp computes.
     pub batch_invariant: bool,
+    /// Put the weights the CPU backend's extra buffer types take there (interleaved
+    /// "repacked" layouts and their kernels), as llama.cpp does by default; this is what
+    /// makes a K-quant or IQ model compute llama.cpp's exact numbers, and on AVX2 and ARM
+    /// CPUs those kernels are much faster. Such weights are copied into process memory,
+    /// so a stage whose windows must be paged from disk turns it off.
+    pub repack: bool,
 }
 
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true, batch_invariant: false }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true, batch_invariant: false, repack: true }
     }
 }
 
@@ -172,7 +178,8 @@ impl Stage {
             embedding: cfg.windows.iter().any(|w| w.start == 0),
             output: cfg.owns_output && cfg.windows.iter().any(|w| w.end == spec.n_layer),
         };
-        let weights = Weights::bind(file.clone(), &plan, accel.as_ref())?;
+        // ggml's reference kernels (batch-invariant mode) know only the plain layouts.
+        let weights = Weights::bind(file.clone(), &plan, accel.as_ref(), cfg.repack && !cfg.batch_invariant)?;
         let n_ctx_seq = cfg.n_ctx_seq.min(spec.n_ctx_train.max(1));
         let windows = cfg
             .windows

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
 
-use crate::ggml::{self, Device};
+use crate::ggml::{self, Device, WeightOp};
 use crate::gguf::TensorInfo;
 use crate::model::{Arch, ModelSpec};
 use crate::model_file::ModelFile;
@@ -96,6 +96,8 @@ pub struct Weights {
     pub output: Option<*mut sys::ggml_tensor>,
     pub output_b: Option<*mut sys::ggml_tensor>,
     pub layers: BTreeMap<usize, LayerWeights>,
+    /// Bytes of weights copied into CPU extra buffer types (repacked).
+    pub repacked: u64,
     /// Everything this value allocated in ggml, freed when it drops.
     alloc: crate::ggml::Allocations,
 }
@@ -111,8 +113,25 @@ pub struct WeightPlan {
     pub output: bool,
 }
 
+/// What the graph does with a weight, when a CPU extra buffer type could take it.
+fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
+    const MATRICES: [&str; 8] = ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight"];
+    if name.ends_with("_exps.weight") {
+        return spec.moe.map(|m| WeightOp::MulMatId(m.n_expert_used));
+    }
+    (name == "output.weight" || name == TIED_OUTPUT || MATRICES.iter().any(|m| name.ends_with(m))).then_some(WeightOp::MulMat)
+}
+
+/// The binding key of the LM head of a tied-output model: the embedding matrix a second
+/// time, as llama.cpp loads it (`TENSOR_DUPLICATED`), so the lookup can read it from the
+/// mapping while the LM head's copy is repacked.
+const TIED_OUTPUT: &str = "token_embd.weight (output)";
+
 impl Weights {
-    pub fn bind(file: Arc<ModelFile>, plan: &WeightPlan, accel: Option<&ggml::Accelerator>) -> Result<Weights> {
+    /// `repack`: put the weights the CPU backend's extra buffer types take there, as
+    /// llama.cpp does by default (copied out of the mapping into process memory, so such
+    /// a weight is no longer paged by the OS); off, every CPU weight stays zero-copy.
+    pub fn bind(file: Arc<ModelFile>, plan: &WeightPlan, accel: Option<&ggml::Accelerator>, repack: bool) -> Result<Weights> {
         let spec = file.spec.clone();
         let mut names: Vec<(String, Device, bool)> = Vec::new();
         if plan.embedding || (plan.output && spec.tied_output) {
@@ -145,22 +164,9 @@ impl Weights {
             output: None,
             output_b: None,
             layers: BTreeMap::new(),
+            repacked: 0,
             alloc: crate::ggml::Allocations::default(),
         };
-        let n_tensors = names.len() + 1;
-        let cpu_ctx = ggml::new_meta_context(n_tensors)?;
-        weights.alloc.contexts.push(cpu_ctx);
-        let accel_ctx = match accel {
-            Some(_) => {
-                let c = ggml::new_meta_context(n_tensors)?;
-                weights.alloc.contexts.push(c);
-                Some(c)
-            }
-            None => None,
-        };
-
-        let mut bound: BTreeMap<String, *mut sys::ggml_tensor> = BTreeMap::new();
-        let mut on_accel: Vec<(*mut sys::ggml_tensor, &TensorInfo)> = Vec::new();
         let meta = file.gguf.meta();
         let mut wanted: Vec<(String, Device)> = Vec::new();
         for (name, dev, required) in names {
@@ -175,26 +181,60 @@ impl Weights {
         if rope_freqs_present && !plan.layers.is_empty() {
             wanted.push(("rope_freqs.weight".into(), Device::Cpu));
         }
-        for (name, dev) in &wanted {
-            if bound.contains_key(name) {
+        let extra = if repack { ggml::CpuExtraBuffers::get() } else { ggml::CpuExtraBuffers::none() };
+        // The tied LM head is bound on its own where an extra buffer type takes it.
+        if plan.output && spec.tied_output {
+            let info = meta.tensor("token_embd.weight").expect("checked above");
+            if extra.pick(info.ty as u32, &info.dims, WeightOp::MulMat).is_some() {
+                wanted.push((TIED_OUTPUT.into(), Device::Cpu));
+            }
+        }
+        let n_tensors = wanted.len() + 1;
+        let cpu_ctx = ggml::new_meta_context(n_tensors)?;
+        weights.alloc.contexts.push(cpu_ctx);
+        // Weights copied out of the mapping, per destination buffer type: the
+        // accelerator's, or a CPU extra buffer type's.
+        let mut copied: Vec<(sys::ggml_backend_buffer_type_t, *mut sys::ggml_context, Vec<(*mut sys::ggml_tensor, &TensorInfo)>)> = Vec::new();
+
+        let mut bound: BTreeMap<String, *mut sys::ggml_tensor> = BTreeMap::new();
+        let mut zero_copy: Vec<(*mut sys::ggml_tensor, &TensorInfo)> = Vec::new();
+        for (key, dev) in &wanted {
+            if bound.contains_key(key) {
                 continue;
             }
+            let name = if key == TIED_OUTPUT { "token_embd.weight" } else { key.as_str() };
             let info = meta.tensor(name).expect("checked above");
-            let ctx = match (dev, accel_ctx) {
-                (Device::Accelerator, Some(c)) => c,
+            let dest = match (dev, accel) {
+                (Device::Accelerator, Some(a)) => Some(a.buffer_type),
                 (Device::Accelerator, None) => {
                     return Err(Error::Ggml(format!("layer tensor `{name}` is placed on an accelerator, but none is available")));
                 }
-                (Device::Cpu, _) => cpu_ctx,
+                (Device::Cpu, _) => weight_op(key, &spec).and_then(|op| extra.pick(info.ty as u32, &info.dims, op)),
+            };
+            let ctx = match dest {
+                Some(buft) => match copied.iter().find(|c| c.0 == buft) {
+                    Some(c) => c.1,
+                    None => {
+                        let c = ggml::new_meta_context(n_tensors)?;
+                        weights.alloc.contexts.push(c);
+                        copied.push((buft, c, Vec::new()));
+                        c
+                    }
+                },
+                None => cpu_ctx,
             };
             let t = ggml::new_tensor(ctx, info.ty as u32, &info.dims)?;
-            let cname = CString::new(name.as_str()).map_err(|_| Error::Tensor { name: name.clone(), reason: "name has a NUL byte".into() })?;
+            let cname = CString::new(name).map_err(|_| Error::Tensor { name: name.to_string(), reason: "name has a NUL byte".into() })?;
             // SAFETY: t is a fresh tensor of ctx; ggml copies the name.
             unsafe { sys::ggml_set_name(t, cname.as_ptr()) };
-            if *dev == Device::Accelerator {
-                on_accel.push((t, info));
+            match dest {
+                Some(buft) => {
+                    let i = copied.iter().position(|c| c.0 == buft).expect("made above");
+                    copied[i].2.push((t, info));
+                }
+                None => zero_copy.push((t, info)),
             }
-            bound.insert(name.clone(), t);
+            bound.insert(key.clone(), t);
         }
 
         // Zero-copy CPU binding: one buffer over the whole read-only mapping.
@@ -209,48 +249,50 @@ impl Weights {
         // SAFETY: valid buffer from above.
         unsafe { sys::ggml_backend_buffer_set_usage(cpu_buf, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
         let data_offset = file.gguf.data_offset() as usize;
-        for (name, &t) in &bound {
-            let info = meta.tensor(name).expect("bound tensors exist");
-            if on_accel.iter().any(|(a, _)| *a == t) {
-                continue;
-            }
+        for (t, info) in &zero_copy {
+            let name = &info.name;
             let offset = data_offset + info.offset as usize;
             // SAFETY: the GGUF reader checked that [offset, offset + n_bytes) lies inside
             // the mapping, and ggml_nbytes(t) equals n_bytes for the same type and dims.
             unsafe {
                 let addr = bytes.as_ptr().add(offset) as *mut std::ffi::c_void;
-                if sys::ggml_nbytes(t) as u64 != info.n_bytes {
+                if sys::ggml_nbytes(*t) as u64 != info.n_bytes {
                     return Err(Error::Tensor { name: name.clone(), reason: "size disagrees with ggml's".into() });
                 }
-                let status = sys::ggml_backend_tensor_alloc(cpu_buf, t, addr);
+                let status = sys::ggml_backend_tensor_alloc(cpu_buf, *t, addr);
                 if status != sys::GGML_STATUS_SUCCESS {
                     return Err(Error::Ggml(format!("binding `{name}` failed with status {status}")));
                 }
             }
         }
 
-        if let (Some(accel), Some(ctx)) = (accel, accel_ctx) {
-            if !on_accel.is_empty() {
-                // SAFETY: ctx holds only the accelerator tensors; the buffer type is the
-                // device's own.
-                let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(ctx, accel.buffer_type) };
-                if buf.is_null() {
-                    return Err(Error::Ggml("could not allocate accelerator memory for the offloaded layers".into()));
-                }
-                weights.alloc.buffers.push(buf);
-                for (t, info) in &on_accel {
+        for (buft, ctx, tensors) in &copied {
+            // SAFETY: ctx holds only the tensors copied into this buffer type.
+            let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors_from_buft(*ctx, *buft) };
+            if buf.is_null() {
+                return Err(Error::Ggml("could not allocate memory for the weights copied out of the model file".into()));
+            }
+            weights.alloc.buffers.push(buf);
+            // SAFETY: valid buffer; each t was allocated in it with exactly src.len()
+            // bytes (an extra buffer type repacks while it copies).
+            unsafe {
+                sys::ggml_backend_buffer_set_usage(buf, sys::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+                for (t, info) in tensors {
                     let src = file.gguf.tensor_bytes(info);
-                    // SAFETY: t was allocated in buf with exactly src.len() bytes.
-                    unsafe { sys::ggml_backend_tensor_set(*t, src.as_ptr() as *const _, 0, src.len()) };
+                    if sys::ggml_nbytes(*t) as u64 != info.n_bytes || src.len() as u64 != info.n_bytes {
+                        return Err(Error::Tensor { name: info.name.clone(), reason: "size disagrees with ggml's".into() });
+                    }
+                    sys::ggml_backend_tensor_set(*t, src.as_ptr() as *const _, 0, src.len());
                 }
             }
         }
+        weights.repacked = copied.iter().filter(|c| Some(c.0) != accel.map(|a| a.buffer_type)).map(|c| c.2.iter().map(|(_, i)| i.n_bytes).sum::<u64>()).sum();
 
         let get = |n: &str| bound.get(n).copied();
         weights.tok_embd = get("token_embd.weight");
         if plan.output {
             weights.output_norm = get("output_norm.weight");
-            weights.output = get("output.weight").or(weights.tok_embd);
+            weights.output = get("output.weight").or(get(TIED_OUTPUT)).or(weights.tok_embd);
             weights.output_b = get("output.bias");
         }
         let rope_freqs = get("rope_freqs.weight");

@@ -22,7 +22,7 @@ fn private_copy(tag: &str) -> (PathBuf, Arc<ModelFile>) {
 }
 
 fn stage(file: &Arc<ModelFile>, windows: &[std::ops::Range<usize>]) -> Stage {
-    let cfg = StageConfig { windows: windows.to_vec(), n_seq: 1, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, owns_output: false, batch_invariant: false };
+    let cfg = StageConfig { windows: windows.to_vec(), n_seq: 1, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, owns_output: false, batch_invariant: false, repack: false };
     Stage::new(file.clone(), cfg).unwrap()
 }
 

@@ -26,6 +26,11 @@ impl Served {
         Served::spawn(&["serve", "--port", "0"], args, &default_model(), "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
     }
 
+    /// Starts `hearth serve --port 0 ARGS --model MODEL`.
+    pub fn start_model(model: &std::path::Path, args: &[&str]) -> Served {
+        Served::spawn(&["serve", "--port", "0"], args, model, "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
+    }
+
     /// Starts `hearth worker --listen 127.0.0.1:0 ARGS --model <default>`.
     pub fn worker(args: &[&str]) -> Served {
         Served::worker_at("127.0.0.1:0", &default_model(), args).unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))

@@ -282,6 +282,13 @@ pub struct ServeArgs {
     /// long batches.
     #[arg(long, env = "HEARTH_BATCH_INVARIANT")]
     pub batch_invariant: bool,
+    /// Keep every weight in the model file's own layout, zero-copy in its mapping. By
+    /// default the weights the CPU kernels prefer in an interleaved layout (Q4_0, Q4_K,
+    /// IQ4_NL and others, depending on the CPU) are repacked into memory at load, as
+    /// llama.cpp does: faster on most CPUs, and the same numbers as llama.cpp. Windows
+    /// that must be paged from disk are never repacked.
+    #[arg(long, env = "HEARTH_NO_REPACK")]
+    pub no_repack: bool,
     /// Where the head listens for the last worker's link back (bind address).
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,
@@ -333,6 +340,13 @@ pub struct WorkerArgs {
     /// Do not read the next window ahead while other devices compute (for comparison).
     #[arg(long, env = "HEARTH_NO_PREFETCH")]
     pub no_prefetch: bool,
+    /// Keep every weight in the model file's own layout, zero-copy in its mapping. By
+    /// default the weights the CPU kernels prefer in an interleaved layout (Q4_0, Q4_K,
+    /// IQ4_NL and others, depending on the CPU) are repacked into memory at load, as
+    /// llama.cpp does: faster on most CPUs, and the same numbers as llama.cpp. Windows
+    /// that must be paged from disk are never repacked.
+    #[arg(long, env = "HEARTH_NO_REPACK")]
+    pub no_repack: bool,
     /// Benchmarks only: delay every ring frame this worker sends by this many milliseconds.
     #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
     pub emulate_hop_ms: f64,

@@ -88,6 +88,7 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
         speculation,
         spec_tokens: args.spec_tokens,
         batch_invariant: args.batch_invariant,
+        repack: !args.no_repack,
         ring: ring_setup(args)?,
     })
 }

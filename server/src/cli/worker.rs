@@ -12,6 +12,7 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         secret,
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
         prefetch: !args.no_prefetch,
+        repack: !args.no_repack,
         hop_delay: hop_delay(args.emulate_hop_ms),
     };
     Ok(run_worker(cfg)?)

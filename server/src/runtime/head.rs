@@ -33,6 +33,8 @@ pub struct HeadConfig {
     pub spec_tokens: usize,
     /// Batch-invariant kernels even without speculation (`--batch-invariant`).
     pub batch_invariant: bool,
+    /// Repack weights into the CPU kernels' preferred layouts (`--no-repack` turns it off).
+    pub repack: bool,
     /// `None`: every layer on this machine.
     pub ring: Option<RingSetup>,
 }
@@ -64,13 +66,13 @@ impl Head {
         let max_batch = cfg.max_batch.max(parallel);
         // Speculation stays exact only if a verified draft computes as it would alone.
         let batch_invariant = cfg.batch_invariant || cfg.speculation.is_some();
-        let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, ..StageConfig::whole(&spec) };
+        let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, ..StageConfig::whole(&spec) };
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
                 let pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
-                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant };
+                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack };
                 let planner = Planner::new(file.clone(), cfg.model.clone(), ring.workers.clone(), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy);
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)

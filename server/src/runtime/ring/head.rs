@@ -91,6 +91,8 @@ pub struct RingConfig {
     pub threads: usize,
     /// Every member computes with batch-invariant kernels (speculation is on).
     pub batch_invariant: bool,
+    /// The head's own windows may be repacked (`--no-repack` off; paged windows never are).
+    pub repack: bool,
 }
 
 /// The head's part of a plan: its stage's windows and how a step walks them. The head's
@@ -131,7 +133,17 @@ impl Layout {
         let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(first_own + r)).collect();
         let stage = Stage::new(
             file.clone(),
-            StageConfig { windows, n_seq: cfg.n_seq, n_ctx_seq: cfg.n_ctx_seq, max_batch: cfg.max_batch, threads: cfg.threads, accel_layers: 0, owns_output: true, batch_invariant: cfg.batch_invariant },
+            StageConfig {
+                windows,
+                n_seq: cfg.n_seq,
+                n_ctx_seq: cfg.n_ctx_seq,
+                max_batch: cfg.max_batch,
+                threads: cfg.threads,
+                accel_layers: 0,
+                owns_output: true,
+                batch_invariant: cfg.batch_invariant,
+                repack: cfg.repack && super::paging::may_repack(&file, &own_windows, cfg.setup.release),
+            },
         )?;
         // Made after the stage, so the stage's own memory counts against the budget.
         let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.setup.prefetch, cfg.setup.release));

@@ -66,6 +66,20 @@ pub struct WindowPager {
     read_at_end: Option<u64>,
 }
 
+/// Whether a stage with these windows may repack its weights into process memory: not
+/// when the plan releases windows after use, nor when they would not fit the memory this
+/// process may use (they will be paged from the mapping, which repacked copies defeat).
+pub fn may_repack(file: &ModelFile, layers: &[Range<usize>], release: Option<bool>) -> bool {
+    if release == Some(true) {
+        return false;
+    }
+    let need: u64 = layers.iter().flat_map(|l| file.layer_byte_ranges(l.clone())).map(|r| r.len() as u64).sum();
+    match residency::memory_budget() {
+        Some(b) => !residency::overloaded(need, b.bytes, residency::anon_bytes().unwrap_or(0)),
+        None => true,
+    }
+}
+
 impl WindowPager {
     /// `release`: Some to force it, None to release only when the windows overflow the
     /// memory this process may use (its cgroup limit, else MemAvailable) after its own

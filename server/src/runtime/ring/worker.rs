@@ -31,6 +31,9 @@ pub struct WorkerConfig {
     pub threads: usize,
     /// Read the next window ahead while other devices compute.
     pub prefetch: bool,
+    /// Repack weights into the CPU kernels' layouts (off with `--no-repack`; paged
+    /// windows never are).
+    pub repack: bool,
     /// Added to every frame this worker sends (benchmarks only).
     pub hop_delay: Duration,
 }
@@ -43,6 +46,7 @@ struct Worker {
     fingerprint: String,
     /// Off with `--no-prefetch`.
     prefetch: bool,
+    repack: bool,
     model_path: std::path::PathBuf,
     meta: Mutex<Meta>,
     compute: Mutex<Compute>,
@@ -130,11 +134,11 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 
 /// Serves as a ring member until SIGTERM or Ctrl-C.
 pub fn run(cfg: WorkerConfig) -> Result<()> {
-    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, hop_delay } = cfg;
+    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay } = cfg;
     let file = Arc::new(ModelFile::open(&path)?);
     let fingerprint = file.fingerprint();
     let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
-    let state = Arc::new(Worker { file, fingerprint, prefetch, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
+    let state = Arc::new(Worker { file, fingerprint, prefetch, repack, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
     let rt = crate::process::ring_runtime()?;
     let config = LinkConfig { send_delay: hop_delay, ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
@@ -227,6 +231,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 accel_layers: 0,
                 owns_output: false,
                 batch_invariant: plan.batch_invariant,
+                repack: state.repack && super::paging::may_repack(&file, &plan.windows.iter().map(|&(a, b)| a..b).collect::<Vec<_>>(), plan.release),
             };
             let layers = cfg.windows.clone();
             let release = plan.release;
