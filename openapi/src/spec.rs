@@ -275,6 +275,54 @@ impl Modify for BearerApiKey {
     }
 }
 
+/// Says what a streamed response's events are. OpenAPI before 3.2 has the
+/// `text/event-stream` schema describe one event (`data`, `event`, `id`, `retry`), as
+/// validators such as Schemathesis read it: `data` is a chunk as JSON (or, when generation
+/// fails after the stream began, an error in OpenAI's envelope), and the last event's
+/// `data` is `[DONE]`.
+struct SseEvents;
+
+impl SseEvents {
+    fn event_schema(chunk: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let event = serde_json::json!({
+            "type": "object",
+            "description": format!("One server-sent event: `data` is a `{chunk}` as JSON, or an `ErrorResponse` when generation fails mid-stream; the last event's `data` is `[DONE]`."),
+            "required": ["data"],
+            "properties": {
+                "data": {
+                    // Schemathesis checks `contentSchema` by parsing `data` as JSON; `[DONE]`
+                    // is not JSON and matches the other branch.
+                    "oneOf": [
+                        {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"oneOf": [{"$ref": format!("#/components/schemas/{chunk}")}, {"$ref": "#/components/schemas/ErrorResponse"}]}
+                        },
+                        {"type": "string", "enum": ["[DONE]"]}
+                    ]
+                },
+                "event": {"type": "string"},
+                "id": {"type": "string"},
+                "retry": {"type": "integer", "minimum": 0}
+            }
+        });
+        serde_json::from_value(event).expect("a valid schema object")
+    }
+}
+
+impl Modify for SseEvents {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        for (path, chunk) in [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionChunk")] {
+            let ok = openapi.paths.paths.get_mut(path).and_then(|p| p.post.as_mut()).and_then(|op| op.responses.responses.get_mut("200"));
+            if let Some(utoipa::openapi::RefOr::T(response)) = ok {
+                if let Some(utoipa::openapi::RefOr::T(content)) = response.content.get_mut("text/event-stream") {
+                    content.schema = Some(Self::event_schema(chunk));
+                }
+            }
+        }
+    }
+}
+
 /// hearth's OpenAPI document.
 #[derive(OpenApi)]
 #[openapi(
@@ -288,7 +336,7 @@ impl Modify for BearerApiKey {
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`."
     ),
     paths(create_chat_completion, create_completion, list_models, retrieve_model, health, metrics, get_plan, replan, get_cluster),
-    modifiers(&BearerApiKey),
+    modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
         (name = "Operations", description = "Health and metrics for orchestrators and Prometheus"),
@@ -351,8 +399,11 @@ mod tests {
         let chat = &doc["paths"]["/v1/chat/completions"]["post"];
         assert_eq!(chat["security"], json!([{"api_key": []}]));
         assert!(doc["paths"]["/health"]["get"].get("security").is_none());
-        let streamed = &chat["responses"]["200"]["content"]["text/event-stream"]["schema"]["$ref"];
-        assert_eq!(streamed, &json!("#/components/schemas/ChatCompletionChunk"));
+        let event = &chat["responses"]["200"]["content"]["text/event-stream"]["schema"];
+        assert_eq!(event["required"], json!(["data"]));
+        let data = &event["properties"]["data"];
+        assert_eq!(data["oneOf"][1]["enum"], json!(["[DONE]"]));
+        assert_eq!(data["oneOf"][0]["contentSchema"]["oneOf"][0]["$ref"], json!("#/components/schemas/ChatCompletionChunk"));
     }
 
     #[test]
