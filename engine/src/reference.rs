@@ -215,3 +215,33 @@ pub fn quantize(src: &Path, dst: &Path, ftype: u32, threads: usize) -> Result<()
     }
     Ok(())
 }
+
+/// llama-quantize's names for the file types it writes without an importance matrix.
+pub const FILE_TYPES: &[(&str, u32)] = &[
+    ("f16", sys::LLAMA_FTYPE_MOSTLY_F16 as u32),
+    ("bf16", sys::LLAMA_FTYPE_MOSTLY_BF16 as u32),
+    ("q8_0", sys::LLAMA_FTYPE_MOSTLY_Q8_0 as u32),
+    ("q4_0", sys::LLAMA_FTYPE_MOSTLY_Q4_0 as u32),
+    ("q4_1", sys::LLAMA_FTYPE_MOSTLY_Q4_1 as u32),
+    ("q5_0", sys::LLAMA_FTYPE_MOSTLY_Q5_0 as u32),
+    ("q5_1", sys::LLAMA_FTYPE_MOSTLY_Q5_1 as u32),
+    ("q2_k", sys::LLAMA_FTYPE_MOSTLY_Q2_K as u32),
+    ("q3_k_s", sys::LLAMA_FTYPE_MOSTLY_Q3_K_S as u32),
+    ("q3_k_m", sys::LLAMA_FTYPE_MOSTLY_Q3_K_M as u32),
+    ("q3_k_l", sys::LLAMA_FTYPE_MOSTLY_Q3_K_L as u32),
+    ("q4_k_s", sys::LLAMA_FTYPE_MOSTLY_Q4_K_S as u32),
+    ("q4_k_m", sys::LLAMA_FTYPE_MOSTLY_Q4_K_M as u32),
+    ("q5_k_s", sys::LLAMA_FTYPE_MOSTLY_Q5_K_S as u32),
+    ("q5_k_m", sys::LLAMA_FTYPE_MOSTLY_Q5_K_M as u32),
+    ("q6_k", sys::LLAMA_FTYPE_MOSTLY_Q6_K as u32),
+    ("iq4_nl", sys::LLAMA_FTYPE_MOSTLY_IQ4_NL as u32),
+    ("iq4_xs", sys::LLAMA_FTYPE_MOSTLY_IQ4_XS as u32),
+    ("iq3_s", sys::LLAMA_FTYPE_MOSTLY_IQ3_S as u32),
+    ("iq3_m", sys::LLAMA_FTYPE_MOSTLY_IQ3_M as u32),
+    ("mxfp4_moe", sys::LLAMA_FTYPE_MOSTLY_MXFP4_MOE as u32),
+];
+
+/// The `LLAMA_FTYPE_MOSTLY_*` llama-quantize calls `name`.
+pub fn file_type(name: &str) -> Option<u32> {
+    FILE_TYPES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}

@@ -164,7 +164,8 @@ pub(crate) struct LayerCosts {
 
 impl LayerCosts {
     pub fn of(dev: &DeviceProfile, model: &ModelProfile) -> LayerCosts {
-        let bp = model.layer_bytes_with_kv();
+        // What one token reads: a MoE layer's unused experts stay untouched.
+        let bp = model.layer_read_bytes();
         let cpu_compute = model.layer_flops.time_at(&dev.cpu_flops);
         let cpu_memory = dev.kv_copy_cpu_s + bp / dev.cpu_read_bw;
         match &dev.gpu {
@@ -207,7 +208,8 @@ fn head_fixed(dev: &DeviceProfile, model: &ModelProfile) -> (f64, f64) {
 /// `b_m` (per GPU layer), both per round; the caller multiplies by k (eq 6).
 pub(crate) fn ilp_coefficients(dev: &DeviceProfile, model: &ModelProfile, set: DeviceSet) -> (f64, f64) {
     let lc = LayerCosts::of(dev, model);
-    let s = dev.disk_read();
+    // A layer paged from disk: a MoE layer reads only the experts its tokens use.
+    let s = dev.disk_read() / model.paged_share();
     let bp = model.layer_bytes_with_kv();
     let (alpha, beta) = (lc.alpha(), if dev.gpu.is_some() { lc.beta() } else { 0.0 });
     match set {
@@ -265,16 +267,19 @@ pub fn predict(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, dis
         }
         let over = overloaded(dev, model, head, w, n, k);
         let s = dev.disk_read();
+        // Bytes the device cannot hold are paged in per token; of a MoE layer only the
+        // experts its tokens use (and the readahead around them).
+        let ps = model.paged_share();
         let io = if head { model.lookup_bytes() + model.output_bytes } else { 0.0 };
         b.disk_s = if !over {
             if head { model.lookup_bytes() / s } else { 0.0 }
         } else if dev.metal().is_some() && dev.os == Os::Macos {
             // eq 16: Metal lets go of everything: all l_m b (+ the head's I/O layers).
-            (kf * w as f64 * model.layer_bytes + io) / s
+            (kf * w as f64 * model.layer_bytes * ps + io) / s
         } else {
             // eqs 15, 17: the excess of CPU layers (+ KV, compute buffer, head I/O) over RAM.
             let room = ram_room(dev, model, head) + cio(model, head);
-            (l_cpu * model.layer_bytes_with_kv() + io + model.compute_buffer_cpu - room) / s
+            (l_cpu * model.layer_bytes_with_kv() + io + model.compute_buffer_cpu - room) * ps / s
         };
         out.push(DeviceCost {
             name: dev.name.clone(),
@@ -333,6 +338,7 @@ mod tests {
             output_flops: PerQuant { q6k: 1e9, ..PerQuant::default() },
             compute_buffer_cpu: 0.0,
             compute_buffer_gpu: 0.0,
+            moe: None,
         }
     }
 
@@ -363,5 +369,27 @@ mod tests {
         // 10 GB on 8 GB: 2 GB at the random-read 0.5 GB/s.
         assert!((p.devices[1].breakdown.disk_s - 4.0).abs() < 1e-9);
         assert_eq!(p.devices[1].set, DeviceSet::M1);
+    }
+
+    #[test]
+    fn moe_layers_hold_every_expert_but_read_and_page_only_the_used_ones() {
+        let dense = model();
+        // 80% of each layer is experts, of which a token uses 1 in 8 (and pages in 1.5x that).
+        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.1875 }), ..model() };
+        let d = dev(Os::Linux, 4e9);
+        // Memory: the same RAM cap (every expert must be somewhere).
+        assert_eq!(ram_cap(&d, &dense, false, 1), ram_cap(&d, &moe, false, 1));
+        // Reads per token: 0.2 GB dense part + 0.1 GB of experts.
+        assert!((moe.layer_read_bytes() - 0.3e9).abs() < 1.0);
+        let (ld, lm) = (LayerCosts::of(&d, &dense), LayerCosts::of(&d, &moe));
+        assert!((ld.cpu_memory / lm.cpu_memory - 1.0 / 0.3).abs() < 1e-9);
+        // Paging: 5 layers on 4 GB reload 1 GB dense; of MoE layers 0.2 + 0.8 * 0.1875 = 0.35 of it.
+        let plan = Plan::from_windows(10, &[5, 5]).unwrap();
+        let head = dev(Os::Linux, 8e9);
+        let pd = predict(&[head.clone(), d.clone()], &dense, &plan, 0.0);
+        let pm = predict(&[head, d], &moe, &plan, 0.0);
+        assert!((pd.devices[1].breakdown.disk_s - 1.0).abs() < 1e-9);
+        assert!((pm.devices[1].breakdown.disk_s - 0.35).abs() < 1e-9, "{}", pm.devices[1].breakdown.disk_s);
+        assert!(pm.tpot_s < pd.tpot_s);
     }
 }

@@ -24,5 +24,5 @@ pub mod replan;
 pub use cost::{predict, Breakdown, DeviceCost, DeviceSet, Prediction};
 pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DISK_THRESHOLD};
 pub use plan::{DevicePlan, Plan, PlanError};
-pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, Os, PerQuant};
+pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, MoeProfile, Os, PerQuant};
 pub use replan::{decide, drift, Current, Decision, ReplanPolicy};

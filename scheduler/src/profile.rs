@@ -183,6 +183,20 @@ impl DeviceProfile {
     }
 }
 
+/// A Mixture-of-Experts model's routed experts as the cost model charges them: memory
+/// for all of them, compute and reads for the ones a token uses.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MoeProfile {
+    /// Bytes of one layer's routed expert matrices (part of `layer_bytes`).
+    pub expert_bytes: f64,
+    /// Share of those bytes one token reads from memory: `expert_used_count / expert_count`.
+    pub read_share: f64,
+    /// Share of those bytes a device that cannot hold its layers pages in from disk per
+    /// token: the experts the token uses plus the readahead around them; pages of experts
+    /// no token asks for are never read through the mapping (measured: docs/scheduler.md).
+    pub disk_share: f64,
+}
+
 /// The model, as the model profiler reads it from the GGUF (or as computed from the
 /// published architecture for what-if planning).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -219,9 +233,27 @@ pub struct ModelProfile {
     pub compute_buffer_cpu: f64,
     /// `c^gpu`: compute-buffer bytes on the GPU.
     pub compute_buffer_gpu: f64,
+    /// Routed experts, for a Mixture-of-Experts model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeProfile>,
 }
 
 impl ModelProfile {
+    /// Bytes one token reads from memory in one layer: the dense weights, the experts it
+    /// uses and the KV cache.
+    pub fn layer_read_bytes(&self) -> f64 {
+        self.layer_bytes_with_kv() - self.moe.map_or(0.0, |m| m.expert_bytes * (1.0 - m.read_share))
+    }
+
+    /// Of a layer that is not resident, the share of its bytes one token pages in from
+    /// disk (1 for a dense model: every weight is read).
+    pub fn paged_share(&self) -> f64 {
+        match self.moe {
+            Some(m) if self.layer_bytes_with_kv() > 0.0 => (1.0 - m.expert_bytes * (1.0 - m.disk_share) / self.layer_bytes_with_kv()).clamp(0.0, 1.0),
+            _ => 1.0,
+        }
+    }
+
     /// `2(h_k e_k + h_v e_v) n_kv`: F16 KV-cache bytes of one layer.
     pub fn kv_bytes_per_layer(&self) -> f64 {
         2.0 * (self.n_head_k * self.head_dim_k + self.n_head_v * self.head_dim_v) as f64 * self.n_kv as f64

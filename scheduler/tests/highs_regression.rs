@@ -29,6 +29,7 @@ fn smollm2() -> ModelProfile {
         output_flops: PerQuant { q8_0: 2.0 * 49152.0 * e, ..PerQuant::default() },
         compute_buffer_cpu: 5e7,
         compute_buffer_gpu: 0.0,
+        moe: None,
     }
 }
 

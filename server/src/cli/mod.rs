@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod bench_serve;
 pub mod make_model;
+pub mod quantize;
 pub mod plan;
 pub mod profile;
 pub mod serve;
@@ -44,9 +45,13 @@ pub enum Command {
     /// Plan a ring offline: Halda (or a baseline) on device profiles (JSON) and a model
     /// (GGUF, or a model-profile JSON); prints the windows per device and the predicted TPOT.
     Plan(PlanArgs),
-    /// Write a random-weight llama GGUF of any size (for memory experiments).
+    /// Write a random-weight GGUF of any supported architecture and size (for memory
+    /// experiments and benchmarks).
     #[command(hide = true)]
     MakeModel(MakeModelArgs),
+    /// Requantize a GGUF into another weight type with llama.cpp's own quantizer
+    /// (e.g. `--type q4_k_m`).
+    Quantize(QuantizeArgs),
     /// Print a worker's per-window statistics (the `profile` control method) as JSON.
     #[command(hide = true)]
     WorkerProfile(WorkerProfileArgs),
@@ -142,6 +147,21 @@ pub struct MakeModelArgs {
     /// The GGUF whose tokenizer the new model gets (default: the default model).
     #[command(flatten)]
     pub tokenizer_from: ModelArg,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct QuantizeArgs {
+    /// The GGUF to read.
+    pub input: PathBuf,
+    /// The GGUF to write.
+    pub output: PathBuf,
+    /// Target type, as llama-quantize names them: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
+    /// q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs,
+    /// iq3_s, iq3_m, mxfp4_moe.
+    #[arg(long = "type")]
+    pub ty: String,
+    #[arg(long, env = "HEARTH_THREADS", default_value_t = 2)]
+    pub threads: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -390,6 +410,7 @@ pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::Plan(args) => plan::run(args),
         Command::Profile(args) => profile::run(args),
         Command::MakeModel(args) => make_model::run(args),
+        Command::Quantize(args) => quantize::run(args),
         Command::WorkerProfile(args) => worker_profile::run(args),
     }
 }

@@ -152,7 +152,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let measured = times[times.len() / 2];
     let l = layers as f64;
     let mut compute = l * model.layer_flops.time_at(&p.cpu_flops);
-    let mut memory = l * (p.kv_copy_cpu_s + model.layer_bytes_with_kv() / p.cpu_read_bw);
+    let mut memory = l * (p.kv_copy_cpu_s + model.layer_read_bytes() / p.cpu_read_bw);
     if whole {
         compute += model.output_flops.time_at(&p.cpu_flops);
         memory += (model.lookup_bytes() + model.output_bytes) / p.cpu_read_bw;

@@ -5,10 +5,15 @@
 
 use engine::gguf::GgmlType;
 use engine::ModelFile;
-use scheduler::{ModelProfile, PerQuant};
+use scheduler::{ModelProfile, MoeProfile, PerQuant};
 
 /// Tokens per micro-batch the compute buffer is sized for (llama.cpp's default ubatch).
 const UBATCH: usize = 512;
+
+/// Bytes a memory-short device pages in per token for a MoE layer's experts, over the
+/// bytes of the experts the token uses: the kernel's readahead around each expert's rows
+/// (measured with `scripts/memory-experiment-moe.sh`, docs/benchmarks.md).
+const EXPERT_PAGE_AMPLIFICATION: f64 = 1.0;
 
 /// The scheduler's eight weight formats; other formats count as the nearest one in bits
 /// per weight (the kernels of one family run at about the same speed).
@@ -35,6 +40,7 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     let (mut input_bytes, mut output_bytes) = (0u64, 0u64);
     let mut output_flops = PerQuant::default();
     let mut embd_ty = GgmlType::F32;
+    let mut expert_bytes = 0u64;
     // A token runs only the experts the router picks: of stacked expert matrices, the
     // FLOPs are charged for `expert_used_count / expert_count` of them, the bytes for all.
     let expert_share = spec.moe.map_or(1.0, |m| m.n_expert_used as f64 / m.n_expert as f64);
@@ -45,6 +51,9 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
         let matrix_flops = if t.dims.len() >= 2 && t.dims[1] > 1 { 2.0 * t.n_elements() as f64 * share } else { 0.0 };
         if t.name.starts_with("blk.") {
             layer_bytes += t.n_bytes;
+            if t.name.contains("_exps.") {
+                expert_bytes += t.n_bytes;
+            }
             *format_slot(&mut layer_flops, t.ty) += matrix_flops;
         } else if t.name == "token_embd.weight" {
             input_bytes += t.n_bytes;
@@ -97,5 +106,10 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
         output_flops,
         compute_buffer_cpu: buffer,
         compute_buffer_gpu: buffer,
+        moe: spec.moe.map(|_| MoeProfile {
+            expert_bytes: per_layer(expert_bytes as f64),
+            read_share: expert_share,
+            disk_share: (expert_share * EXPERT_PAGE_AMPLIFICATION).min(1.0),
+        }),
     }
 }
