@@ -17,6 +17,8 @@
 #   HEARTH       the binary             (default $CARGO_TARGET_DIR/release/hearth)
 #   MODEL        the GGUF               (default models/random-llama-30x2048-q8_0.gguf,
 #                                        written by `hearth make-model` if missing)
+#   MAKE_MODEL   `hearth make-model` arguments that write MODEL when it is missing
+#                (default: the dense llama above; docs/benchmarks.md has the MoE one)
 #   LIMIT_MIB    memory limit of each ring member (default 480)
 #   HEAD_LIMIT_MIB  of the head         (default LIMIT_MIB)
 #   SINGLE_LIMIT_MIB of the single process (default: the ring's total)
@@ -52,7 +54,8 @@ mkdir -p "$OUT"
 [ -x "$HEARTH" ] || { echo "no hearth binary at $HEARTH (cargo build --release --workspace)" >&2; exit 1; }
 if [ ! -f "$MODEL" ]; then
   echo "writing $MODEL ..." >&2
-  "$HEARTH" make-model --layers 30 --embd 2048 --ff 9216 --type q8_0 --out "$MODEL" >&2
+  # shellcheck disable=SC2086 # MAKE_MODEL is a list of arguments
+  "$HEARTH" make-model ${MAKE_MODEL:---layers 30 --embd 2048 --ff 9216 --type q8_0} --out "$MODEL" >&2
 fi
 # The disk holding the model, for the blkio throttle (the whole disk, not a partition).
 dev_of() {

@@ -22,6 +22,16 @@ const PAGE: usize = 4096;
 impl ModelFile {
     /// Byte ranges of the mapping holding the tensors of `layers` (page-aligned, merged).
     pub fn layer_byte_ranges(&self, layers: Range<usize>) -> Vec<Range<usize>> {
+        self.byte_ranges(layers, true)
+    }
+
+    /// As `layer_byte_ranges`, without a MoE layer's routed experts: what is worth reading
+    /// ahead of a MoE window, whose tokens each read only a few experts.
+    pub fn layer_byte_ranges_without_experts(&self, layers: Range<usize>) -> Vec<Range<usize>> {
+        self.byte_ranges(layers, false)
+    }
+
+    fn byte_ranges(&self, layers: Range<usize>, experts: bool) -> Vec<Range<usize>> {
         let data = self.gguf.data_offset() as usize;
         let mut ranges: Vec<Range<usize>> = self
             .gguf
@@ -29,6 +39,7 @@ impl ModelFile {
             .tensors()
             .iter()
             .filter(|t| layer_of(&t.name).is_some_and(|l| layers.contains(&l)))
+            .filter(|t| experts || !t.name.contains("_exps."))
             .map(|t| {
                 let start = data + t.offset as usize;
                 (start / PAGE * PAGE)..(start + t.n_bytes as usize).div_ceil(PAGE) * PAGE

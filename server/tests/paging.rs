@@ -117,3 +117,37 @@ fn one_window_never_releases_or_prefetches_and_the_hooks_are_cheap() {
     assert!(per.as_millis() < 5, "{per:?}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A MoE window (measured: docs/benchmarks.md, "MoE larger than memory") is kept unless
+/// the plan says to release it, and only its dense part is read ahead: the experts a token
+/// does not use stay on disk.
+#[test]
+fn a_moe_window_is_kept_and_only_its_dense_part_is_read_ahead() {
+    let dir = std::env::temp_dir().join(format!("hearth-paging-moe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("moe.gguf");
+    let mut m = engine::random_model::RandomModel::new("qwen3moe", 4, 256, 512, 4, 2);
+    m.n_expert = 16;
+    m.n_ff_exp = 256;
+    let model = hearth::models::ensure_default_model(&hearth::models::models_dir()).unwrap();
+    m.write(&model, &path).unwrap();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let windows = [0..2, 2..4];
+    let pager = WindowPager::new(file.clone(), windows.to_vec(), true, None);
+    assert!(!pager.release(), "a MoE window is not released by default: {}", pager.describe());
+    assert!(WindowPager::new(file.clone(), windows.to_vec(), true, Some(true)).release(), "the plan can still ask for it");
+    let mut stage = stage(&file, &windows);
+    let (r1, t1) = window_bytes(&file, 2..4);
+    let dense: usize = file.layer_byte_ranges_without_experts(2..4).iter().map(|r| r.len()).sum();
+    assert!(dense < t1 / 4, "the experts are most of the window: {dense} of {t1}");
+    let mut pager = WindowPager::new(file.clone(), windows.to_vec(), true, None);
+    file.release(&r1);
+    step(&mut stage, &mut pager, 0, 0);
+    pager.wait_prefetch();
+    let resident = file.resident_bytes(&r1);
+    eprintln!("window 1: {t1} bytes, {dense} dense, {resident} resident after read-ahead");
+    // The dense part came in; the experts (3/4 of the window and more) did not, give or
+    // take the kernel's own read-around of the dense ranges.
+    assert!(resident >= dense && resident < t1 / 2, "{resident} of {t1} resident, {dense} dense");
+    std::fs::remove_dir_all(&dir).ok();
+}

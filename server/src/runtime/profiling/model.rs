@@ -11,9 +11,12 @@ use scheduler::{ModelProfile, MoeProfile, PerQuant};
 const UBATCH: usize = 512;
 
 /// Bytes a memory-short device pages in per token for a MoE layer's experts, over the
-/// bytes of the experts the token uses: the kernel's readahead around each expert's rows
-/// (measured with `scripts/memory-experiment-moe.sh`, docs/benchmarks.md).
-const EXPERT_PAGE_AMPLIFICATION: f64 = 1.0;
+/// bytes of the experts the token uses: the kernel reads ahead around each page fault
+/// (8 MiB here, `read_ahead_kb`), so a fault in one expert's rows brings in neighbours.
+/// Measured 3.0 with `scripts/memory-experiment.sh` on a 2.9 GiB qwen3moe (64 experts, 4
+/// used) over 480 MiB devices: 126 MB read per token by a 6-layer window against 42 MB
+/// predicted at 1.0 (docs/benchmarks.md, "MoE larger than memory").
+const EXPERT_PAGE_AMPLIFICATION: f64 = 3.0;
 
 /// The scheduler's eight weight formats; other formats count as the nearest one in bits
 /// per weight (the kernels of one family run at about the same speed).

@@ -44,12 +44,16 @@ pub enum ReleaseReason {
     Plan,
     Memory,
     UnknownMemory,
+    /// A MoE window: kept (its tokens read a few experts each; the page cache keeps them).
+    Moe,
 }
 
 pub struct WindowPager {
     file: Arc<ModelFile>,
     layers: Vec<Range<usize>>,
     ranges: Vec<Vec<Range<usize>>>,
+    /// What is read ahead of each window: all of it, or a MoE window's dense part.
+    prefetch_ranges: Vec<Vec<Range<usize>>>,
     bytes: Vec<u64>,
     prefetch: bool,
     release: bool,
@@ -92,18 +96,27 @@ impl WindowPager {
         let reserved = residency::anon_bytes().unwrap_or(0);
         let (release, reason) = match (release, budget) {
             (Some(r), _) => (r, ReleaseReason::Plan),
+            // See below: the page cache keeps a MoE window's experts in use.
+            (None, _) if file.spec.moe.is_some() => (false, ReleaseReason::Moe),
             // With one window there is no other window to make room for: the next step
             // runs the same window again, so releasing it could only add reads.
             (None, Some(_)) if layers.len() < 2 => (false, ReleaseReason::Memory),
             (None, Some(b)) => (residency::overloaded(need, b.bytes, reserved), ReleaseReason::Memory),
             (None, None) => (false, ReleaseReason::UnknownMemory),
         };
+        // A MoE window is neither released nor read ahead whole (measured, docs/benchmarks.md,
+        // "MoE larger than memory"): each token reads a few experts of each layer, so the
+        // page cache keeps the ones in use; releasing drops them and reading every expert
+        // ahead costs the disk ~15x what the tokens read. Only the dense part is read ahead.
+        let moe = file.spec.moe.is_some();
+        let prefetch_ranges: Vec<Vec<Range<usize>>> = if moe { layers.iter().map(|l| file.layer_byte_ranges_without_experts(l.clone())).collect() } else { ranges.clone() };
         let prefetch = prefetch && layers.len() > 1;
         let n = layers.len();
         WindowPager {
             file,
             layers,
             ranges,
+            prefetch_ranges,
             bytes,
             prefetch,
             release,
@@ -190,7 +203,7 @@ impl WindowPager {
             // releasing, is still there: reading it again would only take a core from the
             // device computing now.
             let resident = !self.release && self.stats[next].steps > 0 && self.stats[next].resident_at_start_last >= self.bytes[next];
-            let ahead = if self.prefetch && !resident { self.ranges[next].clone() } else { Vec::new() };
+            let ahead = if self.prefetch && !resident { self.prefetch_ranges[next].clone() } else { Vec::new() };
             if !release.is_empty() || !ahead.is_empty() {
                 self.in_flight = Some((next, Prefetch::start_after_release(self.file.clone(), release, ahead)));
             }
