@@ -26,6 +26,12 @@ pub struct GroupPlan {
     pub cell0: usize,
     /// Cells attended: the sequence length after this batch, padded like llama.cpp.
     pub n_kv: usize,
+    /// Sliding-window layers attend only from this cell, `n_kv_swa` cells: the window's
+    /// start (aligned down to the padding, so shapes change every 256 positions, not every
+    /// step) to the end. The cells skipped are ones the window masks anyway, so the result
+    /// is the same and long contexts cost sliding layers only their window.
+    pub cell0_swa: usize,
+    pub n_kv_swa: usize,
 }
 
 pub struct GraphShape<'a> {
@@ -105,14 +111,14 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     // mask exists only for a kind of layer (full or sliding) that attends in this graph:
     // the model's last layer attends only when some output is wanted.
     let attending = |il: usize| !(last && il + 1 == spec.n_layer && shape.n_out == 0);
-    let new_masks = |wanted: bool| -> Vec<T> {
+    let new_masks = |wanted: bool, swa: bool| -> Vec<T> {
         if !wanted {
             return Vec::new();
         }
-        shape.groups.iter().map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, g.n_kv as i64, g.n_rows as i64, 1, 1))).collect()
+        shape.groups.iter().map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, if swa { g.n_kv_swa } else { g.n_kv } as i64, g.n_rows as i64, 1, 1))).collect()
     };
-    let masks = new_masks(shape.layers.clone().any(|il| attending(il) && !spec.is_swa(il)));
-    let swa_masks = new_masks(shape.layers.clone().any(|il| attending(il) && spec.is_swa(il)));
+    let masks = new_masks(shape.layers.clone().any(|il| attending(il) && !spec.is_swa(il)), false);
+    let swa_masks = new_masks(shape.layers.clone().any(|il| attending(il) && spec.is_swa(il)), true);
     // gpt-oss keeps every row through its last layer and picks the output rows after
     // it (llama.cpp's `openai-moe` graph); the others pick them before the last FFN.
     let trim_after_layers = spec.arch == Arch::GptOss;
@@ -186,14 +192,16 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             break;
         }
 
-        let layer_masks = if spec.is_swa(il) { &swa_masks } else { &masks };
+        let swa = spec.is_swa(il);
+        let layer_masks = if swa { &swa_masks } else { &masks };
         let kq_scale = if spec.q_scale.is_some() { 1.0 } else { spec.kq_scale };
         let mut attn: T = std::ptr::null_mut();
         for (g, mask) in shape.groups.iter().zip(layer_masks) {
             let qg = sys::ggml_view_3d(ctx, q, hd, n_head, g.n_rows as i64, (*q).nb[1], (*q).nb[2], (*q).nb[2] * g.row0);
             let qg = sys::ggml_permute(ctx, qg, 0, 2, 1, 3);
+            let (cell0, n_kv) = if swa { (g.cell0_swa, g.n_kv_swa) } else { (g.cell0, g.n_kv) };
             let cache_view = |c: T| {
-                let view = sys::ggml_view_3d(ctx, c, hd, n_head_kv, g.n_kv as i64, f16_row(hd), f16_row(n_embd_kv), f16_row(n_embd_kv) * g.cell0);
+                let view = sys::ggml_view_3d(ctx, c, hd, n_head_kv, n_kv as i64, f16_row(hd), f16_row(n_embd_kv), f16_row(n_embd_kv) * cell0);
                 sys::ggml_permute(ctx, view, 0, 2, 1, 3)
             };
             let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k), cache_view(kv.v), *mask, kq_scale, 0.0, 0.0);

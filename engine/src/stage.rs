@@ -140,8 +140,8 @@ struct ShapeKey {
     window: usize,
     embed: bool,
     n_tokens: usize,
-    /// (rows, first cell, attended cells) per sequence.
-    groups: Vec<(usize, usize, usize)>,
+    /// (rows, first cell, attended cells, and the same for sliding layers) per sequence.
+    groups: Vec<(usize, usize, usize, usize, usize)>,
     n_out: usize,
 }
 
@@ -286,7 +286,7 @@ impl Stage {
             return Ok(StageOutput::Logits(Logits { rows: Vec::new(), n_vocab: spec.n_vocab, data: Vec::new() }));
         }
 
-        let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv)).collect(), n_out: out_rows.len() };
+        let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(), n_out: out_rows.len() };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
         // tensor the graph references is owned by this stage; input sizes match the
         // tensors `graph::build` created for this shape.
@@ -354,7 +354,7 @@ impl Stage {
         let spec = self.file.spec.clone();
         let Some(widx) = (0..self.windows.len()).max_by_key(|&i| self.windows[i].layers.len()) else { return Ok(()) };
         let w = &self.windows[widx];
-        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, cell0: 0, n_kv: w.cache.slot_cells }];
+        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, cell0: 0, n_kv: w.cache.slot_cells, cell0_swa: 0, n_kv_swa: w.cache.slot_cells }];
         let shape = GraphShape {
             layers: w.layers.clone(),
             embed: w.layers.start == 0,
@@ -500,18 +500,22 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>) -> Re
             mask[j * n_kv..j * n_kv + pos + 1].fill(F16_ZERO);
             plan.cells.push((cell0 + pos) as i64);
         }
+        let (mut cell0_swa, mut n_kv_swa) = (cell0, n_kv);
         if let Some(n_swa) = n_swa {
             // llama.cpp's standard window: key p0 is hidden from query p1 when
-            // p1 - p0 >= n_swa.
-            let mut swa = mask.clone();
+            // p1 - p0 >= n_swa. The batch's first query sees nothing before `lo`.
+            let lo = (len + 1).saturating_sub(n_swa) / KV_PAD * KV_PAD;
+            cell0_swa = cell0 + lo;
+            n_kv_swa = n_kv - lo;
+            let mut swa = vec![F16_NEG_INF; n_kv_swa * rows.len()];
             for (j, &r) in rows.iter().enumerate() {
                 let pos = batch[r].pos as usize;
-                let hidden = (pos + 1).saturating_sub(n_swa);
-                swa[j * n_kv..j * n_kv + hidden].fill(F16_NEG_INF);
+                let first = (pos + 1).saturating_sub(n_swa).max(lo);
+                swa[j * n_kv_swa + (first - lo)..j * n_kv_swa + (pos + 1 - lo)].fill(F16_ZERO);
             }
             plan.swa_masks.push(swa);
         }
-        plan.groups.push(GroupPlan { row0: plan.order.len(), n_rows: rows.len(), cell0, n_kv });
+        plan.groups.push(GroupPlan { row0: plan.order.len(), n_rows: rows.len(), cell0, n_kv, cell0_swa, n_kv_swa });
         plan.masks.push(mask);
         plan.order.extend_from_slice(&rows);
         plan.seqs.push(SeqPlan { seq, slot, new_len });

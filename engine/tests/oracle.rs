@@ -104,7 +104,10 @@ fn interleaved_sequences_give_the_same_tokens_as_each_alone() {
 /// cut into three windows and into disjoint windows on two stages.
 fn tiny(m: RandomModel) {
     let arch = m.arch.clone();
-    let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-{arch}", std::process::id()));
+    // One folder per call: tests of one arch run in parallel and each removes its own.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-{arch}-{call}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = common::tiny::write(&m, &dir);
     let tok = Tokenizer::load(&path).unwrap();
@@ -216,4 +219,43 @@ fn head_owned_embedding_and_output_with_worker_windows_match_llama_cpp() {
         got.push(next);
     }
     assert_eq!(got, expected);
+}
+
+/// Sliding-window layers on a prompt long enough that they attend from a later cell than
+/// the full layers (the window's start passes the 256-cell padding): logits at every
+/// position and greedy tokens equal llama.cpp's, for both sliding-window archs.
+#[test]
+fn sliding_windows_far_into_a_long_prompt_match_llama_cpp() {
+    use engine::{LocalPipeline, ModelFile, Stage};
+    use std::sync::Arc;
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    for arch in ["gemma3", "gpt-oss"] {
+        let mut m = common::tiny::model(arch);
+        m.n_swa = 48;
+        let dir = std::env::temp_dir().join(format!("hearth-tiny-long-{}-{arch}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = common::tiny::write(&m, &dir);
+        let tok = Tokenizer::load(&path).unwrap();
+        let mut prompt = tok.tokenize(&text, false);
+        prompt.truncate(700);
+        assert_eq!(prompt.len(), 700);
+        let reference = Reference::load(&path, THREADS).unwrap();
+        let expected_logits = reference.prompt_logits(&prompt).unwrap();
+        let expected = reference.greedy(&prompt, 24).unwrap();
+        // The prompt as one batch, as the reference feeds it.
+        let file = Arc::new(ModelFile::open(&path).unwrap());
+        let cfg = engine::StageConfig { max_batch: 1024, ..common::stage_config(vec![0..3], 1) };
+        let mut p = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
+        let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 3, pos: i as u32, logits: true }).collect();
+        let logits = p.forward(&batch, &prompt).unwrap();
+        let mut worst = 0f64;
+        for (i, r) in expected_logits.iter().enumerate() {
+            assert_eq!(argmax(logits.row(i)), argmax(r), "{arch}: argmax differs at position {i}");
+            worst = worst.max(common::rel_rms(logits.row(i), r));
+        }
+        eprintln!("{arch}, 700 tokens, window 48: worst relative RMS error {worst:.3e}");
+        assert!(worst < 1e-2, "{arch}: relative RMS error {worst}");
+        assert_eq!(p.greedy(3, &prompt, 24, 1024).unwrap(), expected, "{arch}: greedy tokens differ from llama.cpp's");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }
