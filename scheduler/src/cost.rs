@@ -300,7 +300,7 @@ mod tests {
     use crate::profile::PerQuant;
 
     fn dev(os: Os, ram: f64) -> DeviceProfile {
-        let r = PerQuant { q4_0: 1e11, q4_1: 1e11, q4k: 1e11, q5k: 1e11, q6k: 1e11, q8_0: 1e11, f16: 1e11, f32: 1e11 };
+        let r = PerQuant { q4_0: 1e11, q4_1: 1e11, q4k: 1e11, q5k: 1e11, q6k: 1e11, q8_0: 1e11, f16: 1e11, f32: 1e11, other: Default::default() };
         DeviceProfile {
             name: "d".into(),
             os,

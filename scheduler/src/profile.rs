@@ -8,11 +8,14 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One figure per weight format 𝒬 = {Q4_0, Q4_1, Q4_K, Q5_K, Q6_K, Q8_0, F16, F32}: FLOPs of
-/// a layer (`f^q`, `f_out^q`) or a backend's throughput (`s^{cpu,q}`, `s^{cuda,q}`,
-/// `s^{metal,q}`). The paper's set has no Q4_0/Q4_1 (hearth's default model is Q4_1); a
-/// throughput of 0 for them (a profile that did not measure them) means the Q4_K rate.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+/// One figure per weight format: FLOPs of a layer (`f^q`, `f_out^q`) or a backend's
+/// throughput (`s^{cpu,q}`, `s^{cuda,q}`, `s^{metal,q}`). The paper's set 𝒬 = {Q4_K, Q5_K,
+/// Q6_K, Q8_0, F16, F32} plus Q4_0/Q4_1 (hearth's default model is Q4_1) are fields; every
+/// other format a model holds (IQ4_XS, Q2_K, BF16, MXFP4, ...) is charged at its own rate
+/// in `other`, by ggml's name. A throughput of 0 for Q4_0/Q4_1 (a profile that did not
+/// measure them) means the Q4_K rate; a format missing from a device's `other` runs at
+/// the rate of the field nearest to it in bits per weight.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PerQuant {
     pub q4_0: f64,
@@ -23,6 +26,27 @@ pub struct PerQuant {
     pub q8_0: f64,
     pub f16: f64,
     pub f32: f64,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub other: std::collections::BTreeMap<String, f64>,
+}
+
+/// The field whose kernels run a format not among the fields at about its speed: the
+/// nearest in bits per weight within its family (index into `PerQuant::values`).
+fn nearest_field(format: &str) -> usize {
+    const Q4K: usize = 2;
+    const Q5K: usize = 3;
+    const Q6K: usize = 4;
+    const Q8_0: usize = 5;
+    const F16: usize = 6;
+    const F32: usize = 7;
+    match format.to_ascii_lowercase().as_str() {
+        "f32" | "f64" | "i32" | "i64" => F32,
+        "f16" | "bf16" | "i16" => F16,
+        "q8_0" | "q8_1" | "q8_k" | "i8" => Q8_0,
+        "q6_k" => Q6K,
+        "q5_0" | "q5_1" | "q5_k" => Q5K,
+        _ => Q4K,
+    }
 }
 
 impl PerQuant {
@@ -30,13 +54,15 @@ impl PerQuant {
         [self.q4_0, self.q4_1, self.q4k, self.q5k, self.q6k, self.q8_0, self.f16, self.f32]
     }
 
-    /// Every figure, mutable (to scale a profile's rates).
-    pub fn values_mut(&mut self) -> [&mut f64; 8] {
-        [&mut self.q4_0, &mut self.q4_1, &mut self.q4k, &mut self.q5k, &mut self.q6k, &mut self.q8_0, &mut self.f16, &mut self.f32]
+    /// Every figure, mutable (to scale a profile's rates), `other` included.
+    pub fn values_mut(&mut self) -> Vec<&mut f64> {
+        let mut v: Vec<&mut f64> = vec![&mut self.q4_0, &mut self.q4_1, &mut self.q4k, &mut self.q5k, &mut self.q6k, &mut self.q8_0, &mut self.f16, &mut self.f32];
+        v.extend(self.other.values_mut());
+        v
     }
 
     pub fn total(&self) -> f64 {
-        self.values().iter().sum()
+        self.values().iter().sum::<f64>() + self.other.values().sum::<f64>()
     }
 
     /// As throughputs: an unmeasured Q4_0 or Q4_1 rate (0) is the Q4_K one.
@@ -50,14 +76,20 @@ impl PerQuant {
         v
     }
 
+    /// The throughput for `format` (ggml's name): measured, else its nearest field's.
+    pub fn rate_of(&self, format: &str) -> f64 {
+        match self.other.get(format) {
+            Some(&r) if r > 0.0 => r,
+            _ => self.rates()[nearest_field(format)],
+        }
+    }
+
     /// `Σ_q f^q / s^q`: the time to run these FLOPs at these throughputs. A format with
     /// FLOPs but no throughput is infinitely slow (the caller validates profiles first).
     pub fn time_at(&self, rates: &PerQuant) -> f64 {
-        self.values()
-            .iter()
-            .zip(rates.rates())
-            .map(|(&f, s)| if f <= 0.0 { 0.0 } else if s > 0.0 { f / s } else { f64::INFINITY })
-            .sum()
+        let at = |f: f64, s: f64| if f <= 0.0 { 0.0 } else if s > 0.0 { f / s } else { f64::INFINITY };
+        let named: f64 = self.values().iter().zip(rates.rates()).map(|(&f, s)| at(f, s)).sum();
+        named + self.other.iter().map(|(name, &f)| at(f, rates.rate_of(name))).sum::<f64>()
     }
 }
 
@@ -286,5 +318,23 @@ impl ModelProfile {
     /// Total weight bytes: `L b + b_i + b_o`.
     pub fn total_bytes(&self) -> f64 {
         self.n_layer as f64 * self.layer_bytes + self.input_bytes + self.output_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_formats_run_at_their_own_rate_or_their_nearest_fields() {
+        let flops = PerQuant { q4k: 1e9, other: [("iq4_xs".to_string(), 2e9), ("q2_K".to_string(), 1e9)].into_iter().collect(), ..PerQuant::default() };
+        let rates = PerQuant { q4k: 1e10, other: [("iq4_xs".to_string(), 4e10)].into_iter().collect(), ..PerQuant::default() };
+        // Q4_K 0.1 s, IQ4_XS at its own 40 GFLOP/s 0.05 s, Q2_K (unmeasured) at Q4_K's 0.1 s.
+        assert!((flops.time_at(&rates) - 0.25).abs() < 1e-12, "{}", flops.time_at(&rates));
+        assert_eq!(rates.rate_of("bf16"), rates.f16);
+        assert_eq!(rates.rate_of("q5_0"), rates.q5k);
+        // A profile written before `other` existed still reads.
+        let old: PerQuant = serde_json::from_str(r#"{"q4k": 1.0, "f32": 2.0}"#).unwrap();
+        assert!(old.other.is_empty() && old.q4k == 1.0);
     }
 }

@@ -39,7 +39,7 @@ fn node(name: &str, gflops: f64, ram: f64) -> DeviceProfile {
         name: name.into(),
         os: Os::Linux,
         head: false,
-        cpu_flops: PerQuant { q4_0: r, q4_1: r, q4k: r, q5k: r, q6k: r, q8_0: r, f16: r, f32: r },
+        cpu_flops: PerQuant { q4_0: r, q4_1: r, q4k: r, q5k: r, q6k: r, q8_0: r, f16: r, f32: r, other: Default::default() },
         cpu_read_bw: 27e9,
         kv_copy_cpu_s: 2e-6,
         disk_seq_read: 2e9,

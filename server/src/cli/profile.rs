@@ -39,6 +39,10 @@ fn table(p: &DeviceProfile, threads: usize, disk_dir: &std::path::Path, took: Op
     for (name, v) in [("Q4_0", f.q4_0), ("Q4_1", f.q4_1), ("Q4_K", f.q4k), ("Q5_K", f.q5k), ("Q6_K", f.q6k), ("Q8_0", f.q8_0), ("F16", f.f16), ("F32", f.f32)] {
         let _ = writeln!(out, "| CPU matrix x vector, {name} | {:.1} GFLOP/s |", v / 1e9);
     }
+    // The model's other formats, each measured on its own kernels.
+    for (name, v) in &f.other {
+        let _ = writeln!(out, "| CPU matrix x vector, {} (the model's) | {:.1} GFLOP/s |", name.to_uppercase(), v / 1e9);
+    }
     let _ = writeln!(out, "| memory read | {:.1} GB/s |", p.cpu_read_bw / 1e9);
     let _ = writeln!(out, "| KV write, one token of one layer | {:.2} µs |", p.kv_copy_cpu_s * 1e6);
     let _ = writeln!(out, "| disk sequential read ({}) | {:.0} MB/s |", disk_dir.display(), p.disk_seq_read / 1e6);

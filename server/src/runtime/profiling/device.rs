@@ -36,7 +36,7 @@ pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::
         Some(p) => (p, None),
         None => {
             let start = Instant::now();
-            let mut p = measure(threads, &disk_dir, model.map(|(path, _)| path), kv_bytes)?;
+            let mut p = measure(threads, &disk_dir, model, kv_bytes)?;
             if let Some((path, file)) = model {
                 calibrate(&mut p, path, file, threads)?;
             }
@@ -60,10 +60,20 @@ pub fn refresh_memory(p: &mut DeviceProfile) {
     p.swap_available = swap_available as f64;
 }
 
-fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<&std::path::Path>, kv_bytes: usize) -> Result<DeviceProfile> {
+fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<(&std::path::Path, &engine::ModelFile)>, kv_bytes: usize) -> Result<DeviceProfile> {
     let rate = |ty| profiler::matvec_flops(ty, threads, KERNEL_TIME);
-    let cpu_flops = PerQuant { q4_0: rate(GgmlType::Q4_0)?, q4_1: rate(GgmlType::Q4_1)?, q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)? };
-    let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, model, RANDOM_READ_TIME)?;
+    let mut cpu_flops = PerQuant { q4_0: rate(GgmlType::Q4_0)?, q4_1: rate(GgmlType::Q4_1)?, q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)?, other: Default::default() };
+    // Every other format the model holds, at its own kernels' rate: an IQ4_XS or MXFP4
+    // model is not charged at a neighbour's. One ggml cannot time is left to the nearest.
+    for ty in model.map(|(_, f)| crate::runtime::profiling::model::extra_formats(f)).unwrap_or_default() {
+        match rate(ty) {
+            Ok(r) => {
+                cpu_flops.other.insert(ty.name().to_string(), r);
+            }
+            Err(e) => tracing::debug!("no kernel rate for {ty}: {e}"),
+        }
+    }
+    let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, model.map(|(p, _)| p), RANDOM_READ_TIME)?;
     let (ram_total, _, _) = profiler::meminfo();
     let os = if std::path::Path::new("/system/build.prop").exists() {
         Os::Android

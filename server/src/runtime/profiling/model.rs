@@ -18,20 +18,37 @@ const UBATCH: usize = 512;
 /// predicted at 1.0 (docs/benchmarks.md, "MoE larger than memory").
 const EXPERT_PAGE_AMPLIFICATION: f64 = 3.0;
 
-/// The scheduler's eight weight formats; other formats count as the nearest one in bits
-/// per weight (the kernels of one family run at about the same speed).
+/// Where a tensor's FLOPs go: the scheduler's named formats, or the tensor's own format
+/// by ggml's name (charged at the device's measured rate for it).
 fn format_slot(q: &mut PerQuant, ty: GgmlType) -> &mut f64 {
     use GgmlType::*;
     match ty {
         F32 => &mut q.f32,
-        F16 | BF16 => &mut q.f16,
-        Q8_0 | Q8_1 | Q8_K => &mut q.q8_0,
+        F16 => &mut q.f16,
+        Q8_0 => &mut q.q8_0,
         Q6_K => &mut q.q6k,
-        Q5_0 | Q5_1 | Q5_K => &mut q.q5k,
+        Q5_K => &mut q.q5k,
+        Q4_K => &mut q.q4k,
         Q4_0 => &mut q.q4_0,
         Q4_1 => &mut q.q4_1,
-        _ => &mut q.q4k,
+        other => q.other.entry(other.name().to_string()).or_default(),
     }
+}
+
+/// The weight formats of a model outside the scheduler's named ones: those a device
+/// measures its kernels for when it profiles for this model.
+pub fn extra_formats(file: &ModelFile) -> Vec<GgmlType> {
+    let mut probe = PerQuant::default();
+    let mut out: Vec<GgmlType> = Vec::new();
+    for t in file.gguf.meta().tensors() {
+        if t.dims.len() >= 2 && t.dims[1] > 1 && !out.contains(&t.ty) {
+            *format_slot(&mut probe, t.ty) += 1.0;
+            if probe.other.contains_key(t.ty.name()) {
+                out.push(t.ty);
+            }
+        }
+    }
+    out
 }
 
 /// `n_kv`: the context the plan is made for (KV-cache bytes and attention FLOPs grow with it).
@@ -73,16 +90,10 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     }
     let n_layer = spec.n_layer.max(1);
     let per_layer = |x: f64| x / n_layer as f64;
-    let mut lf = PerQuant {
-        q4_0: per_layer(layer_flops.q4_0),
-        q4_1: per_layer(layer_flops.q4_1),
-        q4k: per_layer(layer_flops.q4k),
-        q5k: per_layer(layer_flops.q5k),
-        q6k: per_layer(layer_flops.q6k),
-        q8_0: per_layer(layer_flops.q8_0),
-        f16: per_layer(layer_flops.f16),
-        f32: per_layer(layer_flops.f32),
-    };
+    let mut lf = layer_flops.clone();
+    for f in lf.values_mut() {
+        *f = per_layer(*f);
+    }
     // Attention against an F16 cache: QK^T and AV, each 2 FLOPs per head dim per cached
     // token; softmax, norms, RoPE and the FFN activation in F32.
     lf.f16 += (2 * 2 * spec.n_head * spec.head_dim * n_kv) as f64;
