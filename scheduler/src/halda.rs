@@ -320,7 +320,7 @@ pub fn assign_sets(devices: &[DeviceProfile], model: &ModelProfile, w: &[usize],
         .enumerate()
         .map(|(m, d)| {
             let over = cost::overloaded(d, model, m == 0, w[m], n[m], k);
-            let fast = cost::fast_disk(d, disk_threshold) && !forced.contains(&m);
+            let fast = cost::fast_disk(d, model, disk_threshold) && !forced.contains(&m);
             cost::set_for(d, over, fast)
         })
         .collect()
@@ -488,7 +488,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     // A device with a slow disk that overloads even with no layers (its compute buffer
     // alone exceeds its memory) can never be in M4: leave it out from the start.
     let mut members: Vec<usize> = (0..devices.len())
-        .filter(|&i| i == 0 || cost::fast_disk(&devices[i], opts.disk_threshold) || cost::ram_cap(&devices[i], model, false, 1) >= 0)
+        .filter(|&i| i == 0 || cost::fast_disk(&devices[i], model, opts.disk_threshold) || cost::ram_cap(&devices[i], model, false, 1) >= 0)
         .collect();
     let mut relay_head = false;
     let mut slow_link_drops = 0;
