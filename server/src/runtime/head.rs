@@ -77,7 +77,12 @@ impl Head {
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)
             }
-            None => (Box::new(LocalPipeline::new(vec![Stage::new(file, stage.clone())?])?), Arc::new(PlanBoard::single(spec.n_layer))),
+            None => {
+                // A model larger than this machine's memory is served from the mapping, paged
+                // by the OS; repacked copies would have to fit in memory instead.
+                let whole = StageConfig { repack: stage.repack && super::ring::paging::may_repack(&file, &[0..spec.n_layer], None), ..stage.clone() };
+                (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), Arc::new(PlanBoard::single(spec.n_layer)))
+            }
         };
         let proposer = match &cfg.speculation {
             None => None,
