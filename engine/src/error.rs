@@ -17,7 +17,7 @@ pub enum Error {
     #[error("invalid GGUF at byte {offset}: {reason}")]
     InvalidGguf { offset: u64, reason: String },
 
-    #[error("model architecture `{0}` is not supported (hearth runs llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gpt-oss)")]
+    #[error("model architecture `{0}` is not supported (hearth runs llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gpt-oss, glm4moe)")]
     UnsupportedArchitecture(String),
 
     #[error("model metadata `{key}` is missing or has the wrong type: {reason}")]

@@ -144,9 +144,10 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
         k = sys::ggml_reshape_3d(ctx, k, hd, n_head_kv, n_tok);
         let v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
-        if spec.arch.qk_norm() {
-            q = norm(q, l.q_norm.expect("checked at load: the arch has attn_q_norm"));
-            k = norm(k, l.k_norm.expect("checked at load: the arch has attn_k_norm"));
+        // Required by the archs that have them always (checked at load), optional in GLM.
+        if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
+            q = norm(q, qn);
+            k = norm(k, kn);
         }
         let freqs = l.rope_freqs.unwrap_or(std::ptr::null_mut());
         let (freq_base, freq_scale) = spec.rope_of(il);
@@ -286,9 +287,15 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     let logits = add_opt(sys::ggml_mul_mat(ctx, m.router, cur), m.router_b);
     let probs = match moe.gating {
         Gating::Softmax => sys::ggml_soft_max(ctx, logits),
+        Gating::Sigmoid => sys::ggml_sigmoid(ctx, logits),
         Gating::SoftmaxWeight => logits,
     };
-    let selected = sys::ggml_argsort_top_k(ctx, probs, k as i32);
+    // The selection bias picks the experts; the weights stay the unbiased probabilities.
+    let selection = match m.selection_b {
+        Some(b) => sys::ggml_add(ctx, probs, b),
+        None => probs,
+    };
+    let selected = sys::ggml_argsort_top_k(ctx, selection, k as i32);
     let mut weights = sys::ggml_get_rows(ctx, sys::ggml_reshape_3d(ctx, probs, 1, n_expert, n_tok), selected);
     if moe.gating == Gating::SoftmaxWeight {
         weights = sys::ggml_reshape_3d(ctx, sys::ggml_soft_max(ctx, sys::ggml_reshape_2d(ctx, weights, k, n_tok)), 1, k, n_tok);
@@ -328,5 +335,15 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     if k == 1 {
         out = sys::ggml_cont(ctx, out);
     }
-    out
+    match m.shared {
+        // Shared experts on the same input, a dense SwiGLU FFN (llama.cpp's build_ffn).
+        Some([gate, up, down]) => {
+            let input = sys::ggml_reshape_2d(ctx, cur, n_embd, n_tok);
+            let up = sys::ggml_mul_mat(ctx, up, input);
+            let gate = sys::ggml_mul_mat(ctx, gate, input);
+            let shared = sys::ggml_mul_mat(ctx, down, sys::ggml_swiglu_split(ctx, gate, up));
+            sys::ggml_add(ctx, out, shared)
+        }
+        None => out,
+    }
 }

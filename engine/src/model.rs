@@ -28,6 +28,10 @@ pub enum Arch {
     /// alternating sliding-window layers, a MoE FFN with biased experts, softmax over the
     /// chosen experts only, and the clamped SwiGLU.
     GptOss,
+    /// GLM-4.5 / 4.6 (`glm4moe`): Q/K/V biases, partial RoPE, leading dense layers, then
+    /// sigmoid-gated experts chosen with a per-expert bias, plus a shared expert; the
+    /// multi-token-prediction layers at the end of the file are not run.
+    Glm4Moe,
 }
 
 impl Arch {
@@ -40,6 +44,7 @@ impl Arch {
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "gemma3" => Ok(Arch::Gemma3),
             "gpt-oss" => Ok(Arch::GptOss),
+            "glm4moe" => Ok(Arch::Glm4Moe),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -51,7 +56,7 @@ impl Arch {
         const ROPE_NEOX: i32 = 2;
         match self {
             Arch::Llama | Arch::Mistral => ROPE_NORM,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss => ROPE_NEOX,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => ROPE_NEOX,
         }
     }
 
@@ -75,12 +80,20 @@ pub struct Moe {
     /// Multiplies the experts' weights when not 0 or 1 (`expert_weights_scale`).
     pub weights_scale: f32,
     pub activation: MoeActivation,
+    /// Shared experts run on every token beside the routed ones (one FFN of
+    /// `n_shared * n_ff_exp`).
+    pub n_shared: usize,
+    /// The first this-many layers have a dense FFN instead (GLM: `leading_dense_block_count`).
+    pub dense_lead: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gating {
     /// Softmax over all router logits, then top-k of the probabilities.
     Softmax,
+    /// Sigmoid of each logit; top-k of the probabilities plus a per-expert selection bias
+    /// (`exp_probs_b`), weighted by the unbiased ones (GLM-4.5, DeepSeek V3).
+    Sigmoid,
     /// Top-k of the raw logits, softmax over the k chosen (gpt-oss).
     SoftmaxWeight,
 }
@@ -162,6 +175,11 @@ impl ModelSpec {
         self.head_dim * self.n_head
     }
 
+    /// Whether layer `il` routes experts (else its FFN is dense).
+    pub fn is_moe_layer(&self, il: usize) -> bool {
+        self.moe.is_some_and(|m| il >= m.dense_lead)
+    }
+
     /// Whether layer `il` attends through a sliding window.
     pub fn is_swa(&self, il: usize) -> bool {
         self.swa.as_ref().is_some_and(|s| s.layers.get(il).copied().unwrap_or(false))
@@ -191,7 +209,9 @@ impl ModelSpec {
         let opt_u = |k: &str| meta.get_u64(&key(k)).and_then(|v| usize::try_from(v).ok());
         let opt_f = |k: &str| meta.get_f32(&key(k));
 
-        let n_layer = req_u("block_count")?;
+        // Multi-token-prediction blocks (GLM's `nextn`) come last and are not part of the
+        // model's forward pass.
+        let n_layer = req_u("block_count")?.saturating_sub(if arch == Arch::Glm4Moe { opt_u("nextn_predict_layers").unwrap_or(0) } else { 0 });
         let n_embd = req_u("embedding_length")?;
         let n_ff = req_u("feed_forward_length")?;
         let n_head = req_u("attention.head_count")?;
@@ -217,8 +237,14 @@ impl ModelSpec {
             return Err(missing(&key("attention.value_length"), "equal to attention.key_length (hearth needs K and V heads of one size)"));
         }
         let n_rot = opt_u("rope.dimension_count").unwrap_or(head_dim);
-        if n_rot != head_dim {
-            return Err(missing(&key("rope.dimension_count"), &format!("equal to the head size {head_dim} (partial RoPE is not supported)")));
+        // GLM rotates part of each head (ggml's RoPE leaves the rest as is); the others
+        // rotate all of it.
+        let partial_ok = arch == Arch::Glm4Moe && n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0;
+        if n_rot != head_dim && !partial_ok {
+            return Err(missing(&key("rope.dimension_count"), &format!("equal to the head size {head_dim} (partial RoPE is not supported for {arch_name})")));
+        }
+        if meta.get(&key("rope.dimension_sections")).and_then(|v| v.as_array()).is_some_and(|a| a.iter().take(2).all(|x| x.as_u64().unwrap_or(0) > 0)) {
+            return Err(missing(&key("rope.dimension_sections"), "absent (multimodal M-RoPE is not supported)"));
         }
 
         let rope = rope_params(&arch_name, meta, n_rot, n_ctx_train)?;
@@ -237,7 +263,7 @@ impl ModelSpec {
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
         let moe = match arch {
-            Arch::Qwen3Moe | Arch::GptOss => {
+            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe => {
                 let n_expert = req_u("expert_count")?;
                 let n_expert_used = req_u("expert_used_count")?;
                 if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
@@ -248,17 +274,29 @@ impl ModelSpec {
                     return Err(missing(&key("expert_feed_forward_length"), &format!("a value in 1..={MAX_DIMENSION}, found {n_ff_exp}")));
                 }
                 let gpt_oss = arch == Arch::GptOss;
+                let glm = arch == Arch::Glm4Moe;
+                // llama.cpp's `expert_gating_func` codes: 1 softmax, 2 sigmoid (GLM's default).
+                const GATING_SOFTMAX: u64 = 1;
+                let gating = match arch {
+                    Arch::GptOss => Gating::SoftmaxWeight,
+                    Arch::Glm4Moe if meta.get_u64(&key("expert_gating_func")) == Some(GATING_SOFTMAX) => Gating::Softmax,
+                    Arch::Glm4Moe => Gating::Sigmoid,
+                    _ => Gating::Softmax,
+                };
+                let dense_lead = if glm { opt_u("leading_dense_block_count").unwrap_or(0).min(n_layer) } else { 0 };
                 Some(Moe {
                     n_expert,
                     n_expert_used,
                     n_ff_exp,
-                    gating: if gpt_oss { Gating::SoftmaxWeight } else { Gating::Softmax },
-                    norm_weights: !gpt_oss,
+                    gating,
+                    norm_weights: if glm { meta.get(&key("expert_weights_norm")).and_then(|v| v.as_bool()).unwrap_or(false) } else { !gpt_oss },
                     // llama.cpp reads `expert_weights_scale` only for archs that use it
-                    // (deepseek2 and kin), not for these two: a file that carries it
-                    // anyway computes as if it did not.
-                    weights_scale: 0.0,
+                    // (GLM, deepseek2 and kin), not for qwen3moe and gpt-oss: a file that
+                    // carries it anyway computes as if it did not.
+                    weights_scale: if glm { opt_f("expert_weights_scale").unwrap_or(0.0) } else { 0.0 },
                     activation: if gpt_oss { MoeActivation::SwigluOai } else { MoeActivation::Silu },
+                    n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else { 0 },
+                    dense_lead,
                 })
             }
             _ => None,
@@ -323,19 +361,25 @@ impl ModelSpec {
             expect_shape(file, &t("attn_v"), &[e, kv])?;
             expect_shape(file, &t("attn_output"), &[q, e])?;
             match self.arch {
-                // gpt-oss normalises the FFN input with `post_attention_norm`.
-                Arch::GptOss => expect_shape(file, &t("post_attention_norm"), &[e])?,
+                // gpt-oss and GLM normalise the FFN input with `post_attention_norm`.
+                Arch::GptOss | Arch::Glm4Moe => expect_shape(file, &t("post_attention_norm"), &[e])?,
                 _ => expect_shape(file, &t("ffn_norm"), &[e])?,
             }
             match &self.moe {
-                Some(m) => {
+                Some(m) if self.is_moe_layer(il) => {
                     let (n_exp, ffe) = (m.n_expert as u64, m.n_ff_exp as u64);
                     expect_shape(file, &t("ffn_gate_inp"), &[e, n_exp])?;
                     expect_shape(file, &t("ffn_gate_exps"), &[e, ffe, n_exp])?;
                     expect_shape(file, &t("ffn_up_exps"), &[e, ffe, n_exp])?;
                     expect_shape(file, &t("ffn_down_exps"), &[ffe, e, n_exp])?;
+                    if m.n_shared > 0 {
+                        let sh = ffe * m.n_shared as u64;
+                        expect_shape(file, &t("ffn_gate_shexp"), &[e, sh])?;
+                        expect_shape(file, &t("ffn_up_shexp"), &[e, sh])?;
+                        expect_shape(file, &t("ffn_down_shexp"), &[sh, e])?;
+                    }
                 }
-                None => {
+                _ => {
                     expect_shape(file, &t("ffn_gate"), &[e, ff])?;
                     expect_shape(file, &t("ffn_up"), &[e, ff])?;
                     expect_shape(file, &t("ffn_down"), &[ff, e])?;

@@ -45,7 +45,7 @@ pub struct RandomModel {
 impl RandomModel {
     /// A model of `arch` with the given size and typical defaults for the rest.
     pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
-        let moe = matches!(arch, "qwen3moe" | "gpt-oss");
+        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe");
         RandomModel {
             arch: arch.to_string(),
             n_layer,
@@ -60,7 +60,7 @@ impl RandomModel {
             n_swa: if matches!(arch, "gemma3" | "gpt-oss") { 128 } else { 0 },
             ty: GgmlType::F16,
             tied_output: false,
-            qkv_bias: arch == "qwen2" || arch == "gpt-oss",
+            qkv_bias: matches!(arch, "qwen2" | "gpt-oss" | "glm4moe"),
             context_length: 4096,
             extra: Vec::new(),
             seed: 1,
@@ -75,7 +75,7 @@ impl RandomModel {
     /// fills whole blocks of the weight types.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidModel(m));
-        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss"];
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "glm4moe"];
         if !known.contains(&self.arch.as_str()) {
             return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
         }
@@ -96,7 +96,7 @@ impl RandomModel {
     }
 
     fn is_moe(&self) -> bool {
-        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss")
+        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe")
     }
 
     /// Writes the model to `out`, with the tokenizer of `tokenizer_from`; returns the
@@ -120,7 +120,18 @@ impl RandomModel {
         w.set("general.architecture", Value::from(a))?;
         w.set("general.name", Value::from(format!("random-{a}-{}x{e}-{}", self.n_layer, self.ty)))?;
         let u32k = |w: &mut GgufWriter, k: &str, v: u64| w.set(format!("{a}.{k}"), Value::U32(v as u32));
-        u32k(&mut w, "block_count", self.n_layer as u64)?;
+        // GLM: one multi-token-prediction block after the layers, as GLM-4.5 files have;
+        // its tensors are left out (llama.cpp then loads the trunk only, as hearth runs it).
+        let glm = a == "glm4moe";
+        u32k(&mut w, "block_count", self.n_layer as u64 + u64::from(glm))?;
+        if glm {
+            u32k(&mut w, "nextn_predict_layers", 1)?;
+            u32k(&mut w, "leading_dense_block_count", GLM_DENSE_LEAD)?;
+            u32k(&mut w, "expert_shared_count", 1)?;
+            u32k(&mut w, "expert_gating_func", 2)?;
+            w.set(format!("{a}.expert_weights_norm"), Value::Bool(true))?;
+            w.set(format!("{a}.expert_weights_scale"), Value::F32(2.5))?;
+        }
         u32k(&mut w, "context_length", self.context_length as u64)?;
         u32k(&mut w, "embedding_length", e)?;
         u32k(&mut w, "feed_forward_length", self.n_ff)?;
@@ -128,7 +139,8 @@ impl RandomModel {
         u32k(&mut w, "attention.head_count_kv", self.n_head_kv as u64)?;
         u32k(&mut w, "attention.key_length", hd)?;
         u32k(&mut w, "attention.value_length", hd)?;
-        u32k(&mut w, "rope.dimension_count", hd)?;
+        // GLM rotates half of each head.
+        u32k(&mut w, "rope.dimension_count", if glm { hd / 2 } else { hd })?;
         w.set(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))?;
         w.set(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
         if self.is_moe() {
@@ -178,18 +190,25 @@ impl RandomModel {
                     w.add_tensor_later(t("attn_sinks.weight"), f32t, &[self.n_head as u64])?;
                     w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
                 }
+                "glm4moe" => w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?,
                 _ => {}
             }
-            if a != "gpt-oss" {
+            if a != "gpt-oss" && !glm {
                 w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
             }
-            if self.is_moe() {
+            if self.is_moe() && !(glm && (il as u64) < GLM_DENSE_LEAD) {
                 // The router stays F32, as converters keep it.
                 w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
                 let exp_ty = if a == "gpt-oss" { GgmlType::MXFP4 } else { ty };
                 w.add_tensor_later(t("ffn_gate_exps.weight"), exp_ty, &[e, ffe, n_exp])?;
                 w.add_tensor_later(t("ffn_up_exps.weight"), exp_ty, &[e, ffe, n_exp])?;
                 w.add_tensor_later(t("ffn_down_exps.weight"), exp_ty, &[ffe, e, n_exp])?;
+                if glm {
+                    w.add_tensor_later(t("exp_probs_b.bias"), f32t, &[n_exp])?;
+                    w.add_tensor_later(t("ffn_gate_shexp.weight"), ty, &[e, ffe])?;
+                    w.add_tensor_later(t("ffn_up_shexp.weight"), ty, &[e, ffe])?;
+                    w.add_tensor_later(t("ffn_down_shexp.weight"), ty, &[ffe, e])?;
+                }
                 if a == "gpt-oss" {
                     w.add_tensor_later(t("ffn_gate_inp.bias"), f32t, &[n_exp])?;
                     w.add_tensor_later(t("ffn_gate_exps.bias"), f32t, &[ffe, n_exp])?;
@@ -210,6 +229,9 @@ impl RandomModel {
         Ok(std::fs::metadata(out).map_err(|e| Error::Io { path: out.to_path_buf(), source: e })?.len())
     }
 }
+
+/// GLM random models: layers before this have a dense FFN.
+const GLM_DENSE_LEAD: u64 = 1;
 
 /// The spread and centre of a tensor's values: matrices 1/sqrt(fan-in) so each layer's
 /// output stays near unit scale, embeddings unit rows, norms around 1, biases and sinks

@@ -58,24 +58,34 @@ pub struct MoeWeights {
     pub gate_b: Option<*mut sys::ggml_tensor>,
     pub up_b: Option<*mut sys::ggml_tensor>,
     pub down_b: Option<*mut sys::ggml_tensor>,
+    /// Per-expert bias added to the probabilities for choosing experts only (`exp_probs_b`).
+    pub selection_b: Option<*mut sys::ggml_tensor>,
+    /// Shared experts (gate, up, down), run on every token.
+    pub shared: Option<[*mut sys::ggml_tensor; 3]>,
 }
 
 /// The names (without `blk.N.`) of a block's tensors for `spec`'s architecture: those
 /// it must have, and those it may have. The profiler, the prefetcher and the binding
 /// all read the block through this one list.
-pub fn block_tensor_names(spec: &ModelSpec) -> (Vec<&'static str>, Vec<&'static str>) {
+pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Vec<&'static str>) {
     let mut required = vec!["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"];
     let mut optional = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"];
-    required.push(if spec.arch == Arch::GptOss { "post_attention_norm.weight" } else { "ffn_norm.weight" });
-    if spec.moe.is_some() {
+    required.push(if matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe) { "post_attention_norm.weight" } else { "ffn_norm.weight" });
+    if spec.is_moe_layer(il) {
         required.extend(["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]);
-        optional.extend(["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"]);
+        optional.extend(["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias", "exp_probs_b.bias"]);
+        if spec.moe.is_some_and(|m| m.n_shared > 0) {
+            required.extend(["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"]);
+        }
     } else {
         required.extend(["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]);
         optional.extend(["ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"]);
     }
     if spec.arch.qk_norm() {
         required.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
+    } else if spec.arch == Arch::Glm4Moe {
+        // Only GLM-4.5 355B has them.
+        optional.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
     }
     if spec.arch == Arch::Gemma3 {
         required.extend(["post_attention_norm.weight", "post_ffw_norm.weight"]);
@@ -115,7 +125,7 @@ pub struct WeightPlan {
 
 /// What the graph does with a weight, when a CPU extra buffer type could take it.
 fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
-    const MATRICES: [&str; 8] = ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight"];
+    const MATRICES: [&str; 11] = ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"];
     if name.ends_with("_exps.weight") {
         return spec.moe.map(|m| WeightOp::MulMatId(m.n_expert_used));
     }
@@ -146,7 +156,7 @@ impl Weights {
             if il >= spec.n_layer {
                 return Err(Error::InvalidWindow(format!("layer {il} is past the model's {} layers", spec.n_layer)));
             }
-            let (required, optional) = block_tensor_names(&spec);
+            let (required, optional) = block_tensor_names(&spec, il);
             for n in required {
                 names.push((format!("blk.{il}.{n}"), dev, true));
             }
@@ -299,7 +309,7 @@ impl Weights {
         for &(il, _) in &plan.layers {
             let w = |n: &str| get(&format!("blk.{il}.{n}"));
             let req = |n: &str| w(n).ok_or_else(|| Error::Tensor { name: format!("blk.{il}.{n}"), reason: "missing from the file".into() });
-            let ffn = if spec.moe.is_some() {
+            let ffn = if spec.is_moe_layer(il) {
                 Ffn::Moe(MoeWeights {
                     router: req("ffn_gate_inp.weight")?,
                     router_b: w("ffn_gate_inp.bias"),
@@ -309,11 +319,16 @@ impl Weights {
                     gate_b: w("ffn_gate_exps.bias"),
                     up_b: w("ffn_up_exps.bias"),
                     down_b: w("ffn_down_exps.bias"),
+                    selection_b: w("exp_probs_b.bias"),
+                    shared: match (w("ffn_gate_shexp.weight"), w("ffn_up_shexp.weight"), w("ffn_down_shexp.weight")) {
+                        (Some(g), Some(u), Some(d)) => Some([g, u, d]),
+                        _ => None,
+                    },
                 })
             } else {
                 Ffn::Dense { gate: req("ffn_gate.weight")?, up: req("ffn_up.weight")?, down: req("ffn_down.weight")?, gate_b: w("ffn_gate.bias"), up_b: w("ffn_up.bias"), down_b: w("ffn_down.bias") }
             };
-            let gpt_oss = spec.arch == Arch::GptOss;
+            let gpt_oss = matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe);
             weights.layers.insert(
                 il,
                 LayerWeights {

@@ -167,6 +167,11 @@ fn tiny_qwen3moe_with_q8_0_weights_and_one_expert_per_token_matches_llama_cpp() 
 }
 
 #[test]
+fn tiny_glm4moe_with_a_dense_lead_layer_shared_expert_and_partial_rope_matches_llama_cpp() {
+    tiny(common::tiny::model("glm4moe"));
+}
+
+#[test]
 fn tiny_gemma3_with_sliding_window_shorter_than_the_prompt_matches_llama_cpp() {
     let mut m = common::tiny::model("gemma3");
     // A window of 8 with a 2-layer pattern: layer 0 slides, layer 1 attends fully,

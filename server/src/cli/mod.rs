@@ -109,7 +109,7 @@ pub struct PlanArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct MakeModelArgs {
-    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3 or gpt-oss.
+    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gpt-oss or glm4moe.
     #[arg(long, default_value = "llama")]
     pub arch: String,
     #[arg(long)]

@@ -69,6 +69,11 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
         // element-wise and counted with the F32 work below.
         let share = if t.name.contains("_exps.") { expert_share } else { 1.0 };
         let matrix_flops = if t.dims.len() >= 2 && t.dims[1] > 1 { 2.0 * t.n_elements() as f64 * share } else { 0.0 };
+        let block = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        if block.is_some_and(|il| il >= spec.n_layer) {
+            // Multi-token-prediction blocks after the model's layers are never run.
+            continue;
+        }
         if t.name.starts_with("blk.") {
             layer_bytes += t.n_bytes;
             if t.name.contains("_exps.") {
