@@ -1,7 +1,8 @@
 //! The ggml graph of one window of layers for one batch. It follows llama.cpp's own
-//! graph for the llama family op for op (same norms, same RoPE call, K/V written with
+//! graph of each architecture op for op (same norms, same RoPE call, K/V written with
 //! `set_rows` into an F16 cache, flash attention with an F16 mask, the same `get_rows`
-//! trim before the last layer's FFN) so hearth's output equals llama.cpp's.
+//! trim of the output rows, `build_moe_ffn`'s routing for MoE layers, sliding-window
+//! masks) so hearth's output equals llama.cpp's.
 //!
 //! Sequences are attended separately: the batch is reordered so each sequence's tokens
 //! are contiguous, and each sequence's queries attend only to its own slot of the cache.

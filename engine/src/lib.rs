@@ -1,6 +1,7 @@
-//! hearth's engine: runs any set of layer windows of a llama-family GGUF model on one
-//! device with llama.cpp's ggml kernels (through `llama-cpp-sys-2`), weights zero-copy
-//! from the file's mmap; plus llama.cpp's tokenizer and samplers, the model's Jinja chat
+//! hearth's engine: runs any set of layer windows of a GGUF model (llama-like dense, MoE
+//! and sliding-window architectures) on one device with llama.cpp's ggml kernels (through
+//! `llama-cpp-sys-2`), weights zero-copy from the file's mmap or repacked as llama.cpp
+//! repacks them; plus llama.cpp's tokenizer and samplers, the model's Jinja chat
 //! template, and llama.cpp itself as the reference hearth is tested and benchmarked
 //! against.
 //!

@@ -6,8 +6,9 @@
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::{Error, Result};
 
-/// The architectures whose graphs hearth builds. They share the llama block
-/// (RMSNorm, GQA attention with RoPE, SwiGLU FFN) and differ in small, named ways.
+/// The architectures whose graphs hearth builds. They share the llama block (RMSNorm,
+/// GQA attention with RoPE, a gated FFN) and differ in named ways: biases, norms, MoE
+/// FFNs, sliding windows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arch {
     Llama,
