@@ -14,7 +14,7 @@ use llama_cpp_sys_2 as sys;
 use crate::kv_cache::KvCache;
 use crate::model::{Arch, ModelSpec};
 use crate::model::{Gating, Moe, MoeActivation};
-use crate::weights::{Ffn, MoeWeights, Weights};
+use crate::weights::{DenseFfn, Ffn, MoeWeights, Weights};
 
 type T = *mut sys::ggml_tensor;
 
@@ -227,12 +227,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let ffn_inp = sys::ggml_add(ctx, cur, residual);
         let cur = norm(ffn_inp, l.ffn_norm);
         let mut cur = match &l.ffn {
-            Ffn::Dense { gate, up, down, gate_b, up_b, down_b } => {
-                let up = add_opt(sys::ggml_mul_mat(ctx, *up, cur), *up_b);
-                let gate = add_opt(sys::ggml_mul_mat(ctx, *gate, cur), *gate_b);
-                let act = if spec.arch == Arch::Gemma3 { sys::ggml_geglu_split(ctx, gate, up) } else { sys::ggml_swiglu_split(ctx, gate, up) };
-                add_opt(sys::ggml_mul_mat(ctx, *down, act), *down_b)
-            }
+            Ffn::Dense(f) => dense_ffn(ctx, f, cur, spec.arch == Arch::Gemma3),
             Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur),
         };
         if let Some(n) = l.ffn_post_norm {
@@ -310,6 +305,8 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
         weights = sys::ggml_scale(ctx, weights, moe.weights_scale);
     }
     sys::ggml_build_forward_expand(gf, weights);
+    // The 2-D input, for the shared experts.
+    let input = cur;
     let cur = sys::ggml_reshape_3d(ctx, cur, n_embd, 1, n_tok);
     let up = add_id(sys::ggml_mul_mat_id(ctx, m.up, cur, selected), m.up_b, selected);
     let gate = add_id(sys::ggml_mul_mat_id(ctx, m.gate, cur, selected), m.gate_b, selected);
@@ -336,15 +333,23 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     if k == 1 {
         out = sys::ggml_cont(ctx, out);
     }
-    match m.shared {
+    match &m.shared {
         // Shared experts on the same input, a dense SwiGLU FFN (llama.cpp's build_ffn).
-        Some([gate, up, down]) => {
-            let input = sys::ggml_reshape_2d(ctx, cur, n_embd, n_tok);
-            let up = sys::ggml_mul_mat(ctx, up, input);
-            let gate = sys::ggml_mul_mat(ctx, gate, input);
-            let shared = sys::ggml_mul_mat(ctx, down, sys::ggml_swiglu_split(ctx, gate, up));
-            sys::ggml_add(ctx, out, shared)
-        }
+        Some(f) => sys::ggml_add(ctx, out, dense_ffn(ctx, f, input, false)),
         None => out,
     }
+}
+
+/// llama.cpp's `build_ffn` with parallel gate: up, gate, GELU or SiLU gating, down.
+///
+/// SAFETY: as `build`.
+unsafe fn dense_ffn(ctx: *mut sys::ggml_context, f: &DenseFfn, x: T, gelu: bool) -> T {
+    let add_opt = |t: T, b: Option<T>| match b {
+        Some(b) => sys::ggml_add(ctx, t, b),
+        None => t,
+    };
+    let up = add_opt(sys::ggml_mul_mat(ctx, f.up, x), f.up_b);
+    let gate = add_opt(sys::ggml_mul_mat(ctx, f.gate, x), f.gate_b);
+    let act = if gelu { sys::ggml_geglu_split(ctx, gate, up) } else { sys::ggml_swiglu_split(ctx, gate, up) };
+    add_opt(sys::ggml_mul_mat(ctx, f.down, act), f.down_b)
 }

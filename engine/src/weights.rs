@@ -43,8 +43,19 @@ pub struct LayerWeights {
 
 /// A block's feed-forward network: one dense gated FFN, or routed experts.
 pub enum Ffn {
-    Dense { gate: *mut sys::ggml_tensor, up: *mut sys::ggml_tensor, down: *mut sys::ggml_tensor, gate_b: Option<*mut sys::ggml_tensor>, up_b: Option<*mut sys::ggml_tensor>, down_b: Option<*mut sys::ggml_tensor> },
+    Dense(DenseFfn),
     Moe(MoeWeights),
+}
+
+/// A gated FFN: `down(act(gate x) * up x)`, with biases where the arch has them. Also a
+/// MoE layer's shared experts.
+pub struct DenseFfn {
+    pub gate: *mut sys::ggml_tensor,
+    pub up: *mut sys::ggml_tensor,
+    pub down: *mut sys::ggml_tensor,
+    pub gate_b: Option<*mut sys::ggml_tensor>,
+    pub up_b: Option<*mut sys::ggml_tensor>,
+    pub down_b: Option<*mut sys::ggml_tensor>,
 }
 
 /// Router and stacked expert matrices (`[n_embd, n_ff_exp, n_expert]` and
@@ -60,8 +71,8 @@ pub struct MoeWeights {
     pub down_b: Option<*mut sys::ggml_tensor>,
     /// Per-expert bias added to the probabilities for choosing experts only (`exp_probs_b`).
     pub selection_b: Option<*mut sys::ggml_tensor>,
-    /// Shared experts (gate, up, down), run on every token.
-    pub shared: Option<[*mut sys::ggml_tensor; 3]>,
+    /// Shared experts, run on every token.
+    pub shared: Option<DenseFfn>,
 }
 
 /// The names (without `blk.N.`) of a block's tensors for `spec`'s architecture: those
@@ -321,14 +332,15 @@ impl Weights {
                     down_b: w("ffn_down_exps.bias"),
                     selection_b: w("exp_probs_b.bias"),
                     shared: match (w("ffn_gate_shexp.weight"), w("ffn_up_shexp.weight"), w("ffn_down_shexp.weight")) {
-                        (Some(g), Some(u), Some(d)) => Some([g, u, d]),
+                        (Some(gate), Some(up), Some(down)) => Some(DenseFfn { gate, up, down, gate_b: None, up_b: None, down_b: None }),
                         _ => None,
                     },
                 })
             } else {
-                Ffn::Dense { gate: req("ffn_gate.weight")?, up: req("ffn_up.weight")?, down: req("ffn_down.weight")?, gate_b: w("ffn_gate.bias"), up_b: w("ffn_up.bias"), down_b: w("ffn_down.bias") }
+                Ffn::Dense(DenseFfn { gate: req("ffn_gate.weight")?, up: req("ffn_up.weight")?, down: req("ffn_down.weight")?, gate_b: w("ffn_gate.bias"), up_b: w("ffn_up.bias"), down_b: w("ffn_down.bias") })
             };
-            let gpt_oss = matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe);
+            // gpt-oss and GLM normalise the FFN input with `post_attention_norm`.
+            let post_attention_ffn_norm = matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe);
             weights.layers.insert(
                 il,
                 LayerWeights {
@@ -343,9 +355,9 @@ impl Weights {
                     bo: w("attn_output.bias"),
                     q_norm: w("attn_q_norm.weight"),
                     k_norm: w("attn_k_norm.weight"),
-                    attn_post_norm: if gpt_oss { None } else { w("post_attention_norm.weight") },
+                    attn_post_norm: if post_attention_ffn_norm { None } else { w("post_attention_norm.weight") },
                     sinks: w("attn_sinks.weight"),
-                    ffn_norm: if gpt_oss { req("post_attention_norm.weight")? } else { req("ffn_norm.weight")? },
+                    ffn_norm: if post_attention_ffn_norm { req("post_attention_norm.weight")? } else { req("ffn_norm.weight")? },
                     ffn,
                     ffn_post_norm: w("post_ffw_norm.weight"),
                     rope_freqs,
