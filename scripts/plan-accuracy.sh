@@ -28,12 +28,14 @@ v = json.load(sys.stdin)
 shape = ",".join(str(m["window"]) for m in v["members"])
 pred, meas = v["predicted_tpot_ms_at_measured_context"], v["measured_tpot_ms"]
 label, k, ctx = os.environ["LABEL"], v["rounds"], v["measured_context"]
-print(f"| {label} | {shape} (k = {k}) | {ctx:.0f} | {pred:.2f} | {meas:.2f} | {100 * (pred - meas) / meas:+.0f}% |")'
+hop = v.get("measured_hop_ms")
+hop = f"{hop:.2f}" if hop is not None else "–"
+print(f"| {label} | {shape} (k = {k}) | {ctx:.0f} | {hop} | {pred:.2f} | {meas:.2f} | {100 * (pred - meas) / meas:+.0f}% |")'
   cleanup
 }
 
-echo "| scenario | plan (windows, ring order) | context | predicted ms | measured ms | error |"
-echo "|---|---|---:|---:|---:|---:|"
+echo "| scenario | plan (windows, ring order) | context | hop ms | predicted ms | measured ms | error |"
+echo "|---|---|---:|---:|---:|---:|---:|"
 run "Halda, head 2 threads, workers 1 thread" 2 1 --plan-strategy halda
 run "Halda, every process 1 thread" 1 1 --plan-strategy halda
 run "even, every process 1 thread" 1 1 --plan-strategy even

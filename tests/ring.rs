@@ -363,6 +363,11 @@ fn the_admin_api_shows_the_plan_and_replans_on_demand_without_changing_the_answe
     assert_eq!(chat(&head.addr, false), expected);
     let plan = admin(&head.addr, "GET /admin/plan", "");
     assert!(plan["measured_steps"].as_u64().unwrap() > 0 && plan["measured_tpot_ms"].as_f64().unwrap() > 0.0, "{plan}");
+    // The hop the ring's traffic measured: positive, below a whole step, and the prediction
+    // at the measured context is made with it.
+    let (hop, tpot) = (plan["measured_hop_ms"].as_f64().unwrap(), plan["measured_tpot_ms"].as_f64().unwrap());
+    assert!(hop > 0.0 && hop < tpot, "{plan}");
+    assert!(plan["predicted_tpot_ms_at_measured_context"].as_f64().unwrap() > 0.0, "{plan}");
 
     // Bad requests are refused with the reason.
     let (status, body) = raw_with(&head.addr, "POST /admin/replan", "Authorization: Bearer admin-key\r\n", r#"{"strategy":"fastest"}"#);

@@ -164,8 +164,9 @@ impl RingMeter {
     }
 
     /// One round trip of one step: its time, each worker's report and, from what the
-    /// workers did not spend computing, the mean hop.
-    pub fn round_trip(&self, d: Duration, reports: &[transport::StageReport]) {
+    /// workers did not spend computing, the mean hop (returned, in seconds, when every
+    /// worker reported).
+    pub fn round_trip(&self, d: Duration, reports: &[transport::StageReport]) -> Option<f64> {
         let secs = d.as_secs_f64();
         self.round_trip.record(secs);
         let mut compute = 0.0;
@@ -174,10 +175,13 @@ impl RingMeter {
             compute += f64::from(r.compute_us) * 1e-6;
         }
         // A frame that lost reports (a ring longer than a frame can report) says nothing of hops.
-        if reports.len() == self.workers.len() {
-            let hops = (self.workers.len() + 1) as f64;
-            self.hop.record(((secs - compute) / hops).max(0.0));
+        if reports.len() != self.workers.len() {
+            return None;
         }
+        let hops = (self.workers.len() + 1) as f64;
+        let hop = ((secs - compute) / hops).max(0.0);
+        self.hop.record(hop);
+        Some(hop)
     }
 }
 

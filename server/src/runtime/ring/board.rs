@@ -80,8 +80,12 @@ pub struct PlanView {
     pub measured_steps: usize,
     /// Mean tokens in the KV cache during those steps.
     pub measured_context: Option<f64>,
+    /// Mean time of one hop between members in those steps: each round trip less the
+    /// workers' reported compute, over its hops (absent without workers).
+    pub measured_hop_ms: Option<f64>,
     /// The cost model's TPOT for the running plan at that context (the plan itself is
-    /// made for the full `--ctx-size`): the figure to hold `measured_tpot_ms` against.
+    /// made for the full `--ctx-size`), with the measured hop in place of the profiles'
+    /// control-call estimate: the figure to hold `measured_tpot_ms` against.
     pub predicted_tpot_ms_at_measured_context: Option<f64>,
     /// Plans adopted after the first.
     pub replans: u64,
@@ -114,11 +118,42 @@ pub struct Judge {
     pub disk_threshold: f64,
 }
 
+/// One single-token decode step as the ring timed it.
+#[derive(Debug, Clone, Copy)]
+struct Measured {
+    step: Duration,
+    /// Tokens in the KV cache.
+    context: usize,
+    /// The mean hop of its round trips, seconds (none without workers).
+    hop: Option<f64>,
+}
+
+/// `devices` with the hop the ring measured (seconds, the mean over its members, indices
+/// into `devices`) in place of their control-call estimates. The estimate is half a
+/// control round trip; a frame's hop also wakes the receiving member's ring thread and
+/// crosses its I/O runtime (235–440 µs against ~50 µs on loopback here), and only traffic
+/// shows that. What the ring adds over the members' estimates is added to every device
+/// (a candidate outside the ring would pay it too), keeping the links' differences.
+pub fn with_measured_hop(devices: &[DeviceProfile], members: &[usize], hop: f64) -> Vec<DeviceProfile> {
+    let mut out = devices.to_vec();
+    let estimates: Vec<f64> = members.iter().filter_map(|&m| out.get(m)).map(|d| d.comm_s).collect();
+    if estimates.is_empty() || !hop.is_finite() {
+        return out;
+    }
+    let extra = hop - estimates.iter().sum::<f64>() / estimates.len() as f64;
+    if extra > 0.0 {
+        for d in &mut out {
+            d.comm_s += extra;
+        }
+    }
+    out
+}
+
 pub struct PlanBoard {
     view: Mutex<PlanView>,
     cluster: Mutex<ClusterView>,
-    /// (step time, tokens in the KV cache) of recent single-token decode steps.
-    measured: Mutex<VecDeque<(Duration, usize)>>,
+    /// Recent single-token decode steps.
+    measured: Mutex<VecDeque<Measured>>,
     judge: Mutex<Option<Judge>>,
     requests: Mutex<Vec<ReplanRequest>>,
     /// Whether anything can be re-planned (a ring head with a scheduler).
@@ -151,14 +186,25 @@ impl PlanBoard {
             return v;
         }
         let n = measured.len() as f64;
-        v.measured_tpot_ms = Some(measured.iter().map(|m| m.0).sum::<Duration>().as_secs_f64() * 1e3 / n);
-        let context = measured.iter().map(|m| m.1 as f64).sum::<f64>() / n;
+        v.measured_tpot_ms = Some(measured.iter().map(|m| m.step).sum::<Duration>().as_secs_f64() * 1e3 / n);
+        let context = measured.iter().map(|m| m.context as f64).sum::<f64>() / n;
         v.measured_context = Some(context);
+        let hop = mean_hop(&measured);
+        v.measured_hop_ms = hop.map(|h| h * 1e3);
         if let Some(j) = self.judge.lock().expect("judge").as_ref() {
             let model = j.model.at_context(context.round() as usize);
-            v.predicted_tpot_ms_at_measured_context = Some(scheduler::predict(&j.members, &model, &j.plan, j.disk_threshold).tpot_s * 1e3);
+            let members = match hop {
+                Some(h) => with_measured_hop(&j.members, &(0..j.members.len()).collect::<Vec<_>>(), h),
+                None => j.members.clone(),
+            };
+            v.predicted_tpot_ms_at_measured_context = Some(scheduler::predict(&members, &model, &j.plan, j.disk_threshold).tpot_s * 1e3);
         }
         v
+    }
+
+    /// The mean hop of the recent decode steps under the running plan, seconds.
+    pub fn measured_hop(&self) -> Option<f64> {
+        mean_hop(&self.measured.lock().expect("measured"))
     }
 
     pub fn cluster(&self) -> ClusterView {
@@ -189,15 +235,16 @@ impl PlanBoard {
         *self.cluster.lock().expect("cluster view") = ClusterView { devices, gathered_at: Some(crate::process::now_secs()) };
     }
 
-    /// The time of one decode step of a single token, with `context` tokens in its cache.
-    pub fn decode_step(&self, d: Duration, context: usize) {
+    /// The time of one decode step of a single token, with `context` tokens in its cache,
+    /// and the mean hop of its round trips (seconds).
+    pub fn decode_step(&self, d: Duration, context: usize, hop: Option<f64>) {
         let mean = {
             let mut m = self.measured.lock().expect("measured");
             if m.len() == MEASURED_WINDOW {
                 m.pop_front();
             }
-            m.push_back((d, context));
-            m.iter().map(|m| m.0).sum::<Duration>().as_secs_f64() / m.len() as f64
+            m.push_back(Measured { step: d, context, hop });
+            m.iter().map(|m| m.step).sum::<Duration>().as_secs_f64() / m.len() as f64
         };
         crate::metrics::measured_tpot(mean);
     }
@@ -219,6 +266,11 @@ impl PlanBoard {
         let v = self.view.lock().expect("plan view");
         crate::metrics::plan(v.predicted_tpot_ms.map(|t| t / 1e3), v.rounds, v.members.iter().map(|m| (m.name.as_str(), v.rounds * m.window, v.rounds * m.gpu_layers)), v.dropped.iter().map(String::as_str));
     }
+}
+
+fn mean_hop(measured: &VecDeque<Measured>) -> Option<f64> {
+    let hops: Vec<f64> = measured.iter().filter_map(|m| m.hop).collect();
+    (!hops.is_empty()).then(|| hops.iter().sum::<f64>() / hops.len() as f64)
 }
 
 /// The view of `plan` run by `names` (ring order), with the cost model's prediction when
@@ -251,8 +303,62 @@ pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], predic
         measured_tpot_ms: None,
         measured_steps: 0,
         measured_context: None,
+        measured_hop_ms: None,
         predicted_tpot_ms_at_measured_context: None,
         replans: 0,
         last_check: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(comm_s: f64) -> DeviceProfile {
+        DeviceProfile {
+            name: "d".into(),
+            os: scheduler::Os::Linux,
+            head: false,
+            cpu_flops: Default::default(),
+            cpu_read_bw: 1e10,
+            kv_copy_cpu_s: 0.0,
+            disk_seq_read: 1e9,
+            disk_rand_read: 1e9,
+            ram_total: 8e9,
+            ram_available: 8e9,
+            swap_available: 0.0,
+            bytes_can_swap: 0.0,
+            gpu: None,
+            comm_s,
+        }
+    }
+
+    #[test]
+    fn the_measured_hop_replaces_the_members_estimates_and_keeps_the_links_differences() {
+        // Two members estimated at 50 and 150 µs, a candidate outside the ring at 1 ms;
+        // the ring measured 400 µs per hop: 300 µs more than the members' estimates.
+        let devices = [device(50e-6), device(150e-6), device(1e-3)];
+        let out = with_measured_hop(&devices, &[0, 1], 400e-6);
+        let got: Vec<f64> = out.iter().map(|d| (d.comm_s * 1e6).round()).collect();
+        assert_eq!(got, [350.0, 450.0, 1300.0]);
+        // A ring faster than the estimates leaves them alone (never cheaper than a call).
+        let out = with_measured_hop(&devices, &[0, 1], 20e-6);
+        assert_eq!(out, devices.to_vec());
+        // Nothing to compare against: unchanged.
+        assert_eq!(with_measured_hop(&devices, &[], 400e-6), devices.to_vec());
+        assert_eq!(with_measured_hop(&devices, &[0], f64::NAN), devices.to_vec());
+    }
+
+    #[test]
+    fn the_view_reports_the_mean_hop_of_decode_steps_and_predicts_with_it() {
+        let board = PlanBoard::ring();
+        assert_eq!(board.measured_hop(), None);
+        board.decode_step(Duration::from_millis(10), 100, Some(300e-6));
+        board.decode_step(Duration::from_millis(12), 102, None);
+        board.decode_step(Duration::from_millis(14), 104, Some(500e-6));
+        let v = board.view();
+        assert!((v.measured_hop_ms.unwrap() - 0.4).abs() < 1e-9);
+        assert!((v.measured_tpot_ms.unwrap() - 12.0).abs() < 1e-9);
+        assert!((v.measured_context.unwrap() - 102.0).abs() < 1e-9);
     }
 }

@@ -56,6 +56,8 @@ pub struct RingPipeline {
     board: Arc<PlanBoard>,
     /// Per-device metrics of the running plan's members.
     meter: RingMeter,
+    /// The mean hops of this step's round trips (seconds), for the board.
+    step_hops: Vec<f64>,
 }
 
 /// What re-planning a running ring needs besides the planner.
@@ -213,6 +215,7 @@ impl RingPipeline {
             replan: Replanning { idle_after: cfg.setup.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
             board,
             meter,
+            step_hops: Vec::new(),
             cfg,
             plan,
             members: workers,
@@ -293,11 +296,15 @@ impl RingPipeline {
     fn check_plan(&mut self, forced: bool, strategy: Option<Strategy>) -> Result<bool> {
         let r = &mut self.replan;
         r.last_check = Instant::now();
-        let devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.members))?;
-        self.board.gathered(devices.clone());
-        let drift = scheduler::drift(&r.devices, &devices, &r.policy);
+        let mut devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.members))?;
         // The running members in the fresh list (workers outside the ring may have come or gone).
         let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or_else(|| Error::RingBroken("a member of the ring did not answer".into()))?;
+        // Hops as the ring's traffic measured them, where it has run under this plan.
+        if let Some(hop) = self.board.measured_hop() {
+            devices = board::with_measured_hop(&devices, &running, hop);
+        }
+        self.board.gathered(devices.clone());
+        let drift = scheduler::drift(&r.devices, &devices, &r.policy);
         let mut check = CheckView::new(forced, drift.clone(), String::new());
         if !forced && drift.is_empty() {
             check.reason = "no profile drifted".into();
@@ -427,7 +434,9 @@ impl RingPipeline {
                 Frame::Activations(a) => a.reports.as_slice(),
                 _ => &[],
             };
-            self.meter.round_trip(started.elapsed(), reports);
+            if let Some(hop) = self.meter.round_trip(started.elapsed(), reports) {
+                self.step_hops.push(hop);
+            }
         }
         result.map_err(|e| self.break_ring(e))
     }
@@ -531,10 +540,12 @@ impl RingPipeline {
 impl crate::runtime::generation::Pipeline for RingPipeline {
     fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
         let started = Instant::now();
+        self.step_hops.clear();
         let result = self.forward_ring(batch, tokens);
         // One token of one sequence: the step the cost model predicts.
         if result.is_ok() && batch.len() == 1 {
-            self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1);
+            let hop = (!self.step_hops.is_empty()).then(|| self.step_hops.iter().sum::<f64>() / self.step_hops.len() as f64);
+            self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1, hop);
         }
         if result.is_err() {
             // Some windows may hold part of this batch: roll every sequence back.
