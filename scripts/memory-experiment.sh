@@ -27,6 +27,9 @@
 #   WORKERS      ring workers           (default 3; the head is then a relay: window 0)
 #   K1_WINDOWS / PRP_WINDOWS  --windows for the ring (default 0,10,10,10 and 0,2,2,2)
 #   TOKENS       max_tokens per request (default 12)   RUN_TIMEOUT  seconds per run (600)
+#   TEMPERATURE  sampling temperature (default 0: greedy; seed 1). Greedy on random weights
+#                repeats a token, and a MoE layer then routes every step to the same
+#                experts; sampling gives the varied routing of real text
 #   OUT          results folder         (default target/memory-experiment)
 set -euo pipefail
 
@@ -42,6 +45,7 @@ DISK_MBPS="${DISK_MBPS:-300}"
 K1_WINDOWS="${K1_WINDOWS:-0,10,10,10}"
 PRP_WINDOWS="${PRP_WINDOWS:-0,2,2,2}"
 TOKENS="${TOKENS:-12}"
+TEMPERATURE="${TEMPERATURE:-0}"
 RUN_TIMEOUT="${RUN_TIMEOUT:-600}"
 OUT="${OUT:-$root/target/memory-experiment}"
 PORT=18180
@@ -113,7 +117,7 @@ wait_for() { # wait_for SECONDS CMD...
 # prints "tpot_s ttft_s tokens".
 measure() {
   timeout "$RUN_TIMEOUT" scripts/tpot.py "http://127.0.0.1:$PORT" --prompt "The history of the" \
-    --max-tokens "$TOKENS" --reps 1 --suppress 0,1,2 --timeout "$RUN_TIMEOUT" | awk '{ printf "%.3f %.3f %d\n", $1, $3, $4 }'
+    --max-tokens "$TOKENS" --reps 1 --suppress 0,1,2 --timeout "$RUN_TIMEOUT" --temperature "$TEMPERATURE" --seed 1 | awk '{ printf "%.3f %.3f %d\n", $1, $3, $4 }'
 }
 
 profile_workers() { # appends each worker's profile to $1
@@ -179,7 +183,7 @@ run_scenario() {
 }
 
 printf '%-7s %9s %9s %7s %14s %14s %12s\n' scenario "TPOT s" "TTFT s" tokens "disk@compute" "disk@wait" "predicted s" | tee "$OUT/table.txt"
-echo "# model $(basename "$MODEL") ($(( $(stat -c %s "$MODEL") >> 20 )) MiB), limits: head $HEAD_LIMIT_MIB MiB, $WORKERS workers x $LIMIT_MIB MiB, single $SINGLE_LIMIT_MIB MiB; disk ${DISK_MBPS} MB/s per process ($DISK_DEV); windows k1 $K1_WINDOWS, prp $PRP_WINDOWS; $TOKENS tokens" | tee -a "$OUT/table.txt"
+echo "# model $(basename "$MODEL") ($(( $(stat -c %s "$MODEL") >> 20 )) MiB), limits: head $HEAD_LIMIT_MIB MiB, $WORKERS workers x $LIMIT_MIB MiB, single $SINGLE_LIMIT_MIB MiB; disk ${DISK_MBPS} MB/s per process ($DISK_DEV); windows k1 $K1_WINDOWS, prp $PRP_WINDOWS; $TOKENS tokens at temperature $TEMPERATURE" | tee -a "$OUT/table.txt"
 declare -A tpot
 for s in "${SCENARIOS[@]}"; do
   run_scenario "$s" > "$OUT/$s.result" || { cleanup; echo "$s failed" > "$OUT/$s.result"; }

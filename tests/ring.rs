@@ -92,6 +92,11 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
             assert_eq!(chat(&head.addr, true), expected, "{arch}, windows {windows}, streamed");
             assert_eq!(complete_long(&head.addr), expected_long, "{arch}, windows {windows}, a prompt of over 1,000 tokens");
         }
+        // Every device paging its windows from disk (released after each use): MoE layers
+        // then read only the experts each router chose, while the graph runs.
+        let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", "1,1,1", "--release-windows"]);
+        assert_eq!(chat(&head.addr, false), expected, "{arch}, paged windows");
+        assert_eq!(complete_long(&head.addr), expected_long, "{arch}, paged windows, a prompt of over 1,000 tokens");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

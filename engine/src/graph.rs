@@ -11,6 +11,7 @@ use std::ops::Range;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::expert_reads::ExpertChoice;
 use crate::kv_cache::KvCache;
 use crate::model::{Arch, ModelSpec};
 use crate::model::{Gating, Moe, MoeActivation};
@@ -63,6 +64,8 @@ pub struct BuiltGraph {
     /// Hidden states `[n_embd, n_tokens]`, logits `[n_vocab, n_out]`, or none when the
     /// window ends the model and no logits are wanted (the batch only fills the cache).
     pub output: Option<T>,
+    /// Each MoE layer's router choice and expert matrices, in layer order.
+    pub expert_choices: Vec<ExpertChoice>,
 }
 
 /// Nodes per layer are ~30 plus ~8 per attended sequence, and a MoE FFN ~25 more plus
@@ -132,6 +135,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         None => t,
     };
     let f16_row = |n: i64| sys::ggml_row_size(sys::GGML_TYPE_F16, n);
+    let mut expert_choices = Vec::new();
 
     for (i, il) in shape.layers.clone().enumerate() {
         let l = &w.layers[&il];
@@ -228,7 +232,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let cur = norm(ffn_inp, l.ffn_norm);
         let mut cur = match &l.ffn {
             Ffn::Dense(f) => dense_ffn(ctx, f, cur, spec.arch == Arch::Gemma3),
-            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur),
+            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur, &mut expert_choices),
         };
         if let Some(n) = l.ffn_post_norm {
             cur = norm(cur, n);
@@ -257,14 +261,14 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         sys::ggml_set_output(o);
         sys::ggml_build_forward_expand(gf, o);
     }
-    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, output }
+    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, output, expert_choices }
 }
 
 /// llama.cpp's `build_moe_ffn` for the archs hearth runs: router, gating, top-k experts
 /// per token through `ggml_mul_mat_id`, weighted sum of the chosen experts' outputs.
 ///
 /// SAFETY: as `build`.
-unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T) -> T {
+unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T, choices: &mut Vec<ExpertChoice>) -> T {
     // Clamp of the weights' sum, as llama.cpp: the smallest normal F16.
     const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
     // gpt-oss's clamped SwiGLU, constants as llama.cpp hard-codes them.
@@ -292,6 +296,8 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
         None => probs,
     };
     let selected = sys::ggml_argsort_top_k(ctx, selection, k as i32);
+    // The top-k is a view of the full argsort, the node that computes.
+    choices.push(ExpertChoice { sorted: (*selected).view_src, k: k as usize, matrices: [m.gate, m.up, m.down] });
     let mut weights = sys::ggml_get_rows(ctx, sys::ggml_reshape_3d(ctx, probs, 1, n_expert, n_tok), selected);
     if moe.gating == Gating::SoftmaxWeight {
         weights = sys::ggml_reshape_3d(ctx, sys::ggml_soft_max(ctx, sys::ggml_reshape_2d(ctx, weights, k, n_tok)), 1, k, n_tok);

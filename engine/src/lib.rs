@@ -11,6 +11,7 @@
 mod backend;
 pub mod chat_template;
 mod error;
+mod expert_reads;
 mod ggml;
 pub mod gguf;
 mod graph;

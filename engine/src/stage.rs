@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::expert_reads::{self, ExpertReads};
 use crate::ggml::{Accelerator, Device, F16_NEG_INF, F16_ZERO};
 use crate::graph::{self, GraphShape, GroupPlan};
 use crate::kv_cache::{KvCache, SeqId, KV_PAD};
 use crate::model::ModelSpec;
 use crate::model_file::ModelFile;
-use crate::weights::{WeightPlan, Weights};
+use crate::weights::{Ffn, WeightPlan, Weights};
 use crate::{Error, Result};
 
 /// One token of a batch: which sequence it belongs to, its position there, and whether
@@ -84,12 +85,17 @@ pub struct StageConfig {
     /// CPUs those kernels are much faster. Such weights are copied into process memory,
     /// so a stage whose windows must be paged from disk turns it off.
     pub repack: bool,
+    /// The windows are paged from disk (they do not fit in memory): in MoE layers, read
+    /// exactly the experts each step's router chose, as soon as it chose, and stop the OS
+    /// reading around page faults in expert tensors (`expert_reads`). No effect on dense
+    /// models; pointless (and off) for weights held in memory.
+    pub read_chosen_experts: bool,
 }
 
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true, batch_invariant: false, repack: true }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false }
     }
 }
 
@@ -129,6 +135,9 @@ pub struct Stage {
     graph_size: usize,
     max_batch: usize,
     owns_output: bool,
+    /// With `read_chosen_experts` on a MoE model: the scheduler's callback state (boxed:
+    /// the scheduler holds its address).
+    expert_reads: Option<Box<ExpertReads>>,
 }
 
 // SAFETY: all ggml objects are owned by the stage and used only through &mut self.
@@ -211,7 +220,22 @@ impl Stage {
             unsafe { sys::ggml_backend_free(cpu) };
             return Err(Error::Ggml("could not create the ggml scheduler".into()));
         }
-        let mut stage = Stage { file, weights, windows, cpu, _accel: accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output };
+        let mut expert_reads = (cfg.read_chosen_experts && spec.moe.is_some()).then(Box::<ExpertReads>::default);
+        if let Some(reads) = expert_reads.as_mut() {
+            let matrices = weights.layers.values().filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some([m.gate, m.up, m.down]),
+                Ffn::Dense(_) => None,
+            });
+            // SAFETY: the weights point into the file's mapping (or process memory, where
+            // the advice is harmless); the callback's state is boxed and outlives the
+            // scheduler (freed first in Drop).
+            tracing::info!(layers = ?cfg.windows, "MoE windows paged from disk: reading only the experts each token's router chooses");
+            unsafe {
+                expert_reads::no_read_around(matrices.flatten());
+                sys::ggml_backend_sched_set_eval_callback(sched, Some(expert_reads::on_node), (&mut **reads as *mut ExpertReads).cast());
+            }
+        }
+        let mut stage = Stage { file, weights, windows, cpu, _accel: accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output, expert_reads };
         stage.reserve()?;
         Ok(stage)
     }
@@ -227,6 +251,11 @@ impl Stage {
     /// Cached positions of `seq` in window `window`.
     pub fn sequence_len(&self, window: usize, seq: SeqId) -> usize {
         self.windows.get(window).map_or(0, |w| w.cache.len(seq))
+    }
+
+    /// Bytes of chosen experts read ahead so far (`read_chosen_experts`); None when off.
+    pub fn expert_bytes_read_ahead(&self) -> Option<u64> {
+        self.expert_reads.as_ref().map(|r| r.advised_bytes)
     }
 
     /// Per-sequence context capacity.
@@ -304,6 +333,9 @@ impl Stage {
                 if !sys::ggml_backend_sched_alloc_graph(self.sched, graph.graph) {
                     sys::ggml_free(ctx);
                     return Err(Error::Ggml("could not allocate the compute graph".into()));
+                }
+                if let Some(reads) = self.expert_reads.as_mut() {
+                    reads.choices = graph.expert_choices.clone();
                 }
                 self.cached = Some(CachedGraph { key, ctx, graph });
             }

@@ -80,7 +80,8 @@ impl Head {
             None => {
                 // A model larger than this machine's memory is served from the mapping, paged
                 // by the OS; repacked copies would have to fit in memory instead.
-                let whole = StageConfig { repack: stage.repack && super::ring::paging::may_repack(&file, &[0..spec.n_layer], None), ..stage.clone() };
+                let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None);
+                let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, ..stage.clone() };
                 (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), Arc::new(PlanBoard::single(spec.n_layer)))
             }
         };

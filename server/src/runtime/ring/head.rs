@@ -133,6 +133,7 @@ impl Layout {
             windows.len() - 1
         });
         let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(first_own + r)).collect();
+        let paged = super::paging::pages_from_disk(&file, &own_windows, cfg.setup.release);
         let stage = Stage::new(
             file.clone(),
             StageConfig {
@@ -144,7 +145,8 @@ impl Layout {
                 accel_layers: 0,
                 owns_output: true,
                 batch_invariant: cfg.batch_invariant,
-                repack: cfg.repack && super::paging::may_repack(&file, &own_windows, cfg.setup.release),
+                repack: cfg.repack && !paged,
+                read_chosen_experts: paged,
             },
         )?;
         // Made after the stage, so the stage's own memory counts against the budget.

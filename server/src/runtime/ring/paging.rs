@@ -70,17 +70,18 @@ pub struct WindowPager {
     read_at_end: Option<u64>,
 }
 
-/// Whether a stage with these windows may repack its weights into process memory: not
-/// when the plan releases windows after use, nor when they would not fit the memory this
-/// process may use (they will be paged from the mapping, which repacked copies defeat).
-pub fn may_repack(file: &ModelFile, layers: &[Range<usize>], release: Option<bool>) -> bool {
+/// Whether a stage with these windows will be paged from the file's mapping: when the
+/// plan releases windows after use, or when they would not fit the memory this process
+/// may use. Such a stage is never repacked (repacked copies would have to fit in memory)
+/// and, for a MoE model, reads only the experts its tokens chose (`read_chosen_experts`).
+pub fn pages_from_disk(file: &ModelFile, layers: &[Range<usize>], release: Option<bool>) -> bool {
     if release == Some(true) {
-        return false;
+        return true;
     }
     let need: u64 = layers.iter().flat_map(|l| file.layer_byte_ranges(l.clone())).map(|r| r.len() as u64).sum();
     match residency::memory_budget() {
-        Some(b) => !residency::overloaded(need, b.bytes, residency::anon_bytes().unwrap_or(0)),
-        None => true,
+        Some(b) => residency::overloaded(need, b.bytes, residency::anon_bytes().unwrap_or(0)),
+        None => false,
     }
 }
 

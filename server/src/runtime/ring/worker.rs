@@ -222,6 +222,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                     plan.fingerprint
                 )));
             }
+            let paged = super::paging::pages_from_disk(&file, &plan.windows.iter().map(|&(a, b)| a..b).collect::<Vec<_>>(), plan.release);
             let cfg = StageConfig {
                 windows: plan.windows.iter().map(|&(a, b)| a..b).collect(),
                 n_seq: plan.n_seq,
@@ -231,7 +232,8 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 accel_layers: 0,
                 owns_output: false,
                 batch_invariant: plan.batch_invariant,
-                repack: state.repack && super::paging::may_repack(&file, &plan.windows.iter().map(|&(a, b)| a..b).collect::<Vec<_>>(), plan.release),
+                repack: state.repack && !paged,
+                read_chosen_experts: paged,
             };
             let layers = cfg.windows.clone();
             let release = plan.release;
