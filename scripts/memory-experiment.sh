@@ -6,6 +6,9 @@
 #   prp     the ring, k >= 2 windows per device, workers prefetching their next window
 #   noprf   as prp, with --no-prefetch on every device (the ablation)
 #   halda   the ring with the plan Halda chooses from the devices' measured profiles
+# "predicted s" is the cost model's TPOT for the plan at the measured context, with the
+# ring's measured hop and (MoE) the measured disk share: the share of a non-resident
+# layer's expert bytes read per token ("disk share").
 # Every process runs in its own memory cgroup (v1; file-backed mmap pages are charged to
 # it, so the limit bounds how much of the model stays cached) and, optionally, its own
 # blkio read throttle (each process gets its own "disk" of DISK_MBPS). Page cache is
@@ -144,6 +147,10 @@ run_scenario() {
   local s=$1 log="$OUT/$1"
   cleanup
   sync; echo 3 > /proc/sys/vm/drop_caches
+  # Every process measures its device afresh, in its cgroup: a profile cached by another
+  # run would carry another disk throttle.
+  XDG_CACHE_HOME="$(mktemp -d)"
+  export XDG_CACHE_HOME
   local common=(--model "$MODEL" --threads 1)
   if [ "$s" = single ]; then
     make_group single "$SINGLE_LIMIT_MIB"
@@ -168,12 +175,12 @@ run_scenario() {
   fi
   wait_for 300 curl -sf "http://127.0.0.1:$PORT/health" || { echo "$s: head did not start" >&2; tail -5 "$log.head.log" >&2; return 1; }
   local result; result=$(measure) || { echo "$s: request failed or timed out" >&2; return 1; }
-  local reads="- -" predicted="-"
+  local reads="- -" predicted="- -"
   if [ "$s" != single ]; then
     # The cost model's TPOT for this plan on the profiles the head gathered (each worker
     # measured inside its own cgroup and disk throttle), at the context the steps had.
-    predicted=$(curl -sf "http://127.0.0.1:$PORT/admin/plan" -H "Authorization: Bearer memory-experiment" \
-      | python3 -c 'import json,sys; v=json.load(sys.stdin)["predicted_tpot_ms_at_measured_context"]; print(f"{v/1e3:.3f}" if v else "-")' || echo "-")
+    curl -sf "http://127.0.0.1:$PORT/admin/plan" -H "Authorization: Bearer memory-experiment" > "$log.plan.json" || true
+    predicted=$(python3 -c 'import json,sys; j=json.load(sys.stdin); v=j["predicted_tpot_ms_at_measured_context"]; d=j.get("measured_disk_share"); print((f"{v/1e3:.3f}" if v else "-") + " " + (f"{d:.4f}" if d is not None else "-"))' < "$log.plan.json" || echo "- -")
     : > "$log.profile.json"
     profile_workers "$log.profile.json"
     reads=$(summary_reads "$log.profile.json" 2>/dev/null || echo "- -")
@@ -182,15 +189,15 @@ run_scenario() {
   cleanup
 }
 
-printf '%-7s %9s %9s %7s %14s %14s %12s\n' scenario "TPOT s" "TTFT s" tokens "disk@compute" "disk@wait" "predicted s" | tee "$OUT/table.txt"
+printf '%-7s %9s %9s %7s %14s %14s %12s %11s\n' scenario "TPOT s" "TTFT s" tokens "disk@compute" "disk@wait" "predicted s" "disk share" | tee "$OUT/table.txt"
 echo "# model $(basename "$MODEL") ($(( $(stat -c %s "$MODEL") >> 20 )) MiB), limits: head $HEAD_LIMIT_MIB MiB, $WORKERS workers x $LIMIT_MIB MiB, single $SINGLE_LIMIT_MIB MiB; disk ${DISK_MBPS} MB/s per process ($DISK_DEV); windows k1 $K1_WINDOWS, prp $PRP_WINDOWS; $TOKENS tokens at temperature $TEMPERATURE" | tee -a "$OUT/table.txt"
 declare -A tpot
 for s in "${SCENARIOS[@]}"; do
   run_scenario "$s" > "$OUT/$s.result" || { cleanup; echo "$s failed" > "$OUT/$s.result"; }
   line=$(cat "$OUT/$s.result")
-  read -r name t ttft n rc rw pred _rest <<<"$line $(printf " -%.0s" 1 2 3 4 5 6)"
+  read -r name t ttft n rc rw pred ds _rest <<<"$line $(printf " -%.0s" 1 2 3 4 5 6 7)"
   tpot[$s]=$t
-  printf '%-7s %9s %9s %7s %11s MiB %11s MiB %12s\n' "$name" "$t" "$ttft" "$n" "$rc" "$rw" "$pred" | tee -a "$OUT/table.txt"
+  printf '%-7s %9s %9s %7s %11s MiB %11s MiB %12s %11s\n' "$name" "$t" "$ttft" "$n" "$rc" "$rw" "$pred" "$ds" | tee -a "$OUT/table.txt"
 done
 if [ -n "${tpot[prp]:-}" ] && [ -n "${tpot[k1]:-}" ]; then
   python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'prp/k1 TPOT ratio: {a/b:.2f}')" "${tpot[prp]}" "${tpot[k1]}" 2>/dev/null | tee -a "$OUT/table.txt" || true

@@ -190,7 +190,8 @@ pub struct ReplanRequest {
 /// `automatic`, `rounds` (k), `members` (per device: `name`, `window`, `gpu_layers`,
 /// `layers`, and the cost model's `set`, `overloaded`, `predicted` time parts), `dropped`,
 /// `predicted_tpot_ms`, `measured_tpot_ms`, `measured_steps`, `measured_context`,
-/// `measured_hop_ms`, `predicted_tpot_ms_at_measured_context`, `replans`, `last_check`.
+/// `measured_hop_ms`, `measured_disk_share`, `predicted_tpot_ms_at_measured_context`,
+/// `replans`, `last_check`.
 /// See docs/ring.md.
 #[utoipa::path(
     get,

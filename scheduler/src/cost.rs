@@ -242,6 +242,42 @@ pub(crate) fn ilp_constant(devices: &[DeviceProfile], model: &ModelProfile, sets
     kappa
 }
 
+/// What a device's CPU layers (`l_cpu` per token), KV, compute buffer and the head's I/O
+/// layers exceed its RAM by (eqs 15, 17): the bytes it cannot hold.
+fn excess_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64) -> f64 {
+    let io = if head { model.lookup_bytes() + model.output_bytes } else { 0.0 };
+    let room = ram_room(dev, model, head) + cio(model, head);
+    l_cpu * model.layer_bytes_with_kv() + io + model.compute_buffer_cpu - room
+}
+
+/// The MoE `disk_share` under which the cost model pages in per token what the running
+/// plan's devices measured (`measured[i]`: bytes device `i` read from disk per token; NaN
+/// where unknown): over the overloaded Linux/Android devices, Σ excess × paged_share equals
+/// Σ measured. How often a token's experts are already cached depends on how the model
+/// routes real text (trained routers spread tokens over experts; random weights route
+/// most tokens alike), which only running it shows. None for a dense model, or when no
+/// device with a measurement is overloaded.
+pub fn measured_disk_share(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, measured: &[f64]) -> Option<f64> {
+    let moe = model.moe?;
+    let k = plan.rounds();
+    let (mut excess, mut read) = (0.0, 0.0);
+    for (m, ((dev, dp), &r)) in devices.iter().zip(&plan.devices).zip(measured).enumerate() {
+        let (w, n) = (dp.window, dp.gpu_layers.min(dp.window));
+        if !r.is_finite() || dev.metal().is_some() && dev.os == Os::Macos || !overloaded(dev, model, m == 0, w, n, k) {
+            continue;
+        }
+        excess += excess_bytes(dev, model, m == 0, (k * (w - n)) as f64).max(0.0);
+        read += r;
+    }
+    let b = model.layer_bytes_with_kv();
+    if excess <= 0.0 || moe.expert_bytes <= 0.0 || b <= 0.0 {
+        return None;
+    }
+    // paged_share = (b − E + E·ds) / b, linear in ds.
+    let share = read / excess;
+    Some(((share * b - (b - moe.expert_bytes)) / moe.expert_bytes).clamp(0.0, 1.0))
+}
+
 /// Predicted TPOT of a whole-rounds plan (Assumption 1: every device has k windows),
 /// `devices[i]` running `plan.devices[i]`, device 0 the head. `disk_threshold` only
 /// labels the sets (a slow-disk device is M4 even when the plan overloads it, and is then
@@ -280,8 +316,7 @@ pub fn predict(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, dis
             (kf * w as f64 * model.layer_bytes * ps + io) / s
         } else {
             // eqs 15, 17: the excess of CPU layers (+ KV, compute buffer, head I/O) over RAM.
-            let room = ram_room(dev, model, head) + cio(model, head);
-            (l_cpu * model.layer_bytes_with_kv() + io + model.compute_buffer_cpu - room) * ps / s
+            excess_bytes(dev, model, head, l_cpu) * ps / s
         };
         out.push(DeviceCost {
             name: dev.name.clone(),
@@ -397,5 +432,26 @@ mod tests {
         // layer back as fast as a 2.86 GB/s disk brings a dense one: fast.
         let d = dev(Os::Linux, 4e9);
         assert!(!fast_disk(&d, &dense, 2e9) && fast_disk(&d, &moe, 2e9));
+    }
+
+    #[test]
+    fn the_measured_disk_share_reproduces_the_measured_reads() {
+        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.125 }), ..model() };
+        let plan = Plan::from_windows(10, &[2, 4, 4]).unwrap();
+        // The head holds its 2 layers; the workers hold 3 of 4 (1 GB over each).
+        let devices = [dev(Os::Linux, 8e9), dev(Os::Linux, 3e9), dev(Os::Linux, 3e9)];
+        let before = predict(&devices, &moe, &plan, 0.0);
+        // Measured: 0.25 GB and 0.15 GB a token (the head's reads do not count: it fits).
+        let ds = measured_disk_share(&devices, &moe, &plan, &[5e9, 0.25e9, 0.15e9]).unwrap();
+        let calibrated = ModelProfile { moe: Some(crate::MoeProfile { disk_share: ds, ..moe.moe.unwrap() }), ..moe.clone() };
+        let after = predict(&devices, &calibrated, &plan, 0.0);
+        let paged = |p: &Prediction| p.devices[1..].iter().map(|d| d.breakdown.disk_s).sum::<f64>() * 1e9;
+        assert!((paged(&after) - 0.4e9).abs() < 1.0, "{} bytes", paged(&after));
+        assert!(paged(&before) > paged(&after) && ds < 0.125, "{ds}");
+        // Unknown devices are skipped; a dense model or nothing overloaded gives none.
+        assert_eq!(measured_disk_share(&devices, &moe, &plan, &[f64::NAN, 0.25e9, f64::NAN]).map(|d| (d * 1e6).round()), Some(((0.25 - 0.2) / 0.8 * 1e6_f64).round()));
+        assert_eq!(measured_disk_share(&devices, &model(), &plan, &[0.0, 0.25e9, 0.15e9]), None);
+        let roomy = [dev(Os::Linux, 8e9), dev(Os::Linux, 8e9), dev(Os::Linux, 8e9)];
+        assert_eq!(measured_disk_share(&roomy, &moe, &plan, &[0.0, 0.0, 0.0]), None);
     }
 }

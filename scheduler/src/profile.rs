@@ -224,8 +224,9 @@ pub struct MoeProfile {
     /// Share of those bytes one token reads from memory: `expert_used_count / expert_count`.
     pub read_share: f64,
     /// Share of those bytes a device that cannot hold its layers pages in from disk per
-    /// token: the experts the token uses plus the readahead around them; pages of experts
-    /// no token asks for are never read through the mapping (measured: docs/scheduler.md).
+    /// token, of the share it cannot hold: the experts the token uses (hearth reads
+    /// exactly those; the OS's read-around made it 3x that); experts no token asks for
+    /// are never read (measured: docs/benchmarks.md, "MoE larger than memory").
     pub disk_share: f64,
 }
 

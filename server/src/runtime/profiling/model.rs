@@ -11,12 +11,13 @@ use scheduler::{ModelProfile, MoeProfile, PerQuant};
 const UBATCH: usize = 512;
 
 /// Bytes a memory-short device pages in per token for a MoE layer's experts, over the
-/// bytes of the experts the token uses: the kernel reads ahead around each page fault
-/// (8 MiB here, `read_ahead_kb`), so a fault in one expert's rows brings in neighbours.
-/// Measured 3.0 with `scripts/memory-experiment.sh` on a 2.9 GiB qwen3moe (64 experts, 4
-/// used) over 480 MiB devices: 126 MB read per token by a 6-layer window against 42 MB
-/// predicted at 1.0 (docs/benchmarks.md, "MoE larger than memory").
-const EXPERT_PAGE_AMPLIFICATION: f64 = 3.0;
+/// bytes of the experts the token uses. Paged MoE windows read exactly the chosen experts'
+/// slices (`engine::StageConfig::read_chosen_experts`), so 1.0: each used expert that is
+/// not cached costs its own bytes. Left to the OS's read-around (8 MiB here) it was 3.0,
+/// measured with `scripts/memory-experiment.sh` (docs/benchmarks.md, "MoE larger than
+/// memory"). Routing that repeats experts from token to token reads less; the cost model
+/// assumes none does.
+const EXPERT_PAGE_AMPLIFICATION: f64 = 1.0;
 
 /// Where a tensor's FLOPs go: the scheduler's named formats, or the tensor's own format
 /// by ggml's name (charged at the device's measured rate for it).

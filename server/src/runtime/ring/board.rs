@@ -83,6 +83,10 @@ pub struct PlanView {
     /// Mean time of one hop between members in those steps: each round trip less the
     /// workers' reported compute, over its hops (absent without workers).
     pub measured_hop_ms: Option<f64>,
+    /// MoE models: the share of a non-resident layer's expert bytes the overloaded members
+    /// read from disk per token in those steps (the cost model's `disk_share`, which
+    /// otherwise assumes every expert a token uses misses the cache).
+    pub measured_disk_share: Option<f64>,
     /// The cost model's TPOT for the running plan at that context (the plan itself is
     /// made for the full `--ctx-size`), with the measured hop in place of the profiles'
     /// control-call estimate: the figure to hold `measured_tpot_ms` against.
@@ -119,13 +123,15 @@ pub struct Judge {
 }
 
 /// One single-token decode step as the ring timed it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Measured {
     step: Duration,
     /// Tokens in the KV cache.
     context: usize,
     /// The mean hop of its round trips, seconds (none without workers).
     hop: Option<f64>,
+    /// Bytes each member (the head first) read from disk while computing it.
+    reads: Option<Vec<u64>>,
 }
 
 /// `devices` with the hop the ring measured (seconds, the mean over its members, indices
@@ -192,14 +198,29 @@ impl PlanBoard {
         let hop = mean_hop(&measured);
         v.measured_hop_ms = hop.map(|h| h * 1e3);
         if let Some(j) = self.judge.lock().expect("judge").as_ref() {
-            let model = j.model.at_context(context.round() as usize);
+            let mut model = j.model.at_context(context.round() as usize);
             let members = match hop {
                 Some(h) => with_measured_hop(&j.members, &(0..j.members.len()).collect::<Vec<_>>(), h),
                 None => j.members.clone(),
             };
+            v.measured_disk_share = disk_share(j, &model, &measured);
+            if let (Some(ds), Some(m)) = (v.measured_disk_share, model.moe.as_mut()) {
+                m.disk_share = ds;
+            }
             v.predicted_tpot_ms_at_measured_context = Some(scheduler::predict(&members, &model, &j.plan, j.disk_threshold).tpot_s * 1e3);
         }
         v
+    }
+
+    /// The MoE disk share the running plan's recent decode steps measured (see
+    /// `PlanView::measured_disk_share`).
+    pub fn measured_disk_share(&self) -> Option<f64> {
+        let measured = self.measured.lock().expect("measured").clone();
+        let judge = self.judge.lock().expect("judge");
+        let j = judge.as_ref()?;
+        let n = measured.len().max(1) as f64;
+        let context = measured.iter().map(|m| m.context as f64).sum::<f64>() / n;
+        disk_share(j, &j.model.at_context(context.round() as usize), &measured)
     }
 
     /// The mean hop of the recent decode steps under the running plan, seconds.
@@ -236,14 +257,14 @@ impl PlanBoard {
     }
 
     /// The time of one decode step of a single token, with `context` tokens in its cache,
-    /// and the mean hop of its round trips (seconds).
-    pub fn decode_step(&self, d: Duration, context: usize, hop: Option<f64>) {
+    /// the mean hop of its round trips (seconds) and what each member read from disk.
+    pub fn decode_step(&self, d: Duration, context: usize, hop: Option<f64>, reads: Option<Vec<u64>>) {
         let mean = {
             let mut m = self.measured.lock().expect("measured");
             if m.len() == MEASURED_WINDOW {
                 m.pop_front();
             }
-            m.push_back(Measured { step: d, context, hop });
+            m.push_back(Measured { step: d, context, hop, reads });
             m.iter().map(|m| m.step).sum::<Duration>().as_secs_f64() / m.len() as f64
         };
         crate::metrics::measured_tpot(mean);
@@ -266,6 +287,17 @@ impl PlanBoard {
         let v = self.view.lock().expect("plan view");
         crate::metrics::plan(v.predicted_tpot_ms.map(|t| t / 1e3), v.rounds, v.members.iter().map(|m| (m.name.as_str(), v.rounds * m.window, v.rounds * m.gpu_layers)), v.dropped.iter().map(String::as_str));
     }
+}
+
+/// The disk share under which `model` reads what the steps measured per member.
+fn disk_share(j: &Judge, model: &ModelProfile, measured: &VecDeque<Measured>) -> Option<f64> {
+    let n = j.members.len();
+    let steps: Vec<&Vec<u64>> = measured.iter().filter_map(|m| m.reads.as_ref()).filter(|r| r.len() == n).collect();
+    if steps.is_empty() {
+        return None;
+    }
+    let mean: Vec<f64> = (0..n).map(|i| steps.iter().map(|r| r[i] as f64).sum::<f64>() / steps.len() as f64).collect();
+    scheduler::measured_disk_share(&j.members, model, &j.plan, &mean)
 }
 
 fn mean_hop(measured: &VecDeque<Measured>) -> Option<f64> {
@@ -304,6 +336,7 @@ pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], predic
         measured_steps: 0,
         measured_context: None,
         measured_hop_ms: None,
+        measured_disk_share: None,
         predicted_tpot_ms_at_measured_context: None,
         replans: 0,
         last_check: None,
@@ -353,9 +386,9 @@ mod tests {
     fn the_view_reports_the_mean_hop_of_decode_steps_and_predicts_with_it() {
         let board = PlanBoard::ring();
         assert_eq!(board.measured_hop(), None);
-        board.decode_step(Duration::from_millis(10), 100, Some(300e-6));
-        board.decode_step(Duration::from_millis(12), 102, None);
-        board.decode_step(Duration::from_millis(14), 104, Some(500e-6));
+        board.decode_step(Duration::from_millis(10), 100, Some(300e-6), None);
+        board.decode_step(Duration::from_millis(12), 102, None, None);
+        board.decode_step(Duration::from_millis(14), 104, Some(500e-6), None);
         let v = board.view();
         assert!((v.measured_hop_ms.unwrap() - 0.4).abs() < 1e-9);
         assert!((v.measured_tpot_ms.unwrap() - 12.0).abs() < 1e-9);

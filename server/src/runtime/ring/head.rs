@@ -58,6 +58,9 @@ pub struct RingPipeline {
     meter: RingMeter,
     /// The mean hops of this step's round trips (seconds), for the board.
     step_hops: Vec<f64>,
+    /// Bytes each member (the head first) read from disk while computing this step;
+    /// None once a round trip came back without every worker's report.
+    step_reads: Option<Vec<u64>>,
 }
 
 /// What re-planning a running ring needs besides the planner.
@@ -218,6 +221,7 @@ impl RingPipeline {
             board,
             meter,
             step_hops: Vec::new(),
+            step_reads: None,
             cfg,
             plan,
             members: workers,
@@ -301,9 +305,13 @@ impl RingPipeline {
         let mut devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.members))?;
         // The running members in the fresh list (workers outside the ring may have come or gone).
         let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or_else(|| Error::RingBroken("a member of the ring did not answer".into()))?;
-        // Hops as the ring's traffic measured them, where it has run under this plan.
+        // Hops as the ring's traffic measured them, where it has run under this plan, and
+        // how much of a MoE model's experts it read from disk: what the next plan is judged on.
         if let Some(hop) = self.board.measured_hop() {
             devices = board::with_measured_hop(&devices, &running, hop);
+        }
+        if let (Some(ds), Some(moe)) = (self.board.measured_disk_share(), r.planner.model.moe.as_mut()) {
+            moe.disk_share = ds;
         }
         self.board.gathered(devices.clone());
         let drift = scheduler::drift(&r.devices, &devices, &r.policy);
@@ -439,6 +447,10 @@ impl RingPipeline {
             if let Some(hop) = self.meter.round_trip(started.elapsed(), reports) {
                 self.step_hops.push(hop);
             }
+            match self.step_reads.as_mut() {
+                Some(reads) if reports.len() + 1 == reads.len() => reports.iter().zip(&mut reads[1..]).for_each(|(r, total)| *total += r.read_bytes),
+                _ => self.step_reads = None,
+            }
         }
         result.map_err(|e| self.break_ring(e))
     }
@@ -476,7 +488,11 @@ impl RingPipeline {
                 let out = self.stage.forward(w, batch, input);
                 if let Some(p) = self.layout.pager.as_mut() {
                     p.after(round);
-                    self.meter.head_step(&p.report(round));
+                    let report = p.report(round);
+                    self.meter.head_step(&report);
+                    if let Some(reads) = self.step_reads.as_mut() {
+                        reads[0] += report.read_bytes;
+                    }
                 }
                 h = Some(match out? {
                     StageOutput::Hidden(h) => h,
@@ -543,11 +559,14 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
     fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
         let started = Instant::now();
         self.step_hops.clear();
+        self.step_reads = Some(vec![0; self.members.len() + 1]);
         let result = self.forward_ring(batch, tokens);
         // One token of one sequence: the step the cost model predicts.
         if result.is_ok() && batch.len() == 1 {
             let hop = (!self.step_hops.is_empty()).then(|| self.step_hops.iter().sum::<f64>() / self.step_hops.len() as f64);
-            self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1, hop);
+            // Without a pager the head does not count its reads: then nothing is known.
+            let reads = self.step_reads.take().filter(|_| self.layout.pager.is_some() || self.layout.own.iter().all(Option::is_none));
+            self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1, hop, reads);
         }
         if result.is_err() {
             // Some windows may hold part of this batch: roll every sequence back.
