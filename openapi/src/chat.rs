@@ -450,6 +450,11 @@ pub struct AssistantMessage {
     /// The text; null when the message only calls tools.
     #[schema(required = true)]
     pub content: Option<String>,
+    /// The model's thinking before its answer, for reasoning models (`<think>` blocks;
+    /// gpt-oss's analysis channel); absent when it wrote none (hearth extension, as
+    /// llama-server and vLLM return it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The tools the model called, parsed from its output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
@@ -543,6 +548,9 @@ pub struct Delta {
     /// New text, cut on UTF-8 character boundaries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New thinking text of a reasoning model (see `AssistantMessage::reasoning_content`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// New pieces of tool calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
@@ -789,6 +797,7 @@ mod tests {
         let message = AssistantMessage {
             role: AssistantRole::Assistant,
             content: None,
+            reasoning_content: None,
             tool_calls: Some(vec![ToolCall {
                 id: "call_abc".into(),
                 kind: ToolType::Function,
@@ -853,6 +862,7 @@ mod tests {
             delta: Delta {
                 role: Some(AssistantRole::Assistant),
                 content: Some(String::new()),
+                reasoning_content: None,
                 tool_calls: None,
             },
             logprobs: None,
@@ -910,6 +920,7 @@ mod tests {
         let delta = Delta {
             role: None,
             content: None,
+            reasoning_content: None,
             tool_calls: Some(vec![ToolCallDelta {
                 index: 0,
                 id: Some("call_1".into()),

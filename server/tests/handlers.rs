@@ -13,6 +13,7 @@ use axum::http::{Request, StatusCode};
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 use hearth::error::ReplanError;
+use hearth::http::reasoning::ReasoningFormat;
 use hearth::http::AppState;
 use hearth::runtime::generation::{Event, Finish, GenerationRequest, SubmitError};
 use hearth::runtime::ring::board::{ClusterView, PlanBoard, PlanView};
@@ -107,6 +108,11 @@ fn vocabulary() -> Arc<Tokenizer> {
 }
 
 fn app(fake: Arc<Fake>, admin_key: Option<&str>) -> axum::Router {
+    app_with(fake, admin_key, None)
+}
+
+/// `app`, with the reasoning format of another model's template when given.
+fn app_with(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<ReasoningFormat>) -> axum::Router {
     hearth::metrics::install();
     let tokenizer = vocabulary();
     let source = tokenizer.chat_template_source().expect("a chat template");
@@ -115,6 +121,7 @@ fn app(fake: Arc<Fake>, admin_key: Option<&str>) -> axum::Router {
         runtime: fake,
         tokenizer,
         template_knows_tools: source.contains("tools"),
+        reasoning: reasoning.unwrap_or(ReasoningFormat::detect(&source)),
         template,
         model_id: "fake".into(),
         created: 0,
@@ -358,4 +365,69 @@ async fn streamed_tool_calls_are_held_back_and_sent_as_one_delta() {
 
 async fn call_app(script: Script, body: Value) -> (StatusCode, axum::http::HeaderMap, String) {
     call(app(Arc::new(Fake::new(script)), None), "POST", "/v1/chat/completions", Some(body), None).await
+}
+
+/// Streams a chat request against a model with `format` and returns its chunks (without
+/// `[DONE]`), with the whole answer to the same request.
+async fn reasoning_run(format: ReasoningFormat, tokens: &[&'static str], extra: Value) -> (Vec<Value>, Value) {
+    let mut events = vec![ScriptEvent::Started(0)];
+    events.extend(tokens.iter().map(|&t| ScriptEvent::Token(t)));
+    events.push(ScriptEvent::Done(Finish::Stop, tokens.len()));
+    let script = Script::Events(events);
+    let mut streamed = extra.clone();
+    streamed["stream"] = json!(true);
+    let (status, _, text) = call(app_with(Arc::new(Fake::new(script.clone())), None, Some(format)), "POST", "/v1/chat/completions", Some(chat(streamed)), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let chunks = sse(&text).iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    let (status, _, text) = call(app_with(Arc::new(Fake::new(script)), None, Some(format)), "POST", "/v1/chat/completions", Some(chat(extra)), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    (chunks, serde_json::from_str(&text).unwrap())
+}
+
+fn streamed_field(chunks: &[Value], field: &str) -> String {
+    chunks.iter().filter_map(|c| c["choices"][0]["delta"][field].as_str()).collect()
+}
+
+/// gpt-oss writes harmony: its analysis channel is the reasoning, its final channel the
+/// answer, and none of the channel markup reaches the client.
+#[tokio::test]
+async fn harmony_channels_become_reasoning_content_and_content() {
+    let tokens = ["<|channel|>", "analysis", "<|message|>", "The user", " greets me.", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "Hel", "lo!"];
+    let (chunks, whole) = reasoning_run(ReasoningFormat::Harmony, &tokens, json!({})).await;
+    assert_eq!(streamed_field(&chunks, "reasoning_content"), "The user greets me.");
+    assert_eq!(streamed_field(&chunks, "content"), "Hello!");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+    let m = &whole["choices"][0]["message"];
+    assert_eq!((m["reasoning_content"].as_str(), m["content"].as_str()), (Some("The user greets me."), Some("Hello!")), "{whole}");
+
+    // A call to a function is a tool call, the analysis before it reasoning.
+    let weather = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let tokens = ["<|channel|>", "analysis", "<|message|>", "Need the weather.", "<|start|>", "assistant", "<|channel|>", "commentary to=functions.get_weather ", "<|constrain|>", "json", "<|message|>", "{\"city\":", "\"Oslo\"}"];
+    let (chunks, whole) = reasoning_run(ReasoningFormat::Harmony, &tokens, json!({"tools": weather})).await;
+    assert_eq!(streamed_field(&chunks, "reasoning_content"), "Need the weather.");
+    assert_eq!(streamed_field(&chunks, "content"), "");
+    let calls: Vec<&Value> = chunks.iter().filter(|c| c["choices"][0]["delta"]["tool_calls"].is_array()).collect();
+    assert_eq!(calls.len(), 1, "{chunks:?}");
+    assert_eq!(calls[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"], "get_weather");
+    assert_eq!(calls[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"], "{\"city\":\"Oslo\"}");
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    let m = &whole["choices"][0]["message"];
+    assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather", "{whole}");
+    assert_eq!(m["reasoning_content"], "Need the weather.");
+    assert!(m["content"].is_null(), "{whole}");
+}
+
+/// Qwen3, DeepSeek-R1 and GLM write `<think>…</think>` before the answer.
+#[tokio::test]
+async fn think_blocks_become_reasoning_content() {
+    let tokens = ["<think>", "\nShort greeting", ".\n", "</think>", "\n\n", "Hi", " there"];
+    let (chunks, whole) = reasoning_run(ReasoningFormat::ThinkTags, &tokens, json!({})).await;
+    assert_eq!(streamed_field(&chunks, "reasoning_content"), "\nShort greeting.\n");
+    assert_eq!(streamed_field(&chunks, "content"), "Hi there");
+    let m = &whole["choices"][0]["message"];
+    assert_eq!((m["reasoning_content"].as_str(), m["content"].as_str()), (Some("\nShort greeting.\n"), Some("Hi there")));
+    // A model without reasoning markup in its template keeps every character as content.
+    let (chunks, whole) = reasoning_run(ReasoningFormat::None, &tokens, json!({})).await;
+    assert_eq!(streamed_field(&chunks, "content"), "<think>\nShort greeting.\n</think>\n\nHi there");
+    assert!(whole["choices"][0]["message"].get("reasoning_content").is_none(), "{whole}");
 }

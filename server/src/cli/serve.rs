@@ -58,6 +58,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         runtime: Arc::new(head),
         tokenizer,
         template_knows_tools: source.contains("tools"),
+        reasoning: crate::http::reasoning::ReasoningFormat::detect(&source),
         template,
         fingerprint: format!("hearth-{}-{arch}", env!("CARGO_PKG_VERSION")),
         model_id,

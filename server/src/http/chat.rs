@@ -17,6 +17,7 @@ use super::error::ApiError;
 use super::generate::{self, finish_reason, Choice, GenSpec};
 use super::json::ApiJson;
 use super::prepare;
+use super::reasoning::{HarmonyCall, ReasoningFormat, Split, Splitter};
 use super::sse;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
@@ -29,7 +30,8 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
         let state = state.clone();
         prepare::run(move || prepare(&state, &req).map(|p| (req, p))).await?
     };
-    let Prepared { prompt, sampling, tool_use } = prepared;
+    let Prepared { prompt, sampling, tool_use, opens_thinking } = prepared;
+    let reasoning = (state.reasoning, opens_thinking);
     let id = format!("chatcmpl-{}", uuid::Uuid::new_v4().simple());
     let spec = GenSpec {
         id: id.clone(),
@@ -45,11 +47,11 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     let meta = Meta { id, created: now_secs(), model: state.model_id.clone(), fingerprint: state.fingerprint.clone(), prompt_tokens: spec.prompt.len() };
     if req.stream {
         let prompt_tokens = meta.prompt_tokens;
-        let chunks = ChatChunks { meta, usage_field: req.include_usage().then_some(None), tool_use, choices: (0..n).map(|_| ChoiceStream::default()).collect() };
+        let chunks = ChatChunks { meta, usage_field: req.include_usage().then_some(None), tool_use, choices: (0..n).map(|_| ChoiceStream::new(reasoning)).collect() };
         Ok(sse::stream(receivers, prompt_tokens, req.include_usage(), chunks))
     } else {
         let choices = generate::collect_all(receivers).await?;
-        Ok(Json(response(meta, choices, tool_use.as_ref())).into_response())
+        Ok(Json(response(meta, choices, tool_use.as_ref(), reasoning)).into_response())
     }
 }
 
@@ -58,6 +60,8 @@ struct Prepared {
     prompt: Vec<i32>,
     sampling: SamplingParams,
     tool_use: Option<ToolUse>,
+    /// The rendered prompt leaves the model inside a `<think>` block.
+    opens_thinking: bool,
 }
 
 /// Everything a chat request needs before generation, all of it CPU work that may take a
@@ -73,6 +77,7 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
     let rendered = state.template.render_chat(&messages, tools_for_template.as_ref(), true)?;
     generate::check_prompt_bytes(state, rendered.text.len())?;
     let prompt = state.tokenizer.tokenize_chat(&rendered)?;
+    let opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
 
     fn invalid(param: &'static str) -> impl Fn(String) -> ApiError {
         move |message| ApiError::InvalidParameter { param: Some(param.into()), message }
@@ -93,7 +98,7 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
         engine::Error::Sampler(m) if has_grammar && sampling.logit_bias.is_empty() => invalid(grammar_param)(format!("the schema gives a grammar llama.cpp refuses ({m}); large minLength/maxLength/minItems/maxItems are the usual cause")),
         other => ApiError::from(other),
     })?;
-    Ok(Prepared { prompt, sampling, tool_use })
+    Ok(Prepared { prompt, sampling, tool_use, opens_thinking })
 }
 
 struct Meta {
@@ -189,22 +194,29 @@ fn new_call_id() -> String {
     format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24])
 }
 
-fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>) -> ChatCompletionResponse {
+fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>, (format, opens_thinking): (ReasoningFormat, bool)) -> ChatCompletionResponse {
     let completion: usize = choices.iter().map(|c| c.completion_tokens).sum();
     let cached = choices.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
     let choices = choices
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let calls = tool_use.map(|t| tools::parse_tool_calls(&c.text, &t.tools)).unwrap_or_default();
+            let mut splitter = Splitter::new(format, opens_thinking);
+            let mut split = splitter.push(&c.text);
+            let rest = splitter.finish();
+            split.reasoning.push_str(&rest.reasoning);
+            split.content.push_str(&rest.content);
+            split.calls.extend(rest.calls);
+            let calls = answer_calls(&split, tool_use);
             let logprobs = (!c.tokens.is_empty()).then(|| logprobs_of(&c.tokens));
+            let reasoning_content = (!split.reasoning.is_empty()).then_some(split.reasoning);
             let (content, tool_calls, finish) = if calls.is_empty() {
-                (Some(c.text), None, finish_reason(c.finish.unwrap_or(Finish::Stop)))
+                (Some(split.content), None, finish_reason(c.finish.unwrap_or(Finish::Stop)))
             } else {
                 let calls = calls.into_iter().map(|p| ToolCall { id: new_call_id(), kind: Default::default(), function: FunctionCall { name: p.name, arguments: p.arguments } }).collect();
                 (None, Some(calls), FinishReason::ToolCalls)
             };
-            ChatChoice { index: i as u32, message: AssistantMessage { role: Default::default(), content, tool_calls }, logprobs, finish_reason: finish }
+            ChatChoice { index: i as u32, message: AssistantMessage { role: Default::default(), content, reasoning_content, tool_calls }, logprobs, finish_reason: finish }
         })
         .collect();
     ChatCompletionResponse {
@@ -216,6 +228,15 @@ fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>) -> Cha
         usage: sse::usage(meta.prompt_tokens, completion, cached),
         system_fingerprint: meta.fingerprint,
     }
+}
+
+/// The tool calls of a whole answer: those the model wrote as harmony messages, else
+/// those the request's tools let `tools` find in its text.
+fn answer_calls(split: &Split, tool_use: Option<&ToolUse>) -> Vec<HarmonyCall> {
+    if !split.calls.is_empty() {
+        return split.calls.clone();
+    }
+    tool_use.map(|t| tools::parse_tool_calls(&split.content, &t.tools)).unwrap_or_default().into_iter().map(|p| HarmonyCall { name: p.name, arguments: p.arguments }).collect()
 }
 
 /// Chat's chunks: a role chunk per choice first; content as it comes, unless the request
@@ -230,12 +251,21 @@ struct ChatChunks {
 }
 
 /// Per-choice streaming state.
-#[derive(Default)]
 struct ChoiceStream {
+    /// Thinking apart from the answer.
+    splitter: Splitter,
     /// Text held back while it may still be a tool call.
     held: String,
     /// Held text turned out to be ordinary content: stream from now on.
     plain: bool,
+    /// Tool calls written as harmony messages, sent at the end.
+    calls: Vec<HarmonyCall>,
+}
+
+impl ChoiceStream {
+    fn new((format, opens_thinking): (ReasoningFormat, bool)) -> ChoiceStream {
+        ChoiceStream { splitter: Splitter::new(format, opens_thinking), held: String::new(), plain: false, calls: Vec::new() }
+    }
 }
 
 impl ChatChunks {
@@ -244,57 +274,82 @@ impl ChatChunks {
         sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![choice], usage: self.usage_field })
     }
 
-    fn delta(&self, i: usize, content: Option<String>, tool_calls: Option<Vec<ToolCallDelta>>, logprobs: Option<ChoiceLogprobs>, finish_reason: Option<FinishReason>) -> SseEvent {
-        self.chunk(ChunkChoice { index: i as u32, delta: Delta { role: None, content, tool_calls }, logprobs, finish_reason })
+    fn delta(&self, i: usize, delta: Delta, logprobs: Option<ChoiceLogprobs>, finish_reason: Option<FinishReason>) -> SseEvent {
+        self.chunk(ChunkChoice { index: i as u32, delta, logprobs, finish_reason })
+    }
+
+    fn content(&self, i: usize, text: String, logprobs: Option<ChoiceLogprobs>) -> SseEvent {
+        self.delta(i, Delta { content: Some(text), ..Delta::default() }, logprobs, None)
+    }
+
+    /// The events for a piece of split text: thinking at once; the answer at once unless
+    /// it may still be a tool call (then held, and decided at the end). The token's
+    /// log-probabilities ride on the answer's chunk, else on the thinking's.
+    fn emit(&mut self, i: usize, split: Split, info: Option<TokenInfo>) -> Vec<SseEvent> {
+        let mut logprobs = info.map(|t| logprobs_of(&[t]));
+        self.choices[i].calls.extend(split.calls);
+        let mut answer = Vec::new();
+        let st = &mut self.choices[i];
+        if self.tool_use.is_some() && !st.plain {
+            st.held.push_str(&split.content);
+            if !tools::may_be_tool_call(&st.held) {
+                st.plain = true;
+                let held = std::mem::take(&mut st.held);
+                answer.push(self.content(i, held, logprobs.take()));
+            }
+        } else if !split.content.is_empty() {
+            answer.push(self.content(i, split.content, logprobs.take()));
+        }
+        let mut out = Vec::new();
+        if !split.reasoning.is_empty() {
+            let lp = if answer.is_empty() { logprobs.take() } else { None };
+            out.push(self.delta(i, Delta { reasoning_content: Some(split.reasoning), ..Delta::default() }, lp, None));
+        }
+        out.extend(answer);
+        if out.is_empty() && logprobs.is_some() {
+            out.push(self.content(i, String::new(), logprobs));
+        }
+        out
     }
 }
 
 impl sse::Chunks for ChatChunks {
     fn opening(&mut self) -> Vec<SseEvent> {
         (0..self.choices.len())
-            .map(|i| self.chunk(ChunkChoice { index: i as u32, delta: Delta { role: Some(Default::default()), content: Some(String::new()), tool_calls: None }, logprobs: None, finish_reason: None }))
+            .map(|i| self.chunk(ChunkChoice { index: i as u32, delta: Delta { role: Some(Default::default()), content: Some(String::new()), ..Delta::default() }, logprobs: None, finish_reason: None }))
             .collect()
     }
 
     fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent> {
-        let st = &mut self.choices[i];
-        if self.tool_use.is_some() && !st.plain {
-            st.held.push_str(&text);
-            if tools::may_be_tool_call(&st.held) {
-                return Vec::new();
-            }
-            st.plain = true;
-            let held = std::mem::take(&mut st.held);
-            return vec![self.delta(i, Some(held), None, info.map(|t| logprobs_of(&[t])), None)];
-        }
-        if text.is_empty() && info.is_none() {
-            return Vec::new();
-        }
-        vec![self.delta(i, Some(text), None, info.map(|t| logprobs_of(&[t])), None)]
+        let split = self.choices[i].splitter.push(&text);
+        self.emit(i, split, info)
     }
 
     fn finish(&mut self, i: usize, finish: Finish) -> Vec<SseEvent> {
-        let mut out = Vec::new();
+        let rest = self.choices[i].splitter.finish();
+        let mut out = self.emit(i, rest, None);
         let mut reason = finish_reason(finish);
-        if let Some(t) = &self.tool_use {
-            let st = &mut self.choices[i];
-            if !st.plain {
-                let held = std::mem::take(&mut st.held);
-                let calls = tools::parse_tool_calls(&held, &t.tools);
-                if calls.is_empty() {
-                    out.push(self.delta(i, Some(held), None, None, None));
-                } else {
-                    let deltas = calls
-                        .into_iter()
-                        .enumerate()
-                        .map(|(k, c)| ToolCallDelta { index: k as u32, id: Some(new_call_id()), kind: Some(Default::default()), function: FunctionCallDelta { name: Some(c.name), arguments: Some(c.arguments) } })
-                        .collect();
-                    out.push(self.delta(i, None, Some(deltas), None, None));
-                    reason = FinishReason::ToolCalls;
-                }
+        let st = &mut self.choices[i];
+        let mut calls = std::mem::take(&mut st.calls);
+        if let (Some(t), false) = (&self.tool_use, st.plain) {
+            let held = std::mem::take(&mut st.held);
+            if calls.is_empty() {
+                calls = tools::parse_tool_calls(&held, &t.tools).into_iter().map(|p| HarmonyCall { name: p.name, arguments: p.arguments }).collect();
+            }
+            if calls.is_empty() && !held.is_empty() {
+                out.push(self.content(i, held, None));
             }
         }
-        out.push(self.delta(i, None, None, None, Some(reason)));
+        if !calls.is_empty() {
+            let deltas = calls
+                .into_iter()
+                .enumerate()
+                .map(|(k, c)| ToolCallDelta { index: k as u32, id: Some(new_call_id()), kind: Some(Default::default()), function: FunctionCallDelta { name: Some(c.name), arguments: Some(c.arguments) } })
+                .collect();
+            out.push(self.delta(i, Delta { tool_calls: Some(deltas), ..Delta::default() }, None, None));
+            reason = FinishReason::ToolCalls;
+        }
+        out.push(self.delta(i, Delta::default(), None, Some(reason)));
         out
     }
 

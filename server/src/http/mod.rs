@@ -9,6 +9,7 @@ mod error;
 mod generate;
 mod json;
 mod prepare;
+pub mod reasoning;
 pub mod server;
 mod sse;
 mod tools;
@@ -40,6 +41,9 @@ pub struct AppState {
     /// Whether the template renders `tools` itself; if not, hearth describes them in a
     /// system message.
     pub template_knows_tools: bool,
+    /// How the model writes its thinking, from its chat template: split off into
+    /// `reasoning_content`.
+    pub reasoning: reasoning::ReasoningFormat,
     pub model_id: String,
     pub created: u64,
     pub fingerprint: String,

@@ -1,0 +1,355 @@
+//! Reasoning models' thinking, kept apart from their answer (`reasoning_content`, as
+//! llama-server, vLLM and exo return it).
+//!
+//! Two ways models write it, told apart by their chat template:
+//! - **think tags** (Qwen3, QwQ, DeepSeek-R1, GLM-4.5): `<think>…</think>` then the answer.
+//! - **harmony** (gpt-oss): messages on channels — `<|channel|>analysis<|message|>…` is the
+//!   thinking, `…<|channel|>final<|message|>…` the answer, and
+//!   `<|channel|>commentary to=functions.NAME …<|message|>{…}` a tool call. A message ends
+//!   where the next `<|start|>` begins (`<|end|>` is a control token and renders as
+//!   nothing; llama.cpp renders `<|channel|>`, `<|message|>`, `<|start|>` and
+//!   `<|constrain|>` as text). Without this the answer would read
+//!   `<|channel|>analysis<|message|>…<|start|>assistant<|channel|>final<|message|>Hello`.
+//!
+//! The splitter takes the generated text as it streams and holds back only what may be
+//! the start of a marker. It must not depend on the runtime: it sees text only.
+
+/// How the model in use writes its reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningFormat {
+    /// No reasoning markup: all text is the answer.
+    #[default]
+    None,
+    ThinkTags,
+    Harmony,
+}
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+const CHANNEL: &str = "<|channel|>";
+const MESSAGE: &str = "<|message|>";
+/// What ends a harmony message in rendered text (the next message's start, or the end
+/// tokens when a vocabulary renders them).
+const MESSAGE_ENDS: [&str; 4] = ["<|start|>", "<|end|>", "<|call|>", "<|return|>"];
+/// A harmony header longer than this without `<|message|>` is not a header: the model
+/// wrote plain text, which is the answer.
+const MAX_HEADER_BYTES: usize = 256;
+
+impl ReasoningFormat {
+    /// The format a chat template's model writes, from the template's source.
+    pub fn detect(template_source: &str) -> ReasoningFormat {
+        if template_source.contains(CHANNEL) && template_source.contains(MESSAGE) {
+            ReasoningFormat::Harmony
+        } else if template_source.contains(THINK_OPEN) {
+            ReasoningFormat::ThinkTags
+        } else {
+            ReasoningFormat::None
+        }
+    }
+}
+
+/// A tool call written as a harmony message to `functions.NAME`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HarmonyCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// What a piece of generated text holds: thinking, answer, and finished tool calls.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Split {
+    pub reasoning: String,
+    pub content: String,
+    pub calls: Vec<HarmonyCall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// Plain answer text (think tags: outside `<think>`; harmony: a model that wrote no header).
+    Content,
+    /// Inside `<think>`.
+    Thinking,
+    /// Harmony: reading a message header, up to `<|message|>`.
+    Header,
+    /// Harmony: a message's body, on the channel the header named.
+    Body(Channel),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Channel {
+    Reasoning,
+    Content,
+    /// A tool call to this function; its body is the arguments.
+    Call(String),
+}
+
+/// Splits one choice's text as it streams.
+#[derive(Debug)]
+pub struct Splitter {
+    format: ReasoningFormat,
+    state: State,
+    /// Text not yet decided (a possible marker prefix, a header, a call's arguments).
+    held: String,
+    /// Drop whitespace before the answer's first character (after `</think>`).
+    trim_content_start: bool,
+}
+
+impl Splitter {
+    /// `prompt_opens_thinking`: the rendered prompt ends inside `<think>` (templates that
+    /// open it for the model), so the text starts as reasoning.
+    pub fn new(format: ReasoningFormat, prompt_opens_thinking: bool) -> Splitter {
+        let state = match format {
+            ReasoningFormat::Harmony => State::Header,
+            ReasoningFormat::ThinkTags if prompt_opens_thinking => State::Thinking,
+            _ => State::Content,
+        };
+        Splitter { format, state, held: String::new(), trim_content_start: false }
+    }
+
+    /// Whether the rendered prompt leaves the model inside a `<think>` block.
+    pub fn prompt_opens_thinking(prompt_text: &str) -> bool {
+        let tail = prompt_text.trim_end();
+        tail.rfind(THINK_OPEN).is_some_and(|open| !tail[open..].contains(THINK_CLOSE))
+    }
+
+    /// The next piece of generated text: what can be told apart now.
+    pub fn push(&mut self, text: &str) -> Split {
+        let mut out = Split::default();
+        if self.format == ReasoningFormat::None {
+            out.content.push_str(text);
+            return out;
+        }
+        self.held.push_str(text);
+        self.drain(&mut out, false);
+        out
+    }
+
+    /// The text is complete: everything held is decided.
+    pub fn finish(&mut self) -> Split {
+        let mut out = Split::default();
+        self.drain(&mut out, true);
+        out
+    }
+
+    fn drain(&mut self, out: &mut Split, end: bool) {
+        loop {
+            match self.state.clone() {
+                State::Content if self.format == ReasoningFormat::ThinkTags => {
+                    if !self.take_until(&[THINK_OPEN], end, |s, t| s.answer(out, t)) {
+                        return;
+                    }
+                    self.state = State::Thinking;
+                }
+                State::Content => {
+                    let text = std::mem::take(&mut self.held);
+                    self.answer(out, &text);
+                    return;
+                }
+                State::Thinking => {
+                    if !self.take_until(&[THINK_CLOSE], end, |_, t| out.reasoning.push_str(t)) {
+                        return;
+                    }
+                    self.state = State::Content;
+                    self.trim_content_start = true;
+                }
+                State::Header => {
+                    let Some(at) = self.held.find(MESSAGE) else {
+                        let plain = self.held.len() > MAX_HEADER_BYTES || (!self.held.is_empty() && !could_be_header(&self.held));
+                        if plain || end {
+                            self.state = State::Content;
+                            continue;
+                        }
+                        return;
+                    };
+                    let header: String = self.held.drain(..at + MESSAGE.len()).collect();
+                    self.state = State::Body(channel_of(&header[..at]));
+                }
+                State::Body(channel) => {
+                    let call = matches!(channel, Channel::Call(_));
+                    let done = if call {
+                        // A call's arguments are decided when its message ends.
+                        match first_marker(&self.held, &MESSAGE_ENDS) {
+                            Some((at, len)) => {
+                                let args: String = self.held.drain(..at).collect();
+                                self.held.drain(..len);
+                                self.finish_call(out, &channel, args);
+                                true
+                            }
+                            None if end => {
+                                let args = std::mem::take(&mut self.held);
+                                self.finish_call(out, &channel, args);
+                                return;
+                            }
+                            None => return,
+                        }
+                    } else {
+                        self.take_until(&MESSAGE_ENDS, end, |s, t| match channel {
+                            Channel::Reasoning => out.reasoning.push_str(t),
+                            _ => s.answer(out, t),
+                        })
+                    };
+                    if !done {
+                        return;
+                    }
+                    self.state = State::Header;
+                }
+            }
+        }
+    }
+
+    fn finish_call(&mut self, out: &mut Split, channel: &Channel, args: String) {
+        if let Channel::Call(name) = channel {
+            out.calls.push(HarmonyCall { name: name.clone(), arguments: args.trim().to_string() });
+        }
+    }
+
+    /// Answer text, without the whitespace that follows a closed think block.
+    fn answer(&mut self, out: &mut Split, text: &str) {
+        let text = if self.trim_content_start { text.trim_start() } else { text };
+        if !text.is_empty() {
+            self.trim_content_start = false;
+        }
+        out.content.push_str(text);
+    }
+
+    /// Emits held text up to the first of `markers` through `emit` and drops the marker
+    /// (true), or, with no marker yet, emits all but a possible marker's start (false; at
+    /// the end, everything).
+    fn take_until(&mut self, markers: &[&str], end: bool, mut emit: impl FnMut(&mut Self, &str)) -> bool {
+        if let Some((at, len)) = first_marker(&self.held, markers) {
+            let before: String = self.held.drain(..at).collect();
+            self.held.drain(..len);
+            emit(self, &before);
+            return true;
+        }
+        let keep = if end { 0 } else { markers.iter().map(|m| partial_suffix(&self.held, m)).max().unwrap_or(0) };
+        let cut = self.held.len() - keep;
+        let now: String = self.held.drain(..cut).collect();
+        emit(self, &now);
+        false
+    }
+}
+
+/// The earliest of `markers` in `text`: (byte offset, marker length).
+fn first_marker(text: &str, markers: &[&str]) -> Option<(usize, usize)> {
+    markers.iter().filter_map(|m| text.find(m).map(|at| (at, m.len()))).min()
+}
+
+/// Length of the longest suffix of `text` that is a proper prefix of `marker`.
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])).unwrap_or(0)
+}
+
+/// Whether `text` may still become a harmony header (`<|channel|>…`, `<|start|>assistant…`
+/// or the role name the prompt's `<|start|>` left open).
+fn could_be_header(text: &str) -> bool {
+    let t = text.trim_start();
+    ["<|channel|>", "<|start|>", "assistant"].iter().any(|h| t.starts_with(h) || h.starts_with(t))
+}
+
+/// The channel a harmony header names: `analysis` is reasoning, a message to
+/// `functions.NAME` is a call, anything else (final, commentary preambles) the answer.
+fn channel_of(header: &str) -> Channel {
+    let recipient = header.split_whitespace().chain(header.split(CHANNEL)).find_map(|w| w.trim().strip_prefix("to=")).map(|r| r.split(['<', ' ']).next().unwrap_or(r).to_string());
+    if let Some(name) = recipient.as_deref().and_then(|r| r.strip_prefix("functions.")) {
+        return Channel::Call(name.to_string());
+    }
+    let channel = header.rsplit(CHANNEL).next().unwrap_or("").split([' ', '<']).next().unwrap_or("");
+    if header.contains(CHANNEL) && channel == "analysis" {
+        Channel::Reasoning
+    } else {
+        Channel::Content
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `pieces` one by one and then finishes, gathering everything.
+    fn run(format: ReasoningFormat, opens: bool, pieces: &[&str]) -> Split {
+        let mut s = Splitter::new(format, opens);
+        let mut all = Split::default();
+        let mut add = |p: Split| {
+            all.reasoning.push_str(&p.reasoning);
+            all.content.push_str(&p.content);
+            all.calls.extend(p.calls);
+        };
+        for p in pieces {
+            add(s.push(p));
+        }
+        add(s.finish());
+        all
+    }
+
+    fn each_char(text: &str) -> Vec<String> {
+        text.chars().map(String::from).collect()
+    }
+
+    #[test]
+    fn formats_come_from_the_template() {
+        assert_eq!(ReasoningFormat::detect("{{ '<|start|>assistant<|channel|>final<|message|>' }}"), ReasoningFormat::Harmony);
+        assert_eq!(ReasoningFormat::detect("{%- if enable_thinking %}<think>{% endif %}"), ReasoningFormat::ThinkTags);
+        assert_eq!(ReasoningFormat::detect("{{ '<|im_start|>assistant\\n' }}"), ReasoningFormat::None);
+    }
+
+    #[test]
+    fn think_tags_split_whole_and_in_any_pieces() {
+        let text = "<think>\nThe user greets me.\n</think>\n\nHello there!";
+        let want = Split { reasoning: "\nThe user greets me.\n".into(), content: "Hello there!".into(), calls: vec![] };
+        assert_eq!(run(ReasoningFormat::ThinkTags, false, &[text]), want);
+        let chars = each_char(text);
+        assert_eq!(run(ReasoningFormat::ThinkTags, false, &chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
+        // A template that opens the block itself: the text starts as reasoning.
+        assert_eq!(run(ReasoningFormat::ThinkTags, true, &["Hmm.", "</think>", "Hi"]), Split { reasoning: "Hmm.".into(), content: "Hi".into(), calls: vec![] });
+        // No tags at all: all answer; an unclosed block: all reasoning.
+        assert_eq!(run(ReasoningFormat::ThinkTags, false, &["Just ", "an answer <b>"]).content, "Just an answer <b>");
+        assert_eq!(run(ReasoningFormat::ThinkTags, false, &["<think>still thin", "king"]).reasoning, "still thinking");
+        assert!(Splitter::prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
+        assert!(!Splitter::prompt_opens_thinking("<think>a</think>\n<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn a_partial_marker_is_held_back_until_it_is_decided() {
+        let mut s = Splitter::new(ReasoningFormat::ThinkTags, false);
+        assert_eq!(s.push("Hi <th").content, "Hi ");
+        assert_eq!(s.push("ere").content, "<there");
+        let mut s = Splitter::new(ReasoningFormat::ThinkTags, false);
+        assert_eq!(s.push("<thi").content, "");
+        let p = s.push("nk>Let me see");
+        assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("Let me see", ""));
+    }
+
+    #[test]
+    fn harmony_channels_become_reasoning_and_answer() {
+        let text = "<|channel|>analysis<|message|>User says hi. Respond.<|start|>assistant<|channel|>final<|message|>Hello! How can I help?";
+        let want = Split { reasoning: "User says hi. Respond.".into(), content: "Hello! How can I help?".into(), calls: vec![] };
+        assert_eq!(run(ReasoningFormat::Harmony, false, &[text]), want);
+        let chars = each_char(text);
+        assert_eq!(run(ReasoningFormat::Harmony, false, &chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
+        // Token by token, as the model writes it (markers are whole tokens).
+        let tokens = ["<|channel|>", "analysis", "<|message|>", "User", " says hi.", "<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "Hello", "!"];
+        assert_eq!(run(ReasoningFormat::Harmony, false, &tokens), Split { reasoning: "User says hi.".into(), content: "Hello!".into(), calls: vec![] });
+    }
+
+    #[test]
+    fn harmony_tool_calls_and_plain_text() {
+        let text = "<|channel|>analysis<|message|>Need weather.<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+        let got = run(ReasoningFormat::Harmony, false, &[text]);
+        assert_eq!(got.reasoning, "Need weather.");
+        assert_eq!(got.content, "");
+        assert_eq!(got.calls, vec![HarmonyCall { name: "get_weather".into(), arguments: "{\"city\":\"Paris\"}".into() }]);
+        // The recipient may come before the channel, and the call may end the text.
+        let got = run(ReasoningFormat::Harmony, false, &["<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}"]);
+        assert_eq!(got.calls, vec![HarmonyCall { name: "f".into(), arguments: "{}".into() }]);
+        // A model that writes no header at all: its text is the answer.
+        assert_eq!(run(ReasoningFormat::Harmony, false, &["Plain answer", " here."]).content, "Plain answer here.");
+        // A commentary preamble to the user is answer text.
+        assert_eq!(run(ReasoningFormat::Harmony, false, &["<|channel|>commentary<|message|>Checking…"]).content, "Checking…");
+    }
+
+    #[test]
+    fn without_a_format_text_passes_through() {
+        assert_eq!(run(ReasoningFormat::None, false, &["<think>", "x</think>y"]).content, "<think>x</think>y");
+    }
+}
