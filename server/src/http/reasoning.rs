@@ -240,11 +240,12 @@ fn partial_suffix(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])).unwrap_or(0)
 }
 
-/// Whether `text` may still become a harmony header (`<|channel|>…`, `<|start|>assistant…`
-/// or the role name the prompt's `<|start|>` left open).
+/// Whether `text` may still become a harmony header: `<|channel|>…`, `<|start|>assistant…`,
+/// the role name the prompt's `<|start|>` left open, or a recipient right after it
+/// (` to=functions.NAME<|channel|>commentary json`, as gpt-oss's template writes calls).
 fn could_be_header(text: &str) -> bool {
     let t = text.trim_start();
-    ["<|channel|>", "<|start|>", "assistant"].iter().any(|h| t.starts_with(h) || h.starts_with(t))
+    ["<|channel|>", "<|start|>", "assistant", "to="].iter().any(|h| t.starts_with(h) || h.starts_with(t))
 }
 
 /// The channel a harmony header names: `analysis` is reasoning, a message to
@@ -339,9 +340,13 @@ mod tests {
         assert_eq!(got.reasoning, "Need weather.");
         assert_eq!(got.content, "");
         assert_eq!(got.calls, vec![HarmonyCall { name: "get_weather".into(), arguments: "{\"city\":\"Paris\"}".into() }]);
-        // The recipient may come before the channel, and the call may end the text.
+        // The recipient may come before the channel (as the template writes calls), even
+        // first thing after the prompt's `<|start|>assistant`, and the call may end the text.
         let got = run(ReasoningFormat::Harmony, false, &["<|start|>assistant to=functions.f<|channel|>commentary json<|message|>{}"]);
         assert_eq!(got.calls, vec![HarmonyCall { name: "f".into(), arguments: "{}".into() }]);
+        let got = run(ReasoningFormat::Harmony, false, &[" to=functions.get_weather", "<|channel|>", "commentary json", "<|message|>", "{\"city\":\"Oslo\"}", "<|call|>"]);
+        assert_eq!(got.calls, vec![HarmonyCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() }]);
+        assert_eq!((got.content.as_str(), got.reasoning.as_str()), ("", ""));
         // A model that writes no header at all: its text is the answer.
         assert_eq!(run(ReasoningFormat::Harmony, false, &["Plain answer", " here."]).content, "Plain answer here.");
         // A commentary preamble to the user is answer text.
