@@ -182,6 +182,10 @@ pub struct ChatMessage {
     /// On a tool message: the id of the tool call this message answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// On an assistant message: its thinking, as hearth returned it; handed to templates
+    /// that render earlier thinking (hearth extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -193,6 +197,7 @@ impl ChatMessage {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning_content: None,
         }
     }
 

@@ -426,6 +426,10 @@ async fn think_blocks_become_reasoning_content() {
     assert_eq!(streamed_field(&chunks, "content"), "Hi there");
     let m = &whole["choices"][0]["message"];
     assert_eq!((m["reasoning_content"].as_str(), m["content"].as_str()), (Some("\nShort greeting.\n"), Some("Hi there")));
+    // Earlier thinking sent back with the history is taken (and handed to the template).
+    let history = json!({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hi there", "reasoning_content": "Short greeting."}, {"role": "user", "content": "Again"}]});
+    let (_, whole) = reasoning_run(ReasoningFormat::ThinkTags, &tokens, history).await;
+    assert_eq!(whole["choices"][0]["message"]["content"], "Hi there");
     // A model without reasoning markup in its template keeps every character as content.
     let (chunks, whole) = reasoning_run(ReasoningFormat::None, &tokens, json!({})).await;
     assert_eq!(streamed_field(&chunks, "content"), "<think>\nShort greeting.\n</think>\n\nHi there");

@@ -147,6 +147,12 @@ fn template_messages(messages: &[ChatMessage], tool_use: Option<&ToolUse>, templ
             _ => {}
         }
         let mut v = json!({"role": m.role.template_role(), "content": content});
+        // Earlier thinking, under the names templates read it by (Qwen3: reasoning_content,
+        // gpt-oss: thinking); most templates drop it from past turns themselves.
+        if let (Role::Assistant, Some(r)) = (m.role, &m.reasoning_content) {
+            v["reasoning_content"] = json!(r);
+            v["thinking"] = json!(r);
+        }
         if template_knows_tools {
             if !calls.is_empty() {
                 v["tool_calls"] = json!(calls
