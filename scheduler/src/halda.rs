@@ -148,7 +148,7 @@ pub fn schedule(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options)
 fn finish(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options, members: Vec<usize>, plan: Plan, ilp_solves: usize) -> Result<Schedule, ScheduleError> {
     plan.check()?;
     let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
-    let prediction = cost::predict(&profs, model, &plan, opts.disk_threshold);
+    let prediction = cost::predict_ring(&profs, model, &plan, opts.disk_threshold);
     let dropped = (0..devices.len()).filter(|i| !members.contains(i)).collect();
     Ok(Schedule { strategy: opts.strategy, rounds: plan.rounds(), plan, members, dropped, prediction, ilp_solves })
 }
@@ -332,6 +332,8 @@ struct Solver<'a> {
     lower: Vec<usize>,
     cache: HashMap<(Vec<DeviceSet>, usize), Option<Solved>>,
     solves: usize,
+    /// Labels sets in the predictions that compare solutions.
+    disk_threshold: f64,
 }
 
 impl Solver<'_> {
@@ -341,7 +343,13 @@ impl Solver<'_> {
             return s.clone();
         }
         self.solves += 1;
-        let s = solve_fixed(self.devices, self.model, sets, k, &self.lower);
+        // The program optimises the paper's model; solutions are compared by the ring's
+        // (`cost::predict_ring`), which differs where devices re-read their layers.
+        let s = solve_fixed(self.devices, self.model, sets, k, &self.lower).map(|mut x| {
+            let plan = Plan { n_layer: self.model.n_layer, devices: x.w.iter().zip(&x.n).map(|(&window, &gpu_layers)| DevicePlan { window, gpu_layers }).collect() };
+            x.cost = cost::predict_ring(self.devices, self.model, &plan, self.disk_threshold).tpot_s;
+            x
+        });
         self.cache.insert(key, s.clone());
         s
     }
@@ -509,7 +517,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
         // it), then treat slow disks as fast (they may overload after all).
         for (zero_ok, threshold) in [(false, opts.disk_threshold), (true, opts.disk_threshold), (true, 0.0)] {
             let lower: Vec<usize> = (0..profs.len()).map(|m| usize::from(!(zero_ok || (m == 0 && relay_head)))).collect();
-            let mut solver = Solver { devices: &profs, model, lower, cache: HashMap::new(), solves: 0 };
+            let mut solver = Solver { devices: &profs, model, lower, cache: HashMap::new(), solves: 0, disk_threshold: opts.disk_threshold };
             let budgets: Vec<f64> = profs.iter().map(|d| d.memory_budget()).collect();
             let start = proportional(model.n_layer, &budgets, 1);
             let mut r = solver.iterate((start, vec![0; profs.len()], 1), threshold);

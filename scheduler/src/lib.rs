@@ -21,7 +21,7 @@ mod plan;
 pub mod profile;
 pub mod replan;
 
-pub use cost::{measured_disk_share, predict, Breakdown, DeviceCost, DeviceSet, Prediction};
+pub use cost::{measured_disk_share, predict, predict_ring, Breakdown, DeviceCost, DeviceSet, Prediction};
 pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DISK_THRESHOLD};
 pub use plan::{DevicePlan, Plan, PlanError};
 pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, MoeProfile, Os, PerQuant};

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::predict;
+use crate::cost::predict_ring;
 use crate::halda::Schedule;
 use crate::plan::Plan;
 use crate::profile::{DeviceProfile, ModelProfile};
@@ -97,7 +97,7 @@ pub struct Decision {
 /// model on the same profiles, so only the plan differs.
 pub fn decide(devices: &[DeviceProfile], model: &ModelProfile, current: Current<'_>, candidate: &Schedule, policy: &ReplanPolicy, disk_threshold: f64) -> Decision {
     let members: Vec<DeviceProfile> = current.members.iter().map(|&m| devices[m].clone()).collect();
-    let current_tpot_s = predict(&members, model, current.plan, disk_threshold).tpot_s;
+    let current_tpot_s = predict_ring(&members, model, current.plan, disk_threshold).tpot_s;
     let candidate_tpot_s = candidate.prediction.tpot_s;
     let same = candidate.members == current.members && candidate.plan == *current.plan;
     let gain = if current_tpot_s > 0.0 { 1.0 - candidate_tpot_s / current_tpot_s } else { 0.0 };

@@ -207,7 +207,7 @@ impl PlanBoard {
             if let (Some(ds), Some(m)) = (v.measured_disk_share, model.moe.as_mut()) {
                 m.disk_share = ds;
             }
-            v.predicted_tpot_ms_at_measured_context = Some(scheduler::predict(&members, &model, &j.plan, j.disk_threshold).tpot_s * 1e3);
+            v.predicted_tpot_ms_at_measured_context = Some(scheduler::predict_ring(&members, &model, &j.plan, j.disk_threshold).tpot_s * 1e3);
         }
         v
     }

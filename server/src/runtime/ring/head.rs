@@ -186,7 +186,7 @@ impl RingPipeline {
                 if plan.devices.len() != candidates + 1 {
                     return Err(Error::Plan(format!("the plan has {} devices but there are {} workers plus the head", plan.devices.len(), candidates)));
                 }
-                let prediction = scheduler::predict(&devices, &planner.model, &plan, planner.options.disk_threshold);
+                let prediction = scheduler::predict_ring(&devices, &planner.model, &plan, planner.options.disk_threshold);
                 (plan, (0..=candidates).collect::<Vec<_>>(), prediction, "windows".to_string())
             }
             None => {
