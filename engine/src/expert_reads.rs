@@ -36,8 +36,11 @@ pub(crate) struct ExpertChoice {
 #[derive(Default)]
 pub(crate) struct ExpertReads {
     pub choices: Vec<ExpertChoice>,
-    /// Bytes advised since the stage started (tests, and the pager's accounting).
+    /// Bytes advised since the stage started (`Stage::expert_bytes_read_ahead`).
     pub advised_bytes: u64,
+    /// The router's sorted ids and the experts chosen, reused from layer to layer.
+    ids: Vec<i32>,
+    chosen: Vec<bool>,
 }
 
 /// `advice` on the pages covering `[ptr, ptr + len)`.
@@ -79,9 +82,11 @@ pub(crate) unsafe extern "C" fn on_node(t: *mut sys::ggml_tensor, ask: bool, use
     }
     let n_expert = (*t).ne[0] as usize;
     let n_tok = (*t).ne[1] as usize;
-    let mut ids = vec![0i32; n_expert * n_tok];
+    let ExpertReads { ids, chosen, advised_bytes, .. } = reads;
+    ids.resize(n_expert * n_tok, 0);
     sys::ggml_backend_tensor_get(t, ids.as_mut_ptr().cast(), 0, ids.len() * 4);
-    let mut chosen = vec![false; n_expert];
+    chosen.clear();
+    chosen.resize(n_expert, false);
     for row in ids.chunks_exact(n_expert) {
         for &e in &row[..choice.k.min(n_expert)] {
             if let Some(c) = chosen.get_mut(e as usize) {
@@ -105,7 +110,7 @@ pub(crate) unsafe extern "C" fn on_node(t: *mut sys::ggml_tensor, ask: bool, use
             }
             let len = (e - first) * per_expert;
             advise(base.add(first * per_expert), len, libc::MADV_WILLNEED);
-            reads.advised_bytes += len as u64;
+            *advised_bytes += len as u64;
         }
     }
     true

@@ -22,7 +22,12 @@ fn private_copy(tag: &str) -> (PathBuf, Arc<ModelFile>) {
 }
 
 fn stage(file: &Arc<ModelFile>, windows: &[std::ops::Range<usize>]) -> Stage {
-    let cfg = StageConfig { windows: windows.to_vec(), n_seq: 1, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, owns_output: false, batch_invariant: false, repack: false, read_chosen_experts: false };
+    stage_with(file, windows, false)
+}
+
+/// A worker-style stage (no output layer, weights in the mapping) for two sequences.
+fn stage_with(file: &Arc<ModelFile>, windows: &[std::ops::Range<usize>], read_chosen_experts: bool) -> Stage {
+    let cfg = StageConfig { windows: windows.to_vec(), n_seq: 2, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, owns_output: false, batch_invariant: false, repack: false, read_chosen_experts };
     Stage::new(file.clone(), cfg).unwrap()
 }
 
@@ -173,25 +178,31 @@ fn a_paged_moe_stage_reads_exactly_the_chosen_experts_and_computes_the_same() {
     std::fs::File::open(&path).unwrap().sync_all().unwrap();
     let file = Arc::new(ModelFile::open(&path).unwrap());
     let windows = [0..n_layer];
+    let e = m.n_embd as usize;
+    let hidden = |rows: usize| -> Vec<f32> { (0..rows * e).map(|i| ((i * 37 % 101) as f32 - 50.0) / 500.0).collect() };
+    let forward = |stage: &mut Stage, batch: &[BatchToken], rows: usize| match stage.forward(0, batch, StageInput::Hidden(&hidden(rows))).unwrap() {
+        engine::StageOutput::Hidden(h) => h,
+        engine::StageOutput::Logits(_) => panic!("a middle window returned logits"),
+    };
+    // One token; then a batch mixing both sequences: a second token of the first and a
+    // 5-token prompt of the second (its tokens choose many experts between them).
+    let mixed: Vec<BatchToken> = std::iter::once(BatchToken { seq: 0, pos: 1, logits: false }).chain((0..5).map(|p| BatchToken { seq: 1, pos: p, logits: false })).collect();
     let run = |read_chosen_experts: bool| {
-        let cfg = StageConfig { windows: windows.to_vec(), n_seq: 1, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, owns_output: false, batch_invariant: false, repack: false, read_chosen_experts };
-        let mut stage = Stage::new(file.clone(), cfg).unwrap();
+        let mut stage = stage_with(&file, &windows, read_chosen_experts);
         let (all, _) = window_bytes(&file, 0..n_layer);
         file.release(&all);
-        let e = stage.spec().n_embd;
-        let hidden: Vec<f32> = (0..e).map(|i| ((i * 37 % 101) as f32 - 50.0) / 500.0).collect();
-        let out = match stage.forward(0, &[BatchToken { seq: 0, pos: 0, logits: false }], StageInput::Hidden(&hidden)).unwrap() {
-            engine::StageOutput::Hidden(h) => h,
-            engine::StageOutput::Logits(_) => panic!("a middle window returned logits"),
-        };
+        let one = forward(&mut stage, &[BatchToken { seq: 0, pos: 0, logits: false }], 1);
         let dense = file.resident_bytes(&file.layer_byte_ranges_without_experts(0..n_layer));
         let experts_resident = file.resident_bytes(&all).saturating_sub(dense);
-        (out, stage.expert_bytes_read_ahead(), experts_resident)
+        let advised = stage.expert_bytes_read_ahead();
+        let batch = forward(&mut stage, &mixed, mixed.len());
+        (one, batch, advised, experts_resident)
     };
-    let (plain, none, plain_resident) = run(false);
-    let (chosen, advised, chosen_resident) = run(true);
+    let (plain, plain_batch, none, plain_resident) = run(false);
+    let (chosen, chosen_batch, advised, chosen_resident) = run(true);
     assert_eq!(none, None);
     assert_eq!(chosen, plain, "reading the chosen experts ahead changed the result");
+    assert_eq!(chosen_batch, plain_batch, "reading the chosen experts ahead changed a mixed batch's result");
     // One token chooses `used` distinct experts per layer; each has a slice in gate, up and down.
     let per_expert = 1024 * 1024 / 32 * 34;
     assert_eq!(advised, Some((n_layer * 3 * used * per_expert) as u64));

@@ -208,7 +208,7 @@ fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>, (forma
         .enumerate()
         .map(|(i, c)| {
             let mut splitter = Splitter::new(format, opens_thinking);
-            let mut split = splitter.push(&c.text);
+            let mut split = splitter.push(c.text);
             let rest = splitter.finish();
             split.reasoning.push_str(&rest.reasoning);
             split.content.push_str(&rest.content);
@@ -327,7 +327,7 @@ impl sse::Chunks for ChatChunks {
     }
 
     fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent> {
-        let split = self.choices[i].splitter.push(&text);
+        let split = self.choices[i].splitter.push(text);
         self.emit(i, split, info)
     }
 

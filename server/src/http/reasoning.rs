@@ -31,6 +31,8 @@ const MESSAGE: &str = "<|message|>";
 /// What ends a harmony message in rendered text (the next message's start, or the end
 /// tokens when a vocabulary renders them).
 const MESSAGE_ENDS: [&str; 4] = ["<|start|>", "<|end|>", "<|call|>", "<|return|>"];
+/// The longest of them.
+const MAX_MARKER_BYTES: usize = 10;
 /// A harmony header longer than this without `<|message|>` is not a header: the model
 /// wrote plain text, which is the answer.
 const MAX_HEADER_BYTES: usize = 256;
@@ -92,6 +94,9 @@ pub struct Splitter {
     held: String,
     /// Drop whitespace before the answer's first character (after `</think>`).
     trim_content_start: bool,
+    /// Harmony call arguments: bytes of `held` already searched for the message's end, so
+    /// long arguments are scanned once, not again with every token.
+    scanned: usize,
 }
 
 impl Splitter {
@@ -103,7 +108,7 @@ impl Splitter {
             ReasoningFormat::ThinkTags if prompt_opens_thinking => State::Thinking,
             _ => State::Content,
         };
-        Splitter { format, state, held: String::new(), trim_content_start: false }
+        Splitter { format, state, held: String::new(), trim_content_start: false, scanned: 0 }
     }
 
     /// Whether the rendered prompt leaves the model inside a `<think>` block.
@@ -112,14 +117,14 @@ impl Splitter {
         tail.rfind(THINK_OPEN).is_some_and(|open| !tail[open..].contains(THINK_CLOSE))
     }
 
-    /// The next piece of generated text: what can be told apart now.
-    pub fn push(&mut self, text: &str) -> Split {
-        let mut out = Split::default();
+    /// The next piece of generated text: what can be told apart now. A model without
+    /// reasoning markup gets its text back as the answer, uncopied.
+    pub fn push(&mut self, text: String) -> Split {
         if self.format == ReasoningFormat::None {
-            out.content.push_str(text);
-            return out;
+            return Split { content: text, ..Split::default() };
         }
-        self.held.push_str(text);
+        let mut out = Split::default();
+        self.held.push_str(&text);
         self.drain(&mut out, false);
         out
     }
@@ -165,23 +170,30 @@ impl Splitter {
                     self.state = State::Body(channel_of(&header[..at]));
                 }
                 State::Body(channel) => {
-                    let call = matches!(channel, Channel::Call(_));
-                    let done = if call {
-                        // A call's arguments are decided when its message ends.
-                        match first_marker(&self.held, &MESSAGE_ENDS) {
+                    let done = if let Channel::Call(name) = &channel {
+                        // A call's arguments are decided when its message ends. A marker
+                        // may straddle the last search's end: look again from before it.
+                        let from = self.scanned.saturating_sub(MAX_MARKER_BYTES);
+                        let from = (0..=from).rev().find(|&i| self.held.is_char_boundary(i)).unwrap_or(0);
+                        let found = first_marker(&self.held[from..], &MESSAGE_ENDS).map(|(at, len)| (from + at, len));
+                        let args = match found {
                             Some((at, len)) => {
                                 let args: String = self.held.drain(..at).collect();
                                 self.held.drain(..len);
-                                self.finish_call(out, &channel, args);
-                                true
+                                args
                             }
-                            None if end => {
-                                let args = std::mem::take(&mut self.held);
-                                self.finish_call(out, &channel, args);
+                            None if end => std::mem::take(&mut self.held),
+                            None => {
+                                self.scanned = self.held.len();
                                 return;
                             }
-                            None => return,
+                        };
+                        self.scanned = 0;
+                        out.calls.push(HarmonyCall { name: name.clone(), arguments: args.trim().to_string() });
+                        if found.is_none() {
+                            return;
                         }
+                        true
                     } else {
                         self.take_until(&MESSAGE_ENDS, end, |s, t| match channel {
                             Channel::Reasoning => out.reasoning.push_str(t),
@@ -194,12 +206,6 @@ impl Splitter {
                     self.state = State::Header;
                 }
             }
-        }
-    }
-
-    fn finish_call(&mut self, out: &mut Split, channel: &Channel, args: String) {
-        if let Channel::Call(name) = channel {
-            out.calls.push(HarmonyCall { name: name.clone(), arguments: args.trim().to_string() });
         }
     }
 
@@ -277,7 +283,7 @@ mod tests {
             all.calls.extend(p.calls);
         };
         for p in pieces {
-            add(s.push(p));
+            add(s.push(p.to_string()));
         }
         add(s.finish());
         all
@@ -313,11 +319,11 @@ mod tests {
     #[test]
     fn a_partial_marker_is_held_back_until_it_is_decided() {
         let mut s = Splitter::new(ReasoningFormat::ThinkTags, false);
-        assert_eq!(s.push("Hi <th").content, "Hi ");
-        assert_eq!(s.push("ere").content, "<there");
+        assert_eq!(s.push("Hi <th".into()).content, "Hi ");
+        assert_eq!(s.push("ere".into()).content, "<there");
         let mut s = Splitter::new(ReasoningFormat::ThinkTags, false);
-        assert_eq!(s.push("<thi").content, "");
-        let p = s.push("nk>Let me see");
+        assert_eq!(s.push("<thi".into()).content, "");
+        let p = s.push("nk>Let me see".into());
         assert_eq!((p.reasoning.as_str(), p.content.as_str()), ("Let me see", ""));
     }
 
@@ -347,6 +353,13 @@ mod tests {
         let got = run(ReasoningFormat::Harmony, false, &[" to=functions.get_weather", "<|channel|>", "commentary json", "<|message|>", "{\"city\":\"Oslo\"}", "<|call|>"]);
         assert_eq!(got.calls, vec![HarmonyCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() }]);
         assert_eq!((got.content.as_str(), got.reasoning.as_str()), ("", ""));
+        // Long arguments token by token, the end marker split across two pieces.
+        let args = format!("{{\"code\":\"{}\"}}", "x = 1\\n".repeat(400));
+        let mut pieces: Vec<String> = vec!["<|channel|>commentary to=functions.run <|constrain|>json<|message|>".into()];
+        pieces.extend(args.as_bytes().chunks(7).map(|c| String::from_utf8(c.to_vec()).unwrap()));
+        pieces.extend(["<|ca".to_string(), "ll|>".to_string()]);
+        let got = run(ReasoningFormat::Harmony, false, &pieces.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(got.calls, vec![HarmonyCall { name: "run".into(), arguments: args.clone() }]);
         // A model that writes no header at all: its text is the answer.
         assert_eq!(run(ReasoningFormat::Harmony, false, &["Plain answer", " here."]).content, "Plain answer here.");
         // A commentary preamble to the user is answer text.

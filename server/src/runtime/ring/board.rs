@@ -186,7 +186,7 @@ impl PlanBoard {
 
     pub fn view(&self) -> PlanView {
         let mut v = self.view.lock().expect("plan view").clone();
-        let measured = self.measured.lock().expect("measured").clone();
+        let measured = self.measured.lock().expect("measured");
         v.measured_steps = measured.len();
         if measured.is_empty() {
             return v;
@@ -215,7 +215,7 @@ impl PlanBoard {
     /// The MoE disk share the running plan's recent decode steps measured (see
     /// `PlanView::measured_disk_share`).
     pub fn measured_disk_share(&self) -> Option<f64> {
-        let measured = self.measured.lock().expect("measured").clone();
+        let measured = self.measured.lock().expect("measured");
         let judge = self.judge.lock().expect("judge");
         let j = judge.as_ref()?;
         let n = measured.len().max(1) as f64;
@@ -258,12 +258,17 @@ impl PlanBoard {
 
     /// The time of one decode step of a single token, with `context` tokens in its cache,
     /// the mean hop of its round trips (seconds) and what each member read from disk.
-    pub fn decode_step(&self, d: Duration, context: usize, hop: Option<f64>, reads: Option<Vec<u64>>) {
+    pub fn decode_step(&self, d: Duration, context: usize, hop: Option<f64>, reads: Option<&[u64]>) {
         let mean = {
             let mut m = self.measured.lock().expect("measured");
-            if m.len() == MEASURED_WINDOW {
-                m.pop_front();
-            }
+            // The oldest step's buffer holds this one's reads: no allocation per token.
+            let recycled = if m.len() == MEASURED_WINDOW { m.pop_front().and_then(|old| old.reads) } else { None };
+            let reads = reads.map(|r| {
+                let mut v = recycled.unwrap_or_default();
+                v.clear();
+                v.extend_from_slice(r);
+                v
+            });
             m.push_back(Measured { step: d, context, hop, reads });
             m.iter().map(|m| m.step).sum::<Duration>().as_secs_f64() / m.len() as f64
         };

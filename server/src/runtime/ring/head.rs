@@ -58,9 +58,10 @@ pub struct RingPipeline {
     meter: RingMeter,
     /// The mean hops of this step's round trips (seconds), for the board.
     step_hops: Vec<f64>,
-    /// Bytes each member (the head first) read from disk while computing this step;
-    /// None once a round trip came back without every worker's report.
-    step_reads: Option<Vec<u64>>,
+    /// Bytes each member (the head first) read from disk while computing this step
+    /// (reused from step to step), and whether every round trip brought every report.
+    step_reads: Vec<u64>,
+    step_reads_known: bool,
 }
 
 /// What re-planning a running ring needs besides the planner.
@@ -221,7 +222,8 @@ impl RingPipeline {
             board,
             meter,
             step_hops: Vec::new(),
-            step_reads: None,
+            step_reads: Vec::new(),
+            step_reads_known: false,
             cfg,
             plan,
             members: workers,
@@ -447,9 +449,10 @@ impl RingPipeline {
             if let Some(hop) = self.meter.round_trip(started.elapsed(), reports) {
                 self.step_hops.push(hop);
             }
-            match self.step_reads.as_mut() {
-                Some(reads) if reports.len() + 1 == reads.len() => reports.iter().zip(&mut reads[1..]).for_each(|(r, total)| *total += r.read_bytes),
-                _ => self.step_reads = None,
+            if reports.len() + 1 == self.step_reads.len() {
+                reports.iter().zip(&mut self.step_reads[1..]).for_each(|(r, total)| *total += r.read_bytes);
+            } else {
+                self.step_reads_known = false;
             }
         }
         result.map_err(|e| self.break_ring(e))
@@ -490,9 +493,7 @@ impl RingPipeline {
                     p.after(round);
                     let report = p.report(round);
                     self.meter.head_step(&report);
-                    if let Some(reads) = self.step_reads.as_mut() {
-                        reads[0] += report.read_bytes;
-                    }
+                    self.step_reads[0] += report.read_bytes;
                 }
                 h = Some(match out? {
                     StageOutput::Hidden(h) => h,
@@ -559,13 +560,16 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
     fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
         let started = Instant::now();
         self.step_hops.clear();
-        self.step_reads = Some(vec![0; self.members.len() + 1]);
+        self.step_reads.clear();
+        self.step_reads.resize(self.members.len() + 1, 0);
+        self.step_reads_known = true;
         let result = self.forward_ring(batch, tokens);
         // One token of one sequence: the step the cost model predicts.
         if result.is_ok() && batch.len() == 1 {
             let hop = (!self.step_hops.is_empty()).then(|| self.step_hops.iter().sum::<f64>() / self.step_hops.len() as f64);
             // Without a pager the head does not count its reads: then nothing is known.
-            let reads = self.step_reads.take().filter(|_| self.layout.pager.is_some() || self.layout.own.iter().all(Option::is_none));
+            let known = self.step_reads_known && (self.layout.pager.is_some() || self.layout.own.iter().all(Option::is_none));
+            let reads = known.then_some(self.step_reads.as_slice());
             self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1, hop, reads);
         }
         if result.is_err() {
