@@ -338,4 +338,15 @@ mod tests {
         let old: PerQuant = serde_json::from_str(r#"{"q4k": 1.0, "f32": 2.0}"#).unwrap();
         assert!(old.other.is_empty() && old.q4k == 1.0);
     }
+
+    /// A cached profile reads back to the same figures, to the last bit (serde_json's
+    /// default float parser was a unit in the last place off for some values: a measured
+    /// KV write time of 2.2055761549993707e-7 s came back as 2.205576154999371e-7).
+    #[test]
+    fn figures_survive_json_exactly() {
+        for x in [2.2055761549993707e-7_f64, 0.1 + 0.2, 1.0 / 3.0, 9.007199254740993e15, 5e-324, 1.7976931348623157e308] {
+            let back: f64 = serde_json::from_str(&serde_json::to_string(&x).unwrap()).unwrap();
+            assert_eq!(back.to_bits(), x.to_bits(), "{x:e}");
+        }
+    }
 }
