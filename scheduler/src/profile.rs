@@ -223,10 +223,11 @@ pub struct MoeProfile {
     pub expert_bytes: f64,
     /// Share of those bytes one token reads from memory: `expert_used_count / expert_count`.
     pub read_share: f64,
-    /// Share of those bytes a device that cannot hold its layers pages in from disk per
-    /// token, of the share it cannot hold: the experts the token uses (hearth reads
-    /// exactly those; the OS's read-around made it 3x that); experts no token asks for
-    /// are never read (measured: docs/benchmarks.md, "MoE larger than memory").
+    /// Of the expert bytes a device cannot hold, the share one token pages in from disk:
+    /// the experts the token uses that are not cached (hearth reads exactly those; the
+    /// OS's read-around made it 3x that); experts no token asks for are never read
+    /// (measured: docs/benchmarks.md, "MoE larger than memory"). The prior is
+    /// `read_share` (every chosen expert a miss at the uncached share); the ring measures it.
     pub disk_share: f64,
 }
 
@@ -278,13 +279,24 @@ impl ModelProfile {
         self.layer_bytes_with_kv() - self.moe.map_or(0.0, |m| m.expert_bytes * (1.0 - m.read_share))
     }
 
-    /// Of a layer that is not resident, the share of its bytes one token pages in from
-    /// disk (1 for a dense model: every weight is read).
+    /// Of the bytes a device cannot hold, the share one token pages in from disk: 1 for a
+    /// dense model (every weight is read); for a MoE model `disk_share`. Every token
+    /// touches a MoE layer's dense part (attention, norms, router, shared experts), so the
+    /// page cache keeps it and what does not fit is experts, of which a token reads only
+    /// its own (`dense_excess` in the cost model covers a device too small for even the
+    /// dense parts). Floored above zero: it divides disk speeds.
     pub fn paged_share(&self) -> f64 {
+        const MIN_SHARE: f64 = 1e-9;
         match self.moe {
-            Some(m) if self.layer_bytes_with_kv() > 0.0 => (1.0 - m.expert_bytes * (1.0 - m.disk_share) / self.layer_bytes_with_kv()).clamp(0.0, 1.0),
+            Some(m) if m.expert_bytes > 0.0 => m.disk_share.clamp(MIN_SHARE, 1.0),
             _ => 1.0,
         }
+    }
+
+    /// Bytes a layer that was let go whole (Metal's shared memory, eq 16) reads back per
+    /// token: all of a dense layer; a MoE layer's dense part and `disk_share` of its experts.
+    pub fn released_layer_bytes(&self) -> f64 {
+        self.layer_bytes - self.moe.map_or(0.0, |m| m.expert_bytes * (1.0 - self.paged_share()))
     }
 
     /// `2(h_k e_k + h_v e_v) n_kv`: F16 KV-cache bytes of one layer.
