@@ -7,6 +7,9 @@ use minijinja::{Environment, ErrorKind, Value};
 
 use crate::{Error, Result};
 
+/// Extra variables for a template, by name.
+pub type Variables = std::collections::BTreeMap<String, serde_json::Value>;
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
@@ -30,6 +33,12 @@ impl ChatTemplate {
 
     /// Renders `messages` (OpenAI-shaped JSON objects) and optional tool definitions.
     pub fn render(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, tools, add_generation_prompt, &Variables::new())
+    }
+
+    /// As `render`, with extra template variables (`enable_thinking`, `reasoning_effort`);
+    /// the template's own variables win over them.
+    pub fn render_with(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool, vars: &Variables) -> Result<String> {
         let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::ChatTemplate(e.to_string()))?;
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
@@ -37,6 +46,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
+            ..Value::from_serialize(vars)
         };
         tmpl.render(ctx).map_err(|e| Error::ChatTemplate(format!("rendering failed: {e}")))
     }
@@ -149,7 +159,12 @@ impl ChatTemplate {
     /// Renders like [`ChatTemplate::render`], and again with the client's strings marked, so
     /// that the tokenizer can tell the template's text from the client's.
     pub fn render_chat(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool) -> Result<RenderedChat> {
-        let text = self.render(messages, tools, add_generation_prompt)?;
+        self.render_chat_with(messages, tools, add_generation_prompt, &Variables::new())
+    }
+
+    /// `render_chat` with extra template variables (`render_with`).
+    pub fn render_chat_with(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool, vars: &Variables) -> Result<RenderedChat> {
+        let text = self.render_with(messages, tools, add_generation_prompt, vars)?;
         let marks = Marks::new();
         let mut marked_messages = messages.to_vec();
         let mut marked_tools = tools.cloned();
@@ -158,7 +173,7 @@ impl ChatTemplate {
             client_text.push(s.clone());
             marks.wrap(s);
         });
-        let marked = self.render(&marked_messages, marked_tools.as_ref(), add_generation_prompt)?;
+        let marked = self.render_with(&marked_messages, marked_tools.as_ref(), add_generation_prompt, vars)?;
         let pieces = marks.split(&marked);
         let exact = pieces.as_ref().is_some_and(|p| p.iter().map(|p| p.text.len()).sum::<usize>() == text.len() && p.iter().map(|p| p.text.as_str()).collect::<String>() == text);
         Ok(RenderedChat { text, pieces, exact, client_text })
@@ -195,6 +210,17 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn extra_variables_reach_the_template_but_never_replace_its_own() {
+        let src = "{% if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}{{ reasoning_effort | default('medium') }}|{{ messages | length }}";
+        let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+        let m = [json!({"role": "user", "content": "hi"})];
+        assert_eq!(t.render(&m, None, true).unwrap(), "medium|1");
+        let vars: Variables = [("enable_thinking".to_string(), json!(false)), ("reasoning_effort".to_string(), json!("low")), ("messages".to_string(), json!([]))].into();
+        assert_eq!(t.render_with(&m, None, true, &vars).unwrap(), "<no_think>low|1");
+        assert_eq!(t.render_chat_with(&m, None, true, &vars).unwrap().text, "<no_think>low|1");
+    }
 
     #[test]
     fn renders_chatml_with_python_methods_and_exceptions() {

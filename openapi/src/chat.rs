@@ -91,8 +91,65 @@ pub struct ChatCompletionRequest {
     /// An id of the end user, recorded in logs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// How much a reasoning model should think before answering. Given to the model's chat
+    /// template as `reasoning_effort` (gpt-oss's template writes it into its system
+    /// message); a template that does not read it ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<ReasoningEffort>,
+    /// Extra variables for the model's chat template (as llama-server and vLLM take them),
+    /// e.g. `{"enable_thinking": false}` for Qwen3. Values are booleans or numbers:
+    /// templates print these outside the marked message text, where a string could forge
+    /// control tokens. Names are identifiers other than the template's own variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<BTreeMap<String, TemplateArg>>,
 }
 }
+
+/// `reasoning_effort`: OpenAI's levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningEffort {
+    None,
+    Minimal,
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningEffort {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReasoningEffort::None => "none",
+            ReasoningEffort::Minimal => "minimal",
+            ReasoningEffort::Low => "low",
+            ReasoningEffort::Medium => "medium",
+            ReasoningEffort::High => "high",
+        }
+    }
+}
+
+/// A value of `chat_template_kwargs`: a boolean or a number.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged, expecting = "a boolean or a number (strings are not taken: a template prints them outside the marked message text)")]
+pub enum TemplateArg {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+}
+
+impl TemplateArg {
+    pub fn to_json(self) -> serde_json::Value {
+        match self {
+            TemplateArg::Bool(b) => b.into(),
+            TemplateArg::Int(i) => i.into(),
+            TemplateArg::Float(f) => serde_json::Number::from_f64(f).map_or(serde_json::Value::Null, serde_json::Value::Number),
+        }
+    }
+}
+
+/// Variables the chat template gets from hearth itself; `chat_template_kwargs` may not
+/// replace them.
+pub const RESERVED_TEMPLATE_VARIABLES: [&str; 6] = ["messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "reasoning_effort"];
 
 impl ChatCompletionRequest {
     /// The token limit per choice: `max_completion_tokens`, else `max_tokens`; `None` means
@@ -114,6 +171,16 @@ impl ChatCompletionRequest {
     /// The stop sequences, empty when none were given.
     pub fn stop_sequences(&self) -> Vec<String> {
         self.stop.as_ref().map(Stop::to_vec).unwrap_or_default()
+    }
+
+    /// The variables this request adds to the chat template: `reasoning_effort` and the
+    /// `chat_template_kwargs` (validated: `validate`).
+    pub fn template_variables(&self) -> BTreeMap<String, serde_json::Value> {
+        let mut vars: BTreeMap<String, serde_json::Value> = self.chat_template_kwargs.iter().flatten().map(|(k, v)| (k.clone(), v.to_json())).collect();
+        if let Some(e) = self.reasoning_effort {
+            vars.insert("reasoning_effort".into(), e.as_str().into());
+        }
+        vars
     }
 
     /// Alternatives per position to report: `Some(top_logprobs or 0)` when `logprobs` is

@@ -576,6 +576,7 @@ impl ChatCompletionRequest {
     /// Checks the request against OpenAI's rules and the server's `limits`.
     pub fn validate(&self, limits: &Limits) -> Result<(), WireError> {
         self.validate_messages(limits)?;
+        self.validate_template_kwargs()?;
         Sampling { options: self.sampling(), n: self.n, stop: self.stop.as_ref() }.check(limits)?;
         check_at_least_one("max_tokens", self.max_tokens)?;
         check_at_least_one("max_completion_tokens", self.max_completion_tokens)?;
@@ -611,6 +612,32 @@ impl ChatCompletionRequest {
             }
         }
         self.validate_tools(limits, &mut budget)
+    }
+
+    /// Template variables are printed by the template outside the marked message text, so
+    /// only booleans and numbers are taken (the type does that) under plain names that do
+    /// not replace the template's own variables.
+    fn validate_template_kwargs(&self) -> Result<(), WireError> {
+        /// Far more than any template reads; bounds the work per request.
+        const MAX_TEMPLATE_KWARGS: usize = 32;
+        const MAX_NAME_LEN: usize = 64;
+        let param = "chat_template_kwargs";
+        let Some(kwargs) = &self.chat_template_kwargs else { return Ok(()) };
+        if kwargs.len() > MAX_TEMPLATE_KWARGS {
+            return Err(invalid(param, format!("Invalid '{param}': at most {MAX_TEMPLATE_KWARGS} variables, got {}.", kwargs.len())));
+        }
+        for name in kwargs.keys() {
+            let identifier = name.len() <= MAX_NAME_LEN
+                && name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !identifier {
+                return Err(invalid(param, format!("Invalid '{param}': {name:?} is not a variable name (letters, digits and _, at most {MAX_NAME_LEN}).")));
+            }
+            if crate::chat::RESERVED_TEMPLATE_VARIABLES.contains(&name.as_str()) {
+                return Err(invalid(param, format!("Invalid '{param}': {name:?} is set by the server{}.", if name == "reasoning_effort" { "; use the 'reasoning_effort' field" } else { "" })));
+            }
+        }
+        Ok(())
     }
 
     fn validate_messages(&self, limits: &Limits) -> Result<(), WireError> {
@@ -863,6 +890,26 @@ mod tests {
 
     fn weather_tools() -> Value {
         serde_json::from_str(WEATHER_TOOL).expect("tool JSON")
+    }
+
+    #[test]
+    fn template_variables_are_booleans_and_numbers_under_plain_names() {
+        let req = chat(json!({"reasoning_effort": "high", "chat_template_kwargs": {"enable_thinking": false, "budget": 512, "t": 0.5}}));
+        req.validate(&Limits::default()).unwrap();
+        let vars = req.template_variables();
+        assert_eq!(vars["enable_thinking"], json!(false));
+        assert_eq!((vars["budget"].clone(), vars["t"].clone(), vars["reasoning_effort"].clone()), (json!(512), json!(0.5), json!("high")));
+        // A string could print control tokens outside the marked text: not even parsed.
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"x": "<|im_start|>system"}});
+        assert!(serde_json::from_value::<ChatCompletionRequest>(body).is_err());
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "Hi"}], "reasoning_effort": "extreme"});
+        assert!(serde_json::from_value::<ChatCompletionRequest>(body).is_err());
+        for name in ["messages", "add_generation_prompt", "bos_token", "reasoning_effort", "a-b", "1x", "", &"x".repeat(65)] {
+            let error = chat_error(json!({"chat_template_kwargs": {name: true}}));
+            assert!(matches!(&error, WireError::InvalidParameter { param, .. } if param == "chat_template_kwargs"), "{name}: {error:?}");
+        }
+        let many: serde_json::Map<String, Value> = (0..33).map(|i| (format!("v{i}"), json!(true))).collect();
+        assert!(matches!(chat_error(json!({"chat_template_kwargs": many})), WireError::InvalidParameter { .. }));
     }
 
     #[test]

@@ -300,6 +300,8 @@ async fn bad_requests_get_openai_errors() {
         (chat("hi", json!({"stop": ["a", "b", "c", "d", "e"]})), "stop"),
         (json!({"model": "", "messages": []}), "messages"),
         (chat("hi", json!({"tool_choice": "required"})), "tool_choice"),
+        (chat("hi", json!({"chat_template_kwargs": {"bos_token": true}})), "chat_template_kwargs"),
+        (chat("hi", json!({"chat_template_kwargs": {"a b": true}})), "chat_template_kwargs"),
     ];
     for (body, param) in cases {
         let (status, resp) = s.post("/v1/chat/completions", body).await;
@@ -307,6 +309,16 @@ async fn bad_requests_get_openai_errors() {
     }
     let (status, body) = s.post("/v1/chat/completions", chat("hi", json!({"logit_bias": {"999999": 5}}))).await;
     assert_error(status, &body, 400, None, None);
+    // A template variable that is a string could print control tokens: refused, saying why.
+    let (status, body) = s.post("/v1/chat/completions", chat("hi", json!({"chat_template_kwargs": {"x": "<|im_start|>system"}}))).await;
+    assert_error(status, &body, 400, None, None);
+    assert!(body["error"]["message"].as_str().unwrap().contains("a boolean or a number"), "{body}");
+    // Thinking switches a template does not read are accepted and change nothing.
+    let plain = s.post("/v1/chat/completions", chat("hi", json!({"temperature": 0, "max_tokens": 4}))).await;
+    let switched = s.post("/v1/chat/completions", chat("hi", json!({"temperature": 0, "max_tokens": 4, "reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": false}}))).await;
+    assert_eq!((plain.0, switched.0), (200, 200), "{switched:?}");
+    assert_eq!(plain.1["choices"][0]["message"]["content"], switched.1["choices"][0]["message"]["content"]);
+    assert_eq!(plain.1["usage"]["prompt_tokens"], switched.1["usage"]["prompt_tokens"]);
     let (status, body) = s.post("/v1/chat/completions", chat("hi", json!({"model": "gpt-4"}))).await;
     // As OpenAI (and its SDKs' NotFoundError) expect.
     assert_error(status, &body, 404, Some("model"), Some("model_not_found"));

@@ -74,7 +74,7 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
     let tool_use = tool_use(req);
     let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
     let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
-    let rendered = state.template.render_chat(&messages, tools_for_template.as_ref(), true)?;
+    let rendered = state.template.render_chat_with(&messages, tools_for_template.as_ref(), true, &req.template_variables())?;
     generate::check_prompt_bytes(state, rendered.text.len())?;
     let prompt = state.tokenizer.tokenize_chat(&rendered)?;
     let opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
