@@ -71,37 +71,95 @@ pub fn new_tensor(ctx: *mut sys::ggml_context, ty: u32, dims: &[u64]) -> Result<
     Ok(t)
 }
 
-/// The first GPU-like device ggml knows about, with its backend and buffer type. In the
-/// default CPU-only build there is none, and asking for accelerator layers is an error.
+/// An accelerator in ggml's device registry (a GPU, an integrated GPU, or a Vulkan
+/// device such as Mesa's lavapipe), as `hearth profile` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AcceleratorInfo {
+    /// Position among the accelerators (`Accelerator::open`).
+    pub index: usize,
+    /// ggml's device name (`Vulkan0`, `CUDA0`, `MTL0`).
+    pub name: String,
+    /// What the driver calls it (`NVIDIA H100 80GB HBM3`, `llvmpipe (LLVM 15.0.6, 256 bits)`).
+    pub description: String,
+    /// The ggml backend (`Vulkan`, `CUDA`, `Metal`).
+    pub backend: String,
+    /// Shares memory with the host (ggml's IGPU type): no copies between them, and its
+    /// memory is the host's.
+    pub integrated: bool,
+    pub memory_total: u64,
+    pub memory_free: u64,
+}
+
+/// The accelerators of this build on this machine, in ggml's registry order. Empty in the
+/// default CPU-only build. Vulkan lists only GPUs unless `GGML_VK_VISIBLE_DEVICES` names
+/// others (a CPU-type device like lavapipe must be named to be used).
+pub fn accelerators() -> Vec<AcceleratorInfo> {
+    crate::backend::init();
+    let mut out = Vec::new();
+    // SAFETY: registry queries; pointers are owned by ggml's static registry and the
+    // strings copied before the next call.
+    unsafe {
+        for i in 0..sys::ggml_backend_dev_count() {
+            let dev = sys::ggml_backend_dev_get(i);
+            let ty = sys::ggml_backend_dev_type(dev);
+            if ty != sys::GGML_BACKEND_DEVICE_TYPE_GPU && ty != sys::GGML_BACKEND_DEVICE_TYPE_IGPU {
+                continue;
+            }
+            let (mut free, mut total) = (0usize, 0usize);
+            sys::ggml_backend_dev_memory(dev, &mut free, &mut total);
+            let text = |p: *const std::ffi::c_char| if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() };
+            out.push(AcceleratorInfo {
+                index: out.len(),
+                name: text(sys::ggml_backend_dev_name(dev)),
+                description: text(sys::ggml_backend_dev_description(dev)),
+                backend: text(sys::ggml_backend_reg_name(sys::ggml_backend_dev_backend_reg(dev))),
+                integrated: ty == sys::GGML_BACKEND_DEVICE_TYPE_IGPU,
+                memory_total: total as u64,
+                memory_free: free as u64,
+            });
+        }
+    }
+    out
+}
+
+/// An accelerator's backend and buffer type, opened for computing. In the default
+/// CPU-only build there is none, and asking for accelerator layers is an error.
 pub struct Accelerator {
     pub backend: sys::ggml_backend_t,
     pub buffer_type: sys::ggml_backend_buffer_type_t,
-    pub name: String,
+    pub info: AcceleratorInfo,
 }
 
 unsafe impl Send for Accelerator {}
 
 impl Accelerator {
+    /// The first accelerator (what `--gpu-layers` places layers on).
     pub fn first() -> Result<Accelerator> {
-        crate::backend::init();
-        // SAFETY: registry queries; pointers are owned by ggml's static registry.
+        Accelerator::open(0)
+    }
+
+    /// The accelerator at `index` of [`accelerators`].
+    pub fn open(index: usize) -> Result<Accelerator> {
+        let Some(info) = accelerators().into_iter().nth(index) else {
+            return Err(Error::Ggml(if index == 0 {
+                "no accelerator backend is available: build with --features cuda, metal or vulkan to place layers on a GPU (Vulkan lists CPU-type devices such as lavapipe only when GGML_VK_VISIBLE_DEVICES names them)".into()
+            } else {
+                format!("there is no accelerator {index}")
+            }));
+        };
+        let name = std::ffi::CString::new(info.name.clone()).map_err(|_| Error::Ggml("device name with a NUL".into()))?;
+        // SAFETY: registry queries; the backend is freed in Drop.
         unsafe {
-            for i in 0..sys::ggml_backend_dev_count() {
-                let dev = sys::ggml_backend_dev_get(i);
-                let ty = sys::ggml_backend_dev_type(dev);
-                if ty == sys::GGML_BACKEND_DEVICE_TYPE_GPU || ty == sys::GGML_BACKEND_DEVICE_TYPE_IGPU {
-                    let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
-                    if backend.is_null() {
-                        continue;
-                    }
-                    let name = CStr::from_ptr(sys::ggml_backend_dev_name(dev)).to_string_lossy().into_owned();
-                    return Ok(Accelerator { backend, buffer_type: sys::ggml_backend_dev_buffer_type(dev), name });
-                }
+            let dev = sys::ggml_backend_dev_by_name(name.as_ptr());
+            if dev.is_null() {
+                return Err(Error::Ggml(format!("accelerator {} vanished from the registry", info.name)));
             }
+            let backend = sys::ggml_backend_dev_init(dev, std::ptr::null());
+            if backend.is_null() {
+                return Err(Error::Ggml(format!("could not start accelerator {} ({})", info.name, info.description)));
+            }
+            Ok(Accelerator { backend, buffer_type: sys::ggml_backend_dev_buffer_type(dev), info })
         }
-        Err(Error::Ggml(
-            "no accelerator backend is available: build with --features cuda, metal or vulkan to place layers on a GPU".into(),
-        ))
     }
 }
 

@@ -29,6 +29,7 @@ pub mod tokenizer;
 mod weights;
 
 pub use error::{Error, Result};
+pub use ggml::{accelerators, Accelerator, AcceleratorInfo};
 pub use kv_cache::SeqId;
 pub use model::{Arch, ModelSpec};
 pub use model_file::ModelFile;

@@ -45,18 +45,11 @@ pub fn matvec_flops(ty: GgmlType, threads: usize, time: Duration) -> Result<f64>
     let result = (|| {
         let w = crate::ggml::new_tensor(ctx, ty as u32, &[MATVEC_COLS as u64, rows as u64])?;
         let x = crate::ggml::new_tensor(ctx, GgmlType::F32 as u32, &[MATVEC_COLS as u64, 1])?;
-        // Deterministic values of a realistic spread; the format's own quantizer writes
-        // the matrix, so every block is a valid one.
-        let values: Vec<f32> = (0..rows * MATVEC_COLS).map(|i| ((i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0) * 1e-3).collect();
-        // SAFETY: `w` has room for `rows` rows of `MATVEC_COLS` values in format `ty`, `x`
-        // for MATVEC_COLS F32 values; the sources are that long.
+        let (weights, values) = benchmark_matrix(ty, rows);
+        // SAFETY: `w` has room for `rows` rows of `MATVEC_COLS` values in format `ty`
+        // (`weights` is exactly that), `x` for MATVEC_COLS F32 values.
         unsafe {
-            match ty {
-                GgmlType::F32 => std::ptr::copy_nonoverlapping(values.as_ptr(), (*w).data.cast::<f32>(), values.len()),
-                _ => {
-                    sys::ggml_quantize_chunk(ty as u32, values.as_ptr(), (*w).data, 0, rows as i64, MATVEC_COLS as i64, std::ptr::null());
-                }
-            }
+            std::ptr::copy_nonoverlapping(weights.as_ptr(), (*w).data.cast::<u8>(), weights.len());
             std::ptr::copy_nonoverlapping(values.as_ptr(), (*x).data.cast::<f32>(), MATVEC_COLS);
             let y = sys::ggml_mul_mat(ctx, w, x);
             let gf = sys::ggml_new_graph(ctx);
@@ -83,6 +76,174 @@ pub fn matvec_flops(ty: GgmlType, threads: usize, time: Duration) -> Result<f64>
     // SAFETY: the context and everything in it is no longer used.
     unsafe { sys::ggml_free(ctx) };
     result
+}
+
+/// A `rows` × `MATVEC_COLS` benchmark matrix in format `ty` (the format's own quantizer
+/// writes it, so every block is valid) and the F32 values it was made from (the first
+/// row doubles as the input vector). Deterministic values of a realistic spread. Formats
+/// whose quantizer needs an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S; ggml aborts
+/// without one) get a uniform one.
+fn benchmark_matrix(ty: GgmlType, rows: usize) -> (Vec<u8>, Vec<f32>) {
+    let values: Vec<f32> = (0..rows * MATVEC_COLS).map(|i| ((i.wrapping_mul(2654435761) % 2001) as f32 - 1000.0) * 1e-3).collect();
+    if ty == GgmlType::F32 {
+        return (values.iter().flat_map(|v| v.to_le_bytes()).collect(), values);
+    }
+    // SAFETY: plain size query; the destination holds `rows` rows of this format and the
+    // importance matrix one weight per column.
+    unsafe {
+        let mut out = vec![0u8; sys::ggml_row_size(ty as u32, MATVEC_COLS as i64) * rows];
+        let uniform = vec![1.0f32; MATVEC_COLS];
+        let imatrix = if sys::ggml_quantize_requires_imatrix(ty as u32) { uniform.as_ptr() } else { std::ptr::null() };
+        sys::ggml_quantize_chunk(ty as u32, values.as_ptr(), out.as_mut_ptr().cast(), 0, rows as i64, MATVEC_COLS as i64, imatrix);
+        (out, values)
+    }
+}
+
+/// What the scheduler's GPU terms need of an accelerator, measured on it.
+#[derive(Debug, Clone)]
+pub struct AcceleratorRates {
+    /// FLOP/s of a matrix-vector product per weight format (decode shapes).
+    pub flops: Vec<(GgmlType, f64)>,
+    /// Bytes/s it reads weights from its own memory (an F32 matrix far past its caches).
+    pub read_bw: f64,
+    /// Seconds to copy one hidden state (`hidden_bytes`) host → device, and back.
+    pub host_to_device_s: f64,
+    pub device_to_host_s: f64,
+    /// Seconds to write one token's K and V of one layer (`kv_bytes` of F16 from F32).
+    pub kv_copy_s: f64,
+}
+
+/// Matrix bytes of an accelerator's compute-rate benchmark: within a GPU's L2 (tens of
+/// MiB on current parts), so the kernel's rate is measured and not the memory's.
+const ACCEL_MATVEC_BYTES: usize = 8 << 20;
+/// Matrix bytes of its bandwidth benchmark: past any GPU cache.
+const ACCEL_READ_BYTES: usize = 256 << 20;
+
+/// Measures `acc` for the formats `types` (a format it cannot run is left out), one hidden
+/// state of `hidden_bytes` and a KV write of `kv_bytes`, each for about `time`.
+pub fn accelerator_rates(acc: &crate::Accelerator, types: &[GgmlType], hidden_bytes: usize, kv_bytes: usize, time: Duration) -> Result<AcceleratorRates> {
+    crate::backend::init();
+    let mut flops = Vec::new();
+    for &ty in types {
+        match accel_matvec(acc, ty, ACCEL_MATVEC_BYTES, time) {
+            Ok((f, _)) => flops.push((ty, f)),
+            Err(e) => tracing::debug!("no {} rate for {}: {e}", acc.info.name, ty.name()),
+        }
+    }
+    let (_, read_bw) = accel_matvec(acc, GgmlType::F32, ACCEL_READ_BYTES.min(acc.info.memory_free as usize / 4).max(MATVEC_COLS * 4), time)?;
+    let (host_to_device_s, device_to_host_s) = accel_copies(acc, hidden_bytes, time)?;
+    let kv_copy_s = accel_kv_write(acc, kv_bytes, time)?;
+    Ok(AcceleratorRates { flops, read_bw, host_to_device_s, device_to_host_s, kv_copy_s })
+}
+
+/// Runs `f` for about `time` after one warm-up run; seconds per run.
+fn per_run(time: Duration, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    f()?;
+    let start = Instant::now();
+    let mut runs = 0u32;
+    while start.elapsed() < time || runs == 0 {
+        f()?;
+        runs += 1;
+    }
+    Ok(start.elapsed().as_secs_f64() / f64::from(runs))
+}
+
+/// A ggml context for a few tensors and one graph, its tensors allocated on `acc`.
+fn accel_context(n_tensors: usize) -> Result<crate::ggml::Allocations> {
+    // SAFETY: plain size queries; ggml owns the metadata buffer, freed with the context.
+    let ctx = unsafe {
+        let mem = sys::ggml_tensor_overhead() * n_tensors + sys::ggml_graph_overhead();
+        sys::ggml_init(sys::ggml_init_params { mem_size: mem, mem_buffer: std::ptr::null_mut(), no_alloc: true })
+    };
+    if ctx.is_null() {
+        return Err(Error::Ggml("ggml_init failed".into()));
+    }
+    Ok(crate::ggml::Allocations { contexts: vec![ctx], buffers: Vec::new() })
+}
+
+/// Allocates every tensor of `a`'s context on the accelerator.
+fn allocate_on(acc: &crate::Accelerator, a: &mut crate::ggml::Allocations) -> Result<()> {
+    // SAFETY: the context is live; the buffer is freed with `a`.
+    let buf = unsafe { sys::ggml_backend_alloc_ctx_tensors(a.contexts[0], acc.backend) };
+    if buf.is_null() {
+        return Err(Error::Ggml(format!("could not allocate on {}", acc.info.name)));
+    }
+    a.buffers.push(buf);
+    Ok(())
+}
+
+/// Builds and runs `out`'s graph on the accelerator for about `time`; seconds per run.
+fn accel_run(acc: &crate::Accelerator, ctx: *mut sys::ggml_context, out: *mut sys::ggml_tensor, what: &str, time: Duration) -> Result<f64> {
+    // SAFETY: `out` and its sources are tensors of `ctx`, allocated on the backend.
+    unsafe {
+        let gf = sys::ggml_new_graph(ctx);
+        sys::ggml_build_forward_expand(gf, out);
+        per_run(time, || match sys::ggml_backend_graph_compute(acc.backend, gf) {
+            sys::GGML_STATUS_SUCCESS => Ok(()),
+            status => Err(Error::Ggml(format!("{what} on {} failed ({status})", acc.info.name))),
+        })
+    }
+}
+
+/// FLOP/s and weight bytes/s of a matrix-vector product in `ty` over about `bytes` of
+/// matrix on the accelerator.
+fn accel_matvec(acc: &crate::Accelerator, ty: GgmlType, bytes: usize, time: Duration) -> Result<(f64, f64)> {
+    // SAFETY: plain size query.
+    let row = unsafe { sys::ggml_row_size(ty as u32, MATVEC_COLS as i64) };
+    let rows = (bytes / row).max(1);
+    let mut a = accel_context(3)?;
+    let ctx = a.contexts[0];
+    let w = crate::ggml::new_tensor(ctx, ty as u32, &[MATVEC_COLS as u64, rows as u64])?;
+    let x = crate::ggml::new_tensor(ctx, GgmlType::F32 as u32, &[MATVEC_COLS as u64, 1])?;
+    // SAFETY: tensors of the live context.
+    let y = unsafe { sys::ggml_mul_mat(ctx, w, x) };
+    // SAFETY: the op is only asked about, not run.
+    if !unsafe { sys::ggml_backend_supports_op(acc.backend, y) } {
+        return Err(Error::Ggml(format!("{} cannot multiply {}", acc.info.name, ty.name())));
+    }
+    allocate_on(acc, &mut a)?;
+    let (weights, values) = benchmark_matrix(ty, rows);
+    // SAFETY: sizes match the tensors' (`weights` is `rows` rows of `ty`).
+    unsafe {
+        sys::ggml_backend_tensor_set(w, weights.as_ptr().cast(), 0, weights.len());
+        sys::ggml_backend_tensor_set(x, values.as_ptr().cast(), 0, MATVEC_COLS * 4);
+    }
+    let secs = accel_run(acc, ctx, y, "matrix-vector product", time)?;
+    Ok((2.0 * (rows * MATVEC_COLS) as f64 / secs, weights.len() as f64 / secs))
+}
+
+/// Seconds to copy `bytes` host → accelerator and back (what a window split between the
+/// CPU and a discrete GPU pays per token in each direction).
+fn accel_copies(acc: &crate::Accelerator, bytes: usize, time: Duration) -> Result<(f64, f64)> {
+    let n = (bytes / 4).max(1);
+    let mut a = accel_context(1)?;
+    let t = crate::ggml::new_tensor(a.contexts[0], GgmlType::F32 as u32, &[n as u64])?;
+    allocate_on(acc, &mut a)?;
+    let mut host = vec![0.5f32; n];
+    // SAFETY: `t` holds n F32 values, as does `host`.
+    let up = per_run(time / 2, || {
+        unsafe { sys::ggml_backend_tensor_set(t, host.as_ptr().cast(), 0, n * 4) };
+        Ok(())
+    })?;
+    // SAFETY: as above.
+    let down = per_run(time / 2, || {
+        unsafe { sys::ggml_backend_tensor_get(t, host.as_mut_ptr().cast(), 0, n * 4) };
+        Ok(())
+    })?;
+    Ok((up, down))
+}
+
+/// Seconds to write `kv_bytes` of F16 K and V from F32 on the accelerator.
+fn accel_kv_write(acc: &crate::Accelerator, kv_bytes: usize, time: Duration) -> Result<f64> {
+    let n = (kv_bytes / 2).max(1) as u64;
+    let mut a = accel_context(3)?;
+    let ctx = a.contexts[0];
+    let src = crate::ggml::new_tensor(ctx, GgmlType::F32 as u32, &[n])?;
+    let dst = crate::ggml::new_tensor(ctx, GgmlType::F16 as u32, &[n])?;
+    // SAFETY: tensors of the live context.
+    let cpy = unsafe { sys::ggml_cpy(ctx, src, dst) };
+    allocate_on(acc, &mut a)?;
+    accel_run(acc, ctx, cpy, "KV write", time)
 }
 
 /// Bytes per second read from memory by `threads` threads summing a buffer far larger

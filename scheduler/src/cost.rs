@@ -115,17 +115,19 @@ fn floor_layers(bytes: f64, k: usize, model: &ModelProfile) -> i64 {
 pub fn gpu_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize) -> usize {
     let Some(g) = &dev.gpu else { return 0 };
     let room = match g.backend {
-        GpuBackend::Cuda => g.memory_available - model.compute_buffer_gpu,
+        GpuBackend::Cuda | GpuBackend::Vulkan => g.memory_available - model.compute_buffer_gpu,
         GpuBackend::Metal => g.memory_available - model.compute_buffer_gpu - if head { model.output_bytes } else { 0.0 },
     };
     floor_layers(room, k, model).max(0) as usize
 }
 
 /// The layers of a window that count against RAM: all of them on macOS (Metal maps
-/// even its GPU layers from the shared memory), only the CPU ones on Linux/Android.
+/// even its GPU layers from the shared memory) and with an integrated GPU (its memory is
+/// the host's), only the CPU ones beside a discrete GPU on Linux/Android.
 pub(crate) fn counted_layers(dev: &DeviceProfile, w: usize, n: usize) -> usize {
     match dev.os {
         Os::Macos => w,
+        Os::Linux | Os::Android if dev.gpu.as_ref().is_some_and(|g| g.uma) => w,
         Os::Linux | Os::Android => w - n.min(w),
     }
 }

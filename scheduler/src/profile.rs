@@ -111,6 +111,9 @@ pub enum Os {
 pub enum GpuBackend {
     Cuda,
     Metal,
+    /// Any Vulkan device: a discrete GPU (own VRAM, like CUDA) or an integrated one (`uma`:
+    /// its memory is the host's RAM, so its layers count against RAM).
+    Vulkan,
 }
 
 /// A device's accelerator, if Halda may put layers on it.
@@ -208,7 +211,7 @@ impl DeviceProfile {
             _ => self.ram_available,
         };
         let vram = match &self.gpu {
-            Some(g) if g.backend == GpuBackend::Cuda => g.memory_available,
+            Some(g) if matches!(g.backend, GpuBackend::Cuda | GpuBackend::Vulkan) && !g.uma => g.memory_available,
             _ => 0.0,
         };
         ram + vram

@@ -309,6 +309,12 @@ pub struct ServeArgs {
     /// that must be paged from disk are never repacked.
     #[arg(long, env = "HEARTH_NO_REPACK")]
     pub no_repack: bool,
+    /// Layers of each of this machine's windows to run on its GPU: a number, or `auto`
+    /// (the scheduler's choice: in a ring the plan's GPU layers for the head, on a single
+    /// node as many as fit in the GPU's free memory). A build without a GPU backend
+    /// refuses a number above 0.
+    #[arg(long, env = "HEARTH_GPU_LAYERS", default_value = "auto")]
+    pub gpu_layers: crate::runtime::GpuLayers,
     /// Where the head listens for the last worker's link back (bind address).
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,
@@ -367,6 +373,10 @@ pub struct WorkerArgs {
     /// that must be paged from disk are never repacked.
     #[arg(long, env = "HEARTH_NO_REPACK")]
     pub no_repack: bool,
+    /// Layers of each window to run on this machine's GPU: a number, or `auto` (what the
+    /// head's plan says). A build without a GPU backend refuses a number above 0.
+    #[arg(long, env = "HEARTH_GPU_LAYERS", default_value = "auto")]
+    pub gpu_layers: crate::runtime::GpuLayers,
     /// Benchmarks only: delay every ring frame this worker sends by this many milliseconds.
     #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
     pub emulate_hop_ms: f64,

@@ -91,6 +91,10 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
         batch_invariant: args.batch_invariant,
         repack: !args.no_repack,
         ring: ring_setup(args)?,
+        gpu_layers: {
+            args.gpu_layers.check()?;
+            args.gpu_layers
+        },
     })
 }
 

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use engine::tokenizer::Tokenizer;
 use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 
+use super::gpu_layers::GpuLayers;
+
 use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, Proposer, SubmitError};
 use super::ring::board::{ClusterView, PlanBoard, PlanView, ReplanRequest};
 use super::ring::head::RingConfig;
@@ -37,6 +39,8 @@ pub struct HeadConfig {
     pub repack: bool,
     /// `None`: every layer on this machine.
     pub ring: Option<RingSetup>,
+    /// Layers of each of this machine's windows on its accelerator.
+    pub gpu_layers: GpuLayers,
 }
 
 /// Where speculative drafts come from.
@@ -72,7 +76,7 @@ impl Head {
                 let pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
-                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack };
+                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack, gpu_layers: cfg.gpu_layers };
                 let planner = Planner::new(file.clone(), cfg.model.clone(), ring.workers.clone(), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy);
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)
@@ -81,7 +85,12 @@ impl Head {
                 // A model larger than this machine's memory is served from the mapping, paged
                 // by the OS; repacked copies would have to fit in memory instead.
                 let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None);
-                let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, ..stage.clone() };
+                let fit = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq);
+                let accel_layers = cfg.gpu_layers.resolve(fit).min(spec.n_layer);
+                if accel_layers > 0 {
+                    tracing::info!(layers = accel_layers, of = spec.n_layer, "layers on the accelerator");
+                }
+                let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, accel_layers, ..stage.clone() };
                 (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), Arc::new(PlanBoard::single(spec.n_layer)))
             }
         };

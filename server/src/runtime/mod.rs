@@ -4,10 +4,12 @@
 //! head through the `Runtime` trait below, the CLI builds the configurations.
 
 pub mod generation;
+pub mod gpu_layers;
 pub mod head;
 pub mod profiling;
 pub mod ring;
 
+pub use gpu_layers::GpuLayers;
 pub use head::{Head, HeadConfig, Speculation};
 pub use ring::RingSetup;
 

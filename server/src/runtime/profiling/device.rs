@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use engine::gguf::GgmlType;
 use engine::profiler;
-use scheduler::{DeviceProfile, Os, PerQuant};
+use scheduler::{DeviceProfile, GpuBackend, GpuProfile, Os, PerQuant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -18,6 +18,10 @@ const KERNEL_TIME: Duration = Duration::from_millis(150);
 const RANDOM_READ_TIME: Duration = Duration::from_millis(400);
 /// One token's K and V of one layer when no model is given: 8 KV heads x 128 dims, F16.
 const TYPICAL_KV_BYTES: usize = 2 * 8 * 128 * 2;
+/// A typical hidden state when no model is given (an 8B model's 4,096).
+const TYPICAL_EMBD: usize = 4096;
+/// The leading entries of `formats`: the paper's, which every profile holds.
+const PAPER_FORMATS: usize = 8;
 
 #[derive(Serialize, Deserialize)]
 struct Cached {
@@ -62,17 +66,18 @@ pub fn refresh_memory(p: &mut DeviceProfile) {
 
 fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<(&std::path::Path, &engine::ModelFile)>, kv_bytes: usize) -> Result<DeviceProfile> {
     let rate = |ty| profiler::matvec_flops(ty, threads, KERNEL_TIME);
-    let mut cpu_flops = PerQuant { q4_0: rate(GgmlType::Q4_0)?, q4_1: rate(GgmlType::Q4_1)?, q4k: rate(GgmlType::Q4_K)?, q5k: rate(GgmlType::Q5_K)?, q6k: rate(GgmlType::Q6_K)?, q8_0: rate(GgmlType::Q8_0)?, f16: rate(GgmlType::F16)?, f32: rate(GgmlType::F32)?, other: Default::default() };
-    // Every other format the model holds, at its own kernels' rate: an IQ4_XS or MXFP4
-    // model is not charged at a neighbour's. One ggml cannot time is left to the nearest.
-    for ty in model.map(|(_, f)| crate::runtime::profiling::model::extra_formats(f)).unwrap_or_default() {
+    let mut rates = Vec::new();
+    for (i, ty) in formats(model.map(|(_, f)| f)).into_iter().enumerate() {
         match rate(ty) {
-            Ok(r) => {
-                cpu_flops.other.insert(ty.name().to_string(), r);
-            }
+            Ok(r) => rates.push((ty, r)),
+            // The paper's formats must be timed; every other format the model holds is
+            // timed at its own kernels' rate (an IQ4_XS or MXFP4 model is not charged at a
+            // neighbour's), and one ggml cannot time is left to the nearest.
+            Err(e) if i < PAPER_FORMATS => return Err(e.into()),
             Err(e) => tracing::debug!("no kernel rate for {ty}: {e}"),
         }
     }
+    let cpu_flops = per_quant(&rates);
     let (disk_seq_read, disk_rand_read) = profiler::disk_read(disk_dir, model.map(|(p, _)| p), RANDOM_READ_TIME)?;
     let (ram_total, _, _) = profiler::meminfo();
     let os = if std::path::Path::new("/system/build.prop").exists() {
@@ -97,13 +102,77 @@ fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<(&std::path
         // What Android may swap out of other apps is not measurable from here; 0 keeps
         // the plan on the safe side.
         bytes_can_swap: 0.0,
-        // GPU profiling comes with the GPU backends; none in a CPU-only build.
-        gpu: None,
+        // The first accelerator of a GPU build (none in the CPU-only build).
+        gpu: gpu_profile(model, kv_bytes)?,
         // Measured by the head on the real ring links.
         comm_s: 0.0,
     };
     refresh_memory(&mut profile);
     Ok(profile)
+}
+
+/// The formats whose rates a profile holds: the paper's, then every other one the model has.
+fn formats(model: Option<&engine::ModelFile>) -> Vec<GgmlType> {
+    let mut out = vec![GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16, GgmlType::F32];
+    out.extend(model.map(crate::runtime::profiling::model::extra_formats).unwrap_or_default());
+    out
+}
+
+/// `PerQuant` from measured (format, FLOP/s) pairs: the paper's formats in their fields,
+/// others by name.
+fn per_quant(rates: &[(GgmlType, f64)]) -> PerQuant {
+    let mut q = PerQuant::default();
+    for &(ty, r) in rates {
+        match ty {
+            GgmlType::Q4_0 => q.q4_0 = r,
+            GgmlType::Q4_1 => q.q4_1 = r,
+            GgmlType::Q4_K => q.q4k = r,
+            GgmlType::Q5_K => q.q5k = r,
+            GgmlType::Q6_K => q.q6k = r,
+            GgmlType::Q8_0 => q.q8_0 = r,
+            GgmlType::F16 => q.f16 = r,
+            GgmlType::F32 => q.f32 = r,
+            other => {
+                q.other.insert(other.name().to_string(), r);
+            }
+        }
+    }
+    q
+}
+
+/// The scheduler's backend for a ggml backend name; None for one it has no terms for.
+fn gpu_backend(name: &str) -> Option<GpuBackend> {
+    match name {
+        "CUDA" => Some(GpuBackend::Cuda),
+        "Metal" | "MTL" => Some(GpuBackend::Metal),
+        "Vulkan" => Some(GpuBackend::Vulkan),
+        _ => None,
+    }
+}
+
+/// Measures this build's first accelerator (kernel rates per format, its memory's read
+/// bandwidth, host<->device copies of one hidden state, a KV write): the paper's GPU terms.
+/// None without one.
+fn gpu_profile(model: Option<(&std::path::Path, &engine::ModelFile)>, kv_bytes: usize) -> Result<Option<GpuProfile>> {
+    let Some(info) = engine::accelerators().into_iter().next() else { return Ok(None) };
+    let Some(backend) = gpu_backend(&info.backend) else {
+        tracing::warn!(device = %info.name, backend = %info.backend, "accelerator of a backend the scheduler has no terms for; planning without it");
+        return Ok(None);
+    };
+    let acc = engine::Accelerator::open(info.index).map_err(|e| Error::Profile(format!("accelerator {}: {e}", info.name)))?;
+    let hidden_bytes = 4 * model.map_or(TYPICAL_EMBD, |(_, f)| f.spec.n_embd);
+    let r = profiler::accelerator_rates(&acc, &formats(model.map(|(_, f)| f)), hidden_bytes, kv_bytes, KERNEL_TIME).map_err(|e| Error::Profile(format!("accelerator {}: {e}", info.name)))?;
+    Ok(Some(GpuProfile {
+        backend,
+        flops: per_quant(&r.flops),
+        read_bw: r.read_bw,
+        memory_available: info.memory_free as f64,
+        kv_copy_s: r.kv_copy_s,
+        // An integrated GPU reads the host's memory: nothing is copied.
+        ram_to_vram_s: if info.integrated { 0.0 } else { r.host_to_device_s },
+        vram_to_ram_s: if info.integrated { 0.0 } else { r.device_to_host_s },
+        uma: info.integrated,
+    }))
 }
 
 /// What the cached profile depends on: hearth's version, the CPU, the core and thread
@@ -192,7 +261,9 @@ fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize, model:
     let disk = 0;
     // Calibrated on a model's layers: the rates hold for that model's formats.
     let model = model.map_or_else(String::new, |f| format!(" | model {}", f.fingerprint()));
-    format!("hearth {} | {cpu} | {cores} cores | {threads} threads | {ram} bytes | disk {disk} | kv {kv_bytes}{model}", env!("CARGO_PKG_VERSION"))
+    // A GPU build (or a driver) that appears or goes changes the GPU terms.
+    let accel: Vec<String> = engine::accelerators().into_iter().map(|a| a.description).collect();
+    format!("hearth {} | {cpu} | {cores} cores | {threads} threads | {ram} bytes | disk {disk} | kv {kv_bytes}{model} | accelerators [{}]", env!("CARGO_PKG_VERSION"), accel.join(", "))
 }
 
 fn cache_path() -> Option<PathBuf> {

@@ -99,6 +99,8 @@ pub struct RingConfig {
     pub batch_invariant: bool,
     /// The head's own windows may be repacked (`--no-repack` off; paged windows never are).
     pub repack: bool,
+    /// The head's GPU layers per window: the plan's, or the user's count.
+    pub gpu_layers: crate::runtime::GpuLayers,
 }
 
 /// The head's part of a plan: its stage's windows and how a step walks them. The head's
@@ -146,7 +148,7 @@ impl Layout {
                 n_ctx_seq: cfg.n_ctx_seq,
                 max_batch: cfg.max_batch,
                 threads: cfg.threads,
-                accel_layers: 0,
+                accel_layers: cfg.gpu_layers.resolve(plan.devices.first().map_or(0, |d| d.gpu_layers)),
                 owns_output: true,
                 batch_invariant: cfg.batch_invariant,
                 repack: cfg.repack && !paged,
@@ -373,6 +375,7 @@ impl RingPipeline {
                 let wp = WorkerPlan {
                     fingerprint: fingerprint.clone(),
                     windows: plan.windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect(),
+                    gpu_layers: plan.devices.get(i + 1).map_or(0, |d| d.gpu_layers),
                     next,
                     n_seq: cfg.n_seq,
                     n_ctx_seq: cfg.n_ctx_seq,

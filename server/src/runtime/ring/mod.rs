@@ -56,6 +56,10 @@ pub struct WorkerPlan {
     pub fingerprint: String,
     /// The worker's windows, one per round, in ring order.
     pub windows: Vec<(usize, usize)>,
+    /// Of each window, the first this many layers run on the worker's accelerator (the
+    /// plan's `n_m`; a worker's own `--gpu-layers N` overrides it).
+    #[serde(default)]
+    pub gpu_layers: usize,
     /// Where this worker sends its output: the next worker, or the head.
     pub next: String,
     pub n_seq: usize,

@@ -36,6 +36,8 @@ pub struct WorkerConfig {
     pub repack: bool,
     /// Added to every frame this worker sends (benchmarks only).
     pub hop_delay: Duration,
+    /// GPU layers per window: the head's plan, or the user's count.
+    pub gpu_layers: crate::runtime::GpuLayers,
 }
 
 /// A worker's state, under two locks: `compute` is held for a whole step by the ring
@@ -47,6 +49,7 @@ struct Worker {
     /// Off with `--no-prefetch`.
     prefetch: bool,
     repack: bool,
+    gpu_layers: crate::runtime::GpuLayers,
     model_path: std::path::PathBuf,
     meta: Mutex<Meta>,
     compute: Mutex<Compute>,
@@ -134,11 +137,11 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 
 /// Serves as a ring member until SIGTERM or Ctrl-C.
 pub fn run(cfg: WorkerConfig) -> Result<()> {
-    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay } = cfg;
+    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers } = cfg;
     let file = Arc::new(ModelFile::open(&path)?);
     let fingerprint = file.fingerprint();
     let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
-    let state = Arc::new(Worker { file, fingerprint, prefetch, repack, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
+    let state = Arc::new(Worker { file, fingerprint, prefetch, repack, gpu_layers, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
     let rt = crate::process::ring_runtime()?;
     let config = LinkConfig { send_delay: hop_delay, ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
@@ -229,7 +232,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 n_ctx_seq: plan.n_ctx_seq,
                 max_batch: plan.max_batch,
                 threads,
-                accel_layers: 0,
+                accel_layers: state.gpu_layers.resolve(plan.gpu_layers),
                 owns_output: false,
                 batch_invariant: plan.batch_invariant,
                 repack: state.repack && !paged,
