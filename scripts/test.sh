@@ -1,8 +1,23 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace, installing missing build prerequisites first.
-# One profile (release) and the whole workspace at once: building a single member, or a
-# second profile, would compile llama.cpp again.
+# Runs every test of the workspace, installing missing build prerequisites first, then the
+# GPU path on Mesa's lavapipe (a real Vulkan device that runs on the CPU; scripts/test-vulkan.sh,
+# its own target directory). One profile (release) and the whole workspace at once:
+# building a single member, or a second profile, would compile llama.cpp again.
+# HEARTH_SKIP_VULKAN=1 leaves the Vulkan tests out; HEARTH_REQUIRE_VULKAN=1 (CI) fails where
+# they cannot run instead of skipping them.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
-exec cargo test --release --workspace --no-fail-fast "$@"
+status=0
+cargo test --release --workspace --no-fail-fast "$@" || status=$?
+if [ "${HEARTH_SKIP_VULKAN:-0}" = 1 ]; then
+  echo "test: Vulkan tests skipped (HEARTH_SKIP_VULKAN=1)" >&2
+elif command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
+  scripts/test-vulkan.sh || status=$?
+elif [ "${HEARTH_REQUIRE_VULKAN:-0}" = 1 ]; then
+  echo "test: the Vulkan tests need Debian/Ubuntu packages (apt) and cannot run here" >&2
+  status=1
+else
+  echo "test: Vulkan tests skipped: they install Debian/Ubuntu packages (apt)" >&2
+fi
+exit "$status"

@@ -57,6 +57,21 @@ fn a_missing_model_is_a_clear_error() {
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
 }
 
+#[test]
+fn gpu_layers_without_an_accelerator_are_a_clear_error() {
+    if !engine::accelerators().is_empty() {
+        return;
+    }
+    for role in [&["serve"][..], &["worker", "--listen", "127.0.0.1:0"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).args(role).args(["--gpu-layers", "3", "--model"]).arg(common::default_model()).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--gpu-layers 3") && err.contains("no accelerator"), "{err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).args(["serve", "--gpu-layers", "many"]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("`auto`"));
+}
+
 /// Reads until the server closes the connection; what it sent. Panics if it is still open
 /// after `limit`.
 fn read_until_closed(s: &mut TcpStream, limit: Duration) -> String {

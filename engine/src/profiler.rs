@@ -130,7 +130,16 @@ pub fn accelerator_rates(acc: &crate::Accelerator, types: &[GgmlType], hidden_by
             Err(e) => tracing::debug!("no {} rate for {}: {e}", acc.info.name, ty.name()),
         }
     }
-    let (_, read_bw) = accel_matvec(acc, GgmlType::F32, ACCEL_READ_BYTES.min(acc.info.memory_free as usize / 4).max(MATVEC_COLS * 4), time)?;
+    // The largest matrix the device takes (a buffer may be capped below ACCEL_READ_BYTES:
+    // lavapipe's storage buffers are).
+    let mut bytes = ACCEL_READ_BYTES.min(acc.info.memory_free as usize / 4).max(ACCEL_MATVEC_BYTES);
+    let read_bw = loop {
+        match accel_matvec(acc, GgmlType::F32, bytes, time) {
+            Ok((_, bw)) => break bw,
+            Err(_) if bytes > ACCEL_MATVEC_BYTES => bytes /= 2,
+            Err(e) => return Err(e),
+        }
+    };
     let (host_to_device_s, device_to_host_s) = accel_copies(acc, hidden_bytes, time)?;
     let kv_copy_s = accel_kv_write(acc, kv_bytes, time)?;
     Ok(AcceleratorRates { flops, read_bw, host_to_device_s, device_to_host_s, kv_copy_s })

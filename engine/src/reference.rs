@@ -107,6 +107,16 @@ impl Reference {
     /// `repack: false` is upstream's `--no-repack` (`use_extra_bufts = false`): every
     /// weight stays in the plain CPU layout.
     pub fn load_with(path: impl AsRef<Path>, threads: usize, repack: bool) -> Result<Reference> {
+        Self::load_full(path, threads, repack, 0)
+    }
+
+    /// llama.cpp with its last `gpu_layers` repeating layers (and their KV cache) on the
+    /// build's accelerators (`-ngl`); 0 keeps everything on the CPU whatever the build.
+    pub fn load_offloaded(path: impl AsRef<Path>, threads: usize, gpu_layers: usize) -> Result<Reference> {
+        Self::load_full(path, threads, true, gpu_layers)
+    }
+
+    fn load_full(path: impl AsRef<Path>, threads: usize, repack: bool, gpu_layers: usize) -> Result<Reference> {
         crate::backend::init();
         let path = path.as_ref();
         if !path.is_file() {
@@ -117,6 +127,7 @@ impl Reference {
         let model = unsafe {
             let mut params = sys::llama_model_default_params();
             params.use_extra_bufts = repack;
+            params.n_gpu_layers = i32::try_from(gpu_layers).unwrap_or(i32::MAX);
             sys::llama_model_load_from_file(c_path.as_ptr(), params)
         };
         if model.is_null() {

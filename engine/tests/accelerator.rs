@@ -25,25 +25,34 @@ fn accelerator() -> Option<AcceleratorInfo> {
     a
 }
 
-/// Prompt logits at the last position, then `n` greedy tokens.
-fn greedy(p: &mut LocalPipeline, prompt: &[i32], n: usize) -> (Vec<f32>, Vec<i32>) {
+/// Logits after the prompt and after each of `forced[..n-1]`: with the CPU's own greedy
+/// tokens as `forced`, the CPU's greedy run; with them fed to another stage, that stage's
+/// logits on the same text (teacher forcing), so a divergence at a near-tie does not hide
+/// how close the rest is.
+fn logits_along(p: &mut LocalPipeline, prompt: &[i32], forced: Option<&[i32]>, n: usize) -> Vec<Vec<f32>> {
     let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 0, pos: i as u32, logits: i + 1 == prompt.len() }).collect();
-    let first = p.forward(&batch, prompt).unwrap().row(0).to_vec();
-    let mut tokens = vec![argmax(&first)];
-    while tokens.len() < n {
-        let pos = (prompt.len() + tokens.len() - 1) as u32;
-        let l = p.forward(&[BatchToken { seq: 0, pos, logits: true }], &tokens[tokens.len() - 1..]).unwrap();
-        tokens.push(argmax(l.row(0)));
+    let mut rows = vec![p.forward(&batch, prompt).unwrap().row(0).to_vec()];
+    while rows.len() < n {
+        let i = rows.len() - 1;
+        let token = forced.map_or_else(|| argmax(&rows[i]), |f| f[i]);
+        let l = p.forward(&[BatchToken { seq: 0, pos: (prompt.len() + i) as u32, logits: true }], &[token]).unwrap();
+        rows.push(l.row(0).to_vec());
     }
-    (first, tokens)
+    rows
 }
 
-/// Tokens decoded greedily and compared; the accelerator's kernels round differently from
-/// the CPU's (other accumulation orders, F16 intermediates), so texts may part after a
-/// while: the first `MUST_AGREE` must be equal and the prompt logits close.
-const TOKENS: usize = 32;
-const MUST_AGREE: usize = 8;
-const MAX_REL_RMS: f64 = 0.05;
+/// Steps compared. The accelerator's kernels round differently from the CPU's (other
+/// accumulation orders, F16 intermediates), so its greedy text may part from the CPU's
+/// where two tokens are nearly tied; on the CPU's text its logits stay close at every step
+/// and pick the same token at nearly every step.
+const TOKENS: usize = 24;
+const ORACLE_TOKENS: usize = 16;
+/// Measured on lavapipe: at most 8.6e-2 with every layer there (its flash attention and
+/// matrix-vector shaders accumulate in F16 and quantize activations otherwise than the
+/// CPU), 0.8e-2 with a third; llama.cpp on the same device computes the same
+/// (`llama_cpp_on_the_accelerator_computes_exactly_what_hearth_does`).
+const MAX_REL_RMS: f64 = 0.15;
+const MIN_SAME_ARGMAX: usize = 21;
 
 #[test]
 fn layers_on_the_accelerator_compute_what_the_cpu_computes() {
@@ -53,24 +62,56 @@ fn layers_on_the_accelerator_compute_what_the_cpu_computes() {
     let file = Arc::new(ModelFile::open(&path).unwrap());
     let tok = Tokenizer::load(&path).unwrap();
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let prompt = common::chat_prompt(&tok, &format!("Summarise this:\n{}", &text[..text.len().min(1500)]));
+    let prompt = common::chat_prompt(&tok, &format!("Summarise this:\n{}", &text[..text.len().min(600)]));
     let n = file.spec.n_layer;
-    let run = |windows: Vec<std::ops::Range<usize>>, accel_layers: usize| {
+    let stage = |windows: Vec<std::ops::Range<usize>>, accel_layers: usize| {
         let cfg = StageConfig { accel_layers, ..stage_config(windows, 1) };
-        let mut p = LocalPipeline::new(vec![Stage::new(file.clone(), cfg).unwrap()]).unwrap();
-        greedy(&mut p, &prompt, TOKENS)
+        LocalPipeline::new(vec![Stage::new(file.clone(), cfg).unwrap()]).unwrap()
     };
-    let (cpu_logits, cpu_tokens) = run(vec![0..n], 0);
+    let cpu = logits_along(&mut stage(vec![0..n], 0), &prompt, None, TOKENS);
+    let cpu_tokens: Vec<i32> = cpu.iter().map(|l| argmax(l)).collect();
     // Every layer on the accelerator; a third of them; and windows split between the
     // accelerator (the first 4 layers of each) and the CPU.
     for (windows, accel) in [(vec![0..n], n), (vec![0..n], n / 3), (vec![0..n / 3, n / 3..n], 4)] {
-        let (logits, tokens) = run(windows.clone(), accel);
-        let err = rel_rms(&logits, &cpu_logits);
-        let agree = tokens.iter().zip(&cpu_tokens).take_while(|(a, b)| a == b).count();
-        eprintln!("windows {windows:?}, {accel} layers each on {}: prompt logits rel. RMS {err:.2e}, greedy equal for {agree} of {TOKENS} tokens", info.name);
-        assert!(err < MAX_REL_RMS, "relative RMS {err}");
-        assert!(agree >= MUST_AGREE, "greedy tokens part after {agree}");
+        let got = logits_along(&mut stage(windows.clone(), accel), &prompt, Some(&cpu_tokens), TOKENS);
+        let worst = got.iter().zip(&cpu).map(|(g, c)| rel_rms(g, c)).fold(0.0, f64::max);
+        let same: Vec<bool> = got.iter().zip(&cpu_tokens).map(|(g, &t)| argmax(g) == t).collect();
+        // Its own greedy text equals the CPU's up to the first step that picks otherwise.
+        let greedy = same.iter().take_while(|&&s| s).count();
+        let agree = same.iter().filter(|&&s| s).count();
+        eprintln!("windows {windows:?}, {accel} layers each on {}: logits rel. RMS at most {worst:.2e} over {TOKENS} steps, same token at {agree} of them, greedy text equal for {greedy}", info.name);
+        assert!(worst < MAX_REL_RMS, "relative RMS {worst}");
+        assert!(agree >= MIN_SAME_ARGMAX, "the same token at only {agree} of {TOKENS} steps");
     }
+}
+
+/// The oracle on the accelerator: llama.cpp with its repeating layers offloaded (`-ngl 30`:
+/// the LM head stays on the CPU, as hearth's does) against hearth with every layer of its
+/// window there.
+#[test]
+fn llama_cpp_on_the_accelerator_computes_exactly_what_hearth_does() {
+    let Some(info) = accelerator() else { return };
+    let path = common::default_model();
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let n = file.spec.n_layer;
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompt = common::chat_prompt(&tok, "What is the capital of France? Answer in one sentence.");
+    let reference = engine::reference::Reference::load_offloaded(&path, common::THREADS, n).unwrap();
+    let expected = reference.greedy(&prompt, ORACLE_TOKENS).unwrap();
+    let logits = reference.prompt_logits(&prompt).unwrap();
+    let cfg = StageConfig { accel_layers: n, ..stage_config(vec![0..n], 1) };
+    let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
+    let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 0, pos: i as u32, logits: true }).collect();
+    let ours = hearth.forward(&batch, &prompt).unwrap();
+    let worst = (0..prompt.len()).map(|i| rel_rms(ours.row(i), &logits[i])).fold(0.0, f64::max);
+    let mut got = vec![argmax(ours.row(prompt.len() - 1))];
+    while got.len() < ORACLE_TOKENS {
+        let l = hearth.forward(&[BatchToken { seq: 0, pos: (prompt.len() + got.len() - 1) as u32, logits: true }], &got[got.len() - 1..]).unwrap();
+        got.push(argmax(l.row(0)));
+    }
+    eprintln!("{n} layers on {} in both: prompt logits rel. RMS at most {worst:.2e}; greedy equal for {} of {ORACLE_TOKENS}", info.name, got.iter().zip(&expected).take_while(|(a, b)| a == b).count());
+    assert_eq!(got, expected);
+    assert_eq!(worst, 0.0, "llama.cpp and hearth on the same device must compute the same numbers");
 }
 
 #[test]

@@ -73,7 +73,11 @@ impl Head {
         let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, ..StageConfig::whole(&spec) };
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
-                let pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
+                let mut pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
+                // Pinned windows carry the head's own GPU layers, so the plan says where they run.
+                if let (Some(plan), GpuLayers::Count(n)) = (pinned.as_mut(), cfg.gpu_layers) {
+                    plan.devices[0].gpu_layers = n.min(plan.devices[0].window);
+                }
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
                 let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack, gpu_layers: cfg.gpu_layers };

@@ -385,7 +385,11 @@ impl RingPipeline {
                     head: head_id.clone(),
                 };
                 let body = serde_json::to_value(&wp).map_err(|e| Error::RingRefused(e.to_string()))?;
-                client.call(transport::methods::LOAD_PLAN, &body).await.map_err(|e| Error::RingRefused(format!("worker {w} refused the plan: {e}")))?;
+                let reply = client.call(transport::methods::LOAD_PLAN, &body).await.map_err(|e| Error::RingRefused(format!("worker {w} refused the plan: {e}")))?;
+                // A worker's own --gpu-layers overrides the plan on that worker.
+                if let Some(placed) = reply["gpu_layers"].as_u64().filter(|&p| p != wp.gpu_layers as u64) {
+                    tracing::warn!(worker = %w, planned = wp.gpu_layers, placed, "the worker's --gpu-layers overrides the plan's GPU layers; /admin/plan shows the plan");
+                }
             }
             // Links a half-formed earlier attempt left queued would carry nothing.
             while let Ok(Some(stale)) = tokio::time::timeout(Duration::ZERO, server.accept()).await {

@@ -239,6 +239,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 read_chosen_experts: paged,
             };
             let layers = cfg.windows.clone();
+            let accel_layers = cfg.accel_layers;
             let release = plan.release;
             let relay = layers.is_empty();
             let built = if relay {
@@ -275,7 +276,8 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
             })
             .await
             .map_err(|e| ControlFailure::failed(e.to_string()))?;
-            Ok(json!({"status": "ok"}))
+            // What this worker placed where: its own --gpu-layers may override the plan's.
+            Ok(json!({"status": "ok", "gpu_layers": if relay { 0 } else { accel_layers }}))
         }
         other => Err(ControlFailure::unknown_method(other)),
     }
