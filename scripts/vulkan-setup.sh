@@ -22,7 +22,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-if grep -qs "LayerSettingEXT" /usr/include/vulkan/vulkan_structs.hpp; then
+# Asks the compiler, so headers wherever it looks for them count.
+if echo '#include <vulkan/vulkan.hpp>' | c++ -std=c++17 -E -x c++ - 2>/dev/null | grep -q "LayerSettingEXT"; then
   exit 0
 fi
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/hearth-vulkan-headers"
@@ -36,8 +37,10 @@ if ! grep -qs "LayerSettingEXT" "$cache/include/vulkan/vulkan_structs.hpp"; then
   apt-get "${apt_opts[@]}" update -qq >/dev/null
   (cd "$work" && apt-get "${apt_opts[@]}" download libvulkan-dev >/dev/null 2>&1)
   dpkg-deb -x "$work"/libvulkan-dev_*.deb "$work/root"
+  # The package's own layout puts its headers under usr/include.
+  headers=$(find "$work/root" -type f -name vulkan.hpp -printf '%h\n' | head -1)
   rm -rf "$cache"
-  mkdir -p "$cache"
-  cp -a "$work/root/usr/include" "$cache/"
+  mkdir -p "$cache/include"
+  cp -a "$(dirname "$headers")/." "$cache/include/"
 fi
 echo "$cache/include"

@@ -59,18 +59,12 @@ pub fn matvec_flops(ty: GgmlType, threads: usize, time: Duration) -> Result<f64>
             let mut plan = sys::ggml_graph_plan(gf, threads as i32, std::ptr::null_mut());
             let mut work = vec![0u8; plan.work_size.max(1)];
             plan.work_data = work.as_mut_ptr();
-            let mut compute = || sys::ggml_graph_compute(gf, &mut plan);
-            // Warm up (thread start, caches), then count whole runs for about `time`.
-            if compute() != sys::GGML_STATUS_SUCCESS {
-                return Err(Error::Ggml(format!("matrix-vector product in {} failed", ty.name())));
-            }
-            let start = Instant::now();
-            let mut runs = 0u64;
-            while start.elapsed() < time || runs == 0 {
-                compute();
-                runs += 1;
-            }
-            Ok(runs as f64 * 2.0 * (rows * MATVEC_COLS) as f64 / start.elapsed().as_secs_f64())
+            // Warm up (thread start, caches), then whole runs for about `time`.
+            let secs = per_run(time, || match sys::ggml_graph_compute(gf, &mut plan) {
+                sys::GGML_STATUS_SUCCESS => Ok(()),
+                _ => Err(Error::Ggml(format!("matrix-vector product in {} failed", ty.name()))),
+            })?;
+            Ok(2.0 * (rows * MATVEC_COLS) as f64 / secs)
         }
     })();
     // SAFETY: the context and everything in it is no longer used.

@@ -256,10 +256,9 @@ fn excess_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f6
 /// experts: what every token touches) that do not fit even with every expert let go.
 /// Zero for a dense model (its excess is all paged at share 1) and for any device whose
 /// dense parts fit, which is the usual case: they are a few percent of a MoE layer.
-fn dense_excess(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64) -> f64 {
-    let Some(moe) = model.moe else { return 0.0 };
-    let excess = excess_bytes(dev, model, head, l_cpu);
-    (excess - l_cpu * moe.expert_bytes).clamp(0.0, excess.max(0.0))
+/// `excess`: the device's `excess_bytes` (at least 0).
+fn dense_excess(model: &ModelProfile, excess: f64, l_cpu: f64) -> f64 {
+    model.moe.map_or(0.0, |moe| (excess - l_cpu * moe.expert_bytes).clamp(0.0, excess))
 }
 
 /// Bytes an overloaded Linux/Android device pages in per token: a dense model its whole
@@ -267,7 +266,7 @@ fn dense_excess(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f6
 /// bytes it cannot hold (`ModelProfile::paged_share`).
 fn paged_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64) -> f64 {
     let excess = excess_bytes(dev, model, head, l_cpu).max(0.0);
-    let dense = dense_excess(dev, model, head, l_cpu);
+    let dense = dense_excess(model, excess, l_cpu);
     dense + (excess - dense) * model.paged_share()
 }
 
@@ -288,8 +287,9 @@ pub fn measured_disk_share(devices: &[DeviceProfile], model: &ModelProfile, plan
             continue;
         }
         let l_cpu = (k * (w - n)) as f64;
-        let dense = dense_excess(dev, model, m == 0, l_cpu);
-        experts_out += excess_bytes(dev, model, m == 0, l_cpu).max(0.0) - dense;
+        let excess = excess_bytes(dev, model, m == 0, l_cpu).max(0.0);
+        let dense = dense_excess(model, excess, l_cpu);
+        experts_out += excess - dense;
         read += (r - dense).max(0.0);
     }
     (experts_out > 0.0).then(|| (read / experts_out).clamp(0.0, 1.0))

@@ -289,8 +289,11 @@ mod tests {
         all
     }
 
-    fn each_char(text: &str) -> Vec<String> {
-        text.chars().map(String::from).collect()
+    /// `text` split as `want`, fed whole and one character at a time.
+    fn assert_splits_in_any_pieces(format: ReasoningFormat, text: &str, want: &Split) {
+        assert_eq!(&run(format, false, &[text]), want);
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        assert_eq!(&run(format, false, &chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
     }
 
     #[test]
@@ -304,9 +307,7 @@ mod tests {
     fn think_tags_split_whole_and_in_any_pieces() {
         let text = "<think>\nThe user greets me.\n</think>\n\nHello there!";
         let want = Split { reasoning: "\nThe user greets me.\n".into(), content: "Hello there!".into(), calls: vec![] };
-        assert_eq!(run(ReasoningFormat::ThinkTags, false, &[text]), want);
-        let chars = each_char(text);
-        assert_eq!(run(ReasoningFormat::ThinkTags, false, &chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
+        assert_splits_in_any_pieces(ReasoningFormat::ThinkTags, text, &want);
         // A template that opens the block itself: the text starts as reasoning.
         assert_eq!(run(ReasoningFormat::ThinkTags, true, &["Hmm.", "</think>", "Hi"]), Split { reasoning: "Hmm.".into(), content: "Hi".into(), calls: vec![] });
         // No tags at all: all answer; an unclosed block: all reasoning.
@@ -331,9 +332,7 @@ mod tests {
     fn harmony_channels_become_reasoning_and_answer() {
         let text = "<|channel|>analysis<|message|>User says hi. Respond.<|start|>assistant<|channel|>final<|message|>Hello! How can I help?";
         let want = Split { reasoning: "User says hi. Respond.".into(), content: "Hello! How can I help?".into(), calls: vec![] };
-        assert_eq!(run(ReasoningFormat::Harmony, false, &[text]), want);
-        let chars = each_char(text);
-        assert_eq!(run(ReasoningFormat::Harmony, false, &chars.iter().map(String::as_str).collect::<Vec<_>>()), want);
+        assert_splits_in_any_pieces(ReasoningFormat::Harmony, text, &want);
         // Token by token, as the model writes it (markers are whole tokens).
         let tokens = ["<|channel|>", "analysis", "<|message|>", "User", " says hi.", "<|end|>", "<|start|>", "assistant", "<|channel|>", "final", "<|message|>", "Hello", "!"];
         assert_eq!(run(ReasoningFormat::Harmony, false, &tokens), Split { reasoning: "User says hi.".into(), content: "Hello!".into(), calls: vec![] });

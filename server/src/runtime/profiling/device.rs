@@ -123,19 +123,7 @@ fn formats(model: Option<&engine::ModelFile>) -> Vec<GgmlType> {
 fn per_quant(rates: &[(GgmlType, f64)]) -> PerQuant {
     let mut q = PerQuant::default();
     for &(ty, r) in rates {
-        match ty {
-            GgmlType::Q4_0 => q.q4_0 = r,
-            GgmlType::Q4_1 => q.q4_1 = r,
-            GgmlType::Q4_K => q.q4k = r,
-            GgmlType::Q5_K => q.q5k = r,
-            GgmlType::Q6_K => q.q6k = r,
-            GgmlType::Q8_0 => q.q8_0 = r,
-            GgmlType::F16 => q.f16 = r,
-            GgmlType::F32 => q.f32 = r,
-            other => {
-                q.other.insert(other.name().to_string(), r);
-            }
-        }
+        *crate::runtime::profiling::model::format_slot(&mut q, ty) = r;
     }
     q
 }

@@ -21,7 +21,7 @@ const EXPERT_PAGE_AMPLIFICATION: f64 = 1.0;
 
 /// Where a tensor's FLOPs go: the scheduler's named formats, or the tensor's own format
 /// by ggml's name (charged at the device's measured rate for it).
-fn format_slot(q: &mut PerQuant, ty: GgmlType) -> &mut f64 {
+pub(crate) fn format_slot(q: &mut PerQuant, ty: GgmlType) -> &mut f64 {
     use GgmlType::*;
     match ty {
         F32 => &mut q.f32,
