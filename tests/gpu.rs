@@ -36,8 +36,13 @@ struct Completion {
 }
 
 fn complete(addr: &str) -> Completion {
+    complete_chars(addr, 400)
+}
+
+/// The same of the first `chars` characters of docs/scheduler.md.
+fn complete_chars(addr: &str, chars: usize) -> Completion {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let prompt: String = text.chars().take(400).collect();
+    let prompt: String = text.chars().take(chars).collect();
     let body = serde_json::json!({"model": "", "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, "logprobs": 5}).to_string();
     let r = common::http(addr, "POST", "/v1/completions", "", &body).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
@@ -64,6 +69,43 @@ fn assert_same_or_near_tie(what: &str, got: &Completion, cpu: &Completion) -> us
     same
 }
 
+/// Four requests at once, as users send them: a streamed chat, a long prompt (over 1,000
+/// tokens: chunked prefill on the device), a short completion and a 10-turn conversation.
+/// Each must complete with what it asked for.
+fn concurrent_mixed(addr: &str) {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let long: String = text.chars().take(LONG_CHARS).collect();
+    let mut turns = Vec::new();
+    for i in 0..10 {
+        turns.push(serde_json::json!({"role": "user", "content": format!("Question {i}: what does line {i} of the plan say?")}));
+        turns.push(serde_json::json!({"role": "assistant", "content": format!("Line {i} says the ring has {i} members.")}));
+    }
+    turns.push(serde_json::json!({"role": "user", "content": "And the last line?"}));
+    let requests = [
+        ("/v1/chat/completions", serde_json::json!({"model": "", "messages": [{"role": "user", "content": "Name three rivers."}], "max_tokens": 24, "stream": true})),
+        ("/v1/completions", serde_json::json!({"model": "", "prompt": long, "max_tokens": 8, "temperature": 0})),
+        ("/v1/completions", serde_json::json!({"model": "", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0.7, "seed": 3})),
+        ("/v1/chat/completions", serde_json::json!({"model": "", "messages": turns, "max_tokens": 16})),
+    ];
+    let handles: Vec<_> = requests
+        .into_iter()
+        .map(|(path, body)| {
+            let addr = addr.to_string();
+            std::thread::spawn(move || (path, common::http(&addr, "POST", path, "", &body.to_string()).unwrap()))
+        })
+        .collect();
+    for h in handles {
+        let (path, r) = h.join().unwrap();
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        if r.body.starts_with("data:") {
+            assert!(r.body.contains("[DONE]") && r.body.contains("finish_reason\":\""), "{path}: {}", r.body);
+        } else {
+            let v: Value = serde_json::from_str(&r.body).unwrap();
+            assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{path}: {v}");
+        }
+    }
+}
+
 fn admin(addr: &str, path: &str) -> String {
     let r = common::http(addr, "GET", path, &format!("Authorization: Bearer {ADMIN}\r\n"), "").unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
@@ -78,10 +120,11 @@ fn gpu_layers_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
     let cpu = Served::start(&["--threads", "1", "--gpu-layers", "0"]);
     let expected = complete(&cpu.addr);
     drop(cpu);
-    // Every layer, and a third, on one node.
+    // Every layer, and a third, on one node; and what users send at once.
     for n in ["30", "10"] {
         let node = Served::start(&["--threads", "1", "--gpu-layers", n]);
         assert_same_or_near_tie(&format!("single node, {n} layers on the accelerator"), &complete(&node.addr), &expected);
+        concurrent_mixed(&node.addr);
     }
     // A ring of real processes: the head and the first worker put the first 4 layers of
     // each window on their accelerator (k = 2: windows of 5 split GPU/CPU), the second
@@ -97,6 +140,144 @@ fn gpu_layers_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
     assert_eq!(plan["members"][0]["gpu_layers"], 4, "{plan}");
     let metrics = common::http(&head.addr, "GET", "/metrics", "", "").unwrap().body;
     assert!(metrics.lines().any(|l| l.starts_with("hearth_device_gpu_layers{device=\"head\"} 8")), "{}", metrics.lines().filter(|l| l.contains("gpu_layers")).collect::<Vec<_>>().join("\n"));
+}
+
+/// Characters of docs/scheduler.md in the long prompt: over 1,000 tokens.
+const LONG_CHARS: usize = 5000;
+
+/// A tiny random qwen3moe of 6 layers (32 experts of 64, 2 per token: the experts are
+/// most of a layer's bytes, as in real MoE models) in `dir`.
+fn tiny_moe(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut m = engine::random_model::RandomModel::new("qwen3moe", 6, 64, 128, 4, 2);
+    m.n_ff_exp = 64;
+    m.n_expert = 32;
+    m.seed = 11;
+    let path = dir.join("qwen3moe.gguf");
+    m.write(&common::default_model(), &path).unwrap();
+    path
+}
+
+/// MoE with one GPU in whole processes: a tiny random qwen3moe with every layer's
+/// attention, norms and router on the accelerator and the routed experts of some or all
+/// of them in RAM, on one node and in a ring whose members override the plan with their
+/// own `--gpu-layers` / `--experts-in-ram`: the CPU's greedy text up to near-ties, for a
+/// short prompt and one of over 1,000 tokens (chunked prefill through the devices); and
+/// `/admin/plan` and the metrics say what each member placed, and what the plan said.
+#[test]
+fn experts_in_ram_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
+    if !has_accelerator() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hearth-gpu-moe-{}", std::process::id()));
+    let path = tiny_moe(&dir);
+    let cpu = Served::start_model(&path, &["--threads", "1", "--gpu-layers", "0", "--ctx-size", "2048"]);
+    let (expected, expected_long) = (complete(&cpu.addr), complete_chars(&cpu.addr, LONG_CHARS));
+    drop(cpu);
+    for experts in ["6", "2"] {
+        let node = Served::start_model(&path, &["--threads", "1", "--gpu-layers", "6", "--experts-in-ram", experts, "--ctx-size", "2048"]);
+        let what = format!("single node, 6 layers on the accelerator, experts of {experts} in RAM");
+        assert_same_or_near_tie(&what, &complete(&node.addr), &expected);
+        assert_same_or_near_tie(&format!("{what}, a prompt of over 1,000 tokens"), &complete_chars(&node.addr, LONG_CHARS), &expected_long);
+    }
+    // The plan (`--windows 2,2,2`) puts nothing on the workers' GPUs; the first worker
+    // overrides it with both layers of its window there and their experts in RAM.
+    let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1", "--gpu-layers", "2", "--experts-in-ram", "2"]).unwrap();
+    let w2 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1", "--gpu-layers", "0"]).unwrap();
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", "2,2,2", "--gpu-layers", "2", "--n-cpu-moe", "1", "--admin-key", ADMIN]);
+    assert_same_or_near_tie("ring 2,2,2: head 2 GPU layers (experts of 1 in RAM), first worker 2 (experts of both in RAM)", &complete(&head.addr), &expected);
+    assert_same_or_near_tie("the same ring, a prompt of over 1,000 tokens", &complete_chars(&head.addr, LONG_CHARS), &expected_long);
+    let plan: Value = serde_json::from_str(&admin(&head.addr, "/admin/plan")).unwrap();
+    let member = |i: usize, key: &str| plan["members"][i][key].clone();
+    assert_eq!((member(0, "gpu_layers"), member(0, "experts_in_ram")), (2.into(), 1.into()), "{plan}");
+    assert_eq!((member(1, "gpu_layers"), member(1, "experts_in_ram")), (2.into(), 2.into()), "{plan}");
+    assert_eq!((member(1, "planned_gpu_layers"), member(1, "planned_experts_in_ram")), (0.into(), 0.into()), "{plan}");
+    assert_eq!((member(2, "gpu_layers"), member(2, "planned_gpu_layers")), (0.into(), Value::Null), "{plan}");
+    let metrics = common::http(&head.addr, "GET", "/metrics", "", "").unwrap().body;
+    let line = |device: &str, v: u32| format!("hearth_device_experts_in_ram_layers{{device=\"{device}\"}} {v}");
+    for want in [line("head", 1), line(&w1.addr, 2), line(&w2.addr, 0)] {
+        assert!(metrics.lines().any(|l| l == want), "{want} missing:\n{}", metrics.lines().filter(|l| l.contains("experts_in_ram")).collect::<Vec<_>>().join("\n"));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Plan to placement: Halda, given device profiles whose GPU is worth using (lavapipe's
+/// own is ~100x slower than this CPU, so Halda rightly gives it nothing; the test scales
+/// the cached profile's GPU rates up and its memory down to a GPU that holds about one
+/// whole MoE layer but every layer's dense part), plans GPU layers and experts in RAM for
+/// the head and both workers; each places what the plan says on the device, the answers
+/// are the CPU's up to near-ties, and `/admin/plan` and the metrics agree.
+#[test]
+fn halda_plans_experts_in_ram_from_gpu_profiles_and_every_member_places_them() {
+    if !has_accelerator() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("hearth-gpu-halda-{}", std::process::id()));
+    let path = tiny_moe(&dir);
+    // A short context, so that the KV cache is small beside the experts as with real models.
+    const CTX: &str = "256";
+    let cache = dir.join("cache");
+    let env = [("XDG_CACHE_HOME", cache.as_os_str())];
+    let exe = env!("CARGO_BIN_EXE_hearth-under-test");
+    // Every process here has the same cache key (threads, model, machine): one profile.
+    let out = std::process::Command::new(exe).args(["profile", "--json", "--threads", "1", "--model"]).arg(&path).envs(env).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let profile: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let devices = dir.join("devices.json");
+    std::fs::write(&devices, serde_json::to_string(&[&profile]).unwrap()).unwrap();
+    let out = std::process::Command::new(exe).args(["plan", "--json", "--ctx-size", CTX, "--devices"]).arg(&devices).arg("--model").arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let model = serde_json::from_slice::<Value>(&out.stdout).unwrap()["model"].clone();
+    let f = |v: &Value| v.as_f64().unwrap();
+    let kv = 2.0 * f(&model["n_head_k"]) * f(&model["head_dim_k"]) * 2.0 * f(&model["n_kv"]);
+    let (whole, experts) = (f(&model["layer_bytes"]) + kv, f(&model["moe"]["expert_bytes"]));
+    // Room for every layer's dense part and half a layer's experts: one whole layer fits.
+    let room = f(&model["compute_buffer_gpu"]) + 6.0 * (whole - experts) + 0.5 * experts;
+    assert!(room < f(&model["compute_buffer_gpu"]) + 2.0 * whole, "the tiny model's experts must dominate its layers");
+    let file = cache.join("hearth/device-profile.json");
+    let mut entries: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    for e in entries.as_array_mut().unwrap() {
+        let gpu = &mut e["profile"]["gpu"];
+        for (_, r) in gpu["flops"].as_object_mut().unwrap().iter_mut().filter(|(k, _)| *k != "other") {
+            *r = (f(r) * 1e3).into();
+        }
+        gpu["read_bw"] = (f(&gpu["read_bw"]) * 1e3).into();
+        gpu["memory_available"] = room.into();
+        // A discrete GPU (lavapipe may call itself integrated: its memory is the host's).
+        gpu["uma"] = false.into();
+    }
+    std::fs::write(&file, entries.to_string()).unwrap();
+
+    let cpu = Served::start_model(&path, &["--threads", "1", "--gpu-layers", "0", "--ctx-size", CTX]);
+    let expected = complete(&cpu.addr);
+    drop(cpu);
+    let w1 = Served::worker_env(&path, &["--threads", "1"], &env);
+    let w2 = Served::worker_env(&path, &["--threads", "1"], &env);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start_model_env(&path, &["--threads", "1", "--ctx-size", CTX, "--workers", &workers, "--admin-key", ADMIN], &env);
+    let plan: Value = serde_json::from_str(&admin(&head.addr, "/admin/plan")).unwrap();
+    eprintln!("{plan}");
+    assert_eq!(plan["source"], "halda", "{plan}");
+    let k = plan["rounds"].as_u64().unwrap() as usize;
+    let metrics = common::http(&head.addr, "GET", "/metrics", "", "").unwrap().body;
+    let mut in_ram = 0;
+    for m in plan["members"].as_array().unwrap() {
+        let (w, n, e) = (m["window"].as_u64().unwrap() as usize, m["gpu_layers"].as_u64().unwrap() as usize, m["experts_in_ram"].as_u64().unwrap() as usize);
+        // A GPU a thousand times faster takes every layer it can; placed as planned.
+        assert_eq!(n, w, "{m}");
+        assert!(m.get("planned_gpu_layers").is_none() && m.get("planned_experts_in_ram").is_none(), "{m}");
+        // What it placed fits its GPU: whole layers b', those with experts in RAM b' − experts.
+        let need = (k * n) as f64 * whole - (k * e) as f64 * experts;
+        assert!(need <= room - f(&model["compute_buffer_gpu"]) + 1.0, "{m} needs {need} bytes of GPU memory");
+        let name = m["name"].as_str().unwrap();
+        let want = format!("hearth_device_experts_in_ram_layers{{device=\"{name}\"}} {}", k * e);
+        assert!(metrics.lines().any(|l| l == want), "{want} missing");
+        in_ram += k * e;
+    }
+    assert!(in_ram > 0, "the plan keeps no experts in RAM: {plan}");
+    assert_same_or_near_tie(&format!("Halda's plan with {in_ram} layers' experts in RAM"), &complete(&head.addr), &expected);
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

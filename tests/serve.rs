@@ -72,6 +72,18 @@ fn gpu_layers_without_an_accelerator_are_a_clear_error() {
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("`auto`"));
 }
 
+/// `--experts-in-ram N` (llama.cpp's `--n-cpu-moe`) asks for something only a
+/// Mixture-of-Experts model has: on a dense model it is a clear error at start, in any build.
+#[test]
+fn experts_in_ram_on_a_dense_model_is_a_clear_error() {
+    for (role, flag) in [(&["serve"][..], "--experts-in-ram"), (&["worker", "--listen", "127.0.0.1:0"][..], "--n-cpu-moe")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).args(role).args([flag, "2", "--model"]).arg(common::default_model()).output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--experts-in-ram 2") && err.contains("not a Mixture-of-Experts model"), "{role:?}: {err}");
+    }
+}
+
 /// Reads until the server closes the connection; what it sent. Panics if it is still open
 /// after `limit`.
 fn read_until_closed(s: &mut TcpStream, limit: Duration) -> String {

@@ -107,27 +107,43 @@ impl Reference {
     /// `repack: false` is upstream's `--no-repack` (`use_extra_bufts = false`): every
     /// weight stays in the plain CPU layout.
     pub fn load_with(path: impl AsRef<Path>, threads: usize, repack: bool) -> Result<Reference> {
-        Self::load_full(path, threads, repack, 0)
+        Self::load_full(path, threads, repack, 0, 0..0)
     }
 
     /// llama.cpp with its last `gpu_layers` repeating layers (and their KV cache) on the
     /// build's accelerators (`-ngl`); 0 keeps everything on the CPU whatever the build.
     pub fn load_offloaded(path: impl AsRef<Path>, threads: usize, gpu_layers: usize) -> Result<Reference> {
-        Self::load_full(path, threads, true, gpu_layers)
+        Self::load_full(path, threads, true, gpu_layers, 0..0)
     }
 
-    fn load_full(path: impl AsRef<Path>, threads: usize, repack: bool, gpu_layers: usize) -> Result<Reference> {
+    /// [`Reference::load_offloaded`] with the routed experts of `experts_in_ram` layers
+    /// kept in host memory: llama.cpp's `--n-cpu-moe` (a tensor buffer-type override of
+    /// `blk.N.ffn_*_exps` to the CPU, per layer N).
+    pub fn load_offloaded_moe(path: impl AsRef<Path>, threads: usize, gpu_layers: usize, experts_in_ram: std::ops::Range<usize>) -> Result<Reference> {
+        Self::load_full(path, threads, true, gpu_layers, experts_in_ram)
+    }
+
+    fn load_full(path: impl AsRef<Path>, threads: usize, repack: bool, gpu_layers: usize, experts_in_ram: std::ops::Range<usize>) -> Result<Reference> {
         crate::backend::init();
         let path = path.as_ref();
         if !path.is_file() {
             return Err(Error::Io { path: path.to_path_buf(), source: std::io::Error::from(std::io::ErrorKind::NotFound) });
         }
         let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| llama_err("loading the reference model", "path has a NUL byte"))?;
-        // SAFETY: default params from llama.cpp; the path outlives the call.
+        // The same patterns as llama.cpp's `--n-cpu-moe N` (common/arg.cpp), one per layer.
+        let patterns: Vec<CString> = experts_in_ram.clone().map(|il| CString::new(format!("blk\\.{il}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")).expect("no NUL")).collect();
+        // SAFETY: default params from llama.cpp; the path, the patterns and the override
+        // list (null-terminated) outlive the call, which is the only reader of them.
         let model = unsafe {
+            let cpu = sys::ggml_backend_cpu_buffer_type();
+            let mut overrides: Vec<sys::llama_model_tensor_buft_override> = patterns.iter().map(|p| sys::llama_model_tensor_buft_override { pattern: p.as_ptr(), buft: cpu }).collect();
+            overrides.push(sys::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() });
             let mut params = sys::llama_model_default_params();
             params.use_extra_bufts = repack;
             params.n_gpu_layers = i32::try_from(gpu_layers).unwrap_or(i32::MAX);
+            if !experts_in_ram.is_empty() {
+                params.tensor_buft_overrides = overrides.as_ptr();
+            }
             sys::llama_model_load_from_file(c_path.as_ptr(), params)
         };
         if model.is_null() {

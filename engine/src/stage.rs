@@ -13,7 +13,7 @@ use crate::graph::{self, GraphShape, GroupPlan};
 use crate::kv_cache::{KvCache, SeqId, KV_PAD};
 use crate::model::ModelSpec;
 use crate::model_file::ModelFile;
-use crate::weights::{Ffn, WeightPlan, Weights};
+use crate::weights::{Ffn, LayerPlacement, WeightPlan, Weights};
 use crate::{Error, Result};
 
 /// One token of a batch: which sequence it belongs to, its position there, and whether
@@ -68,6 +68,11 @@ pub struct StageConfig {
     pub threads: usize,
     /// The first this-many layers of every window run on the accelerator.
     pub accel_layers: usize,
+    /// Of those accelerator layers, the first this-many keep their routed experts in host
+    /// memory (MoE models; what llama.cpp's `--n-cpu-moe` does): attention, norms, router
+    /// and shared experts run on the accelerator, each token's chosen experts on the CPU,
+    /// so a GPU too small for whole MoE layers still takes their every-token part.
+    pub experts_in_ram: usize,
     /// A window that ends the model ends with the output norm and LM head and returns
     /// logits. Off on ring workers: the head owns the output layer (its window `L..L`).
     pub owns_output: bool,
@@ -95,7 +100,7 @@ pub struct StageConfig {
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false }
     }
 }
 
@@ -182,8 +187,13 @@ impl Stage {
         }
         let accel = if cfg.accel_layers > 0 { Some(Accelerator::first()?) } else { None };
         let device_of = |w: &Range<usize>, il: usize| if il - w.start < cfg.accel_layers { Device::Accelerator } else { Device::Cpu };
+        let placement = |w: &Range<usize>, il: usize| {
+            let device = device_of(w, il);
+            let experts = if il - w.start < cfg.experts_in_ram.min(cfg.accel_layers) { Device::Cpu } else { device };
+            LayerPlacement { layer: il, device, experts }
+        };
         let plan = WeightPlan {
-            layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| (il, device_of(w, il)))).collect(),
+            layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| placement(w, il))).collect(),
             embedding: cfg.windows.iter().any(|w| w.start == 0),
             output: cfg.owns_output && cfg.windows.iter().any(|w| w.end == spec.n_layer),
         };

@@ -127,9 +127,19 @@ pub struct Weights {
 // thread that holds it; ggml has no thread affinity for host memory.
 unsafe impl Send for Weights {}
 
+/// Where one layer's weights live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerPlacement {
+    pub layer: usize,
+    /// Attention, norms, router, dense FFN and shared experts (and the layer's KV cache).
+    pub device: Device,
+    /// A MoE layer's routed expert tensors (`*_exps.*`); ignored for dense layers.
+    pub experts: Device,
+}
+
 /// Which layers to bind and where each runs.
 pub struct WeightPlan {
-    pub layers: Vec<(usize, Device)>,
+    pub layers: Vec<LayerPlacement>,
     pub embedding: bool,
     pub output: bool,
 }
@@ -163,16 +173,19 @@ impl Weights {
             names.push(("output.weight".into(), Device::Cpu, !spec.tied_output));
             names.push(("output.bias".into(), Device::Cpu, false));
         }
-        for &(il, dev) in &plan.layers {
+        for p in &plan.layers {
+            let il = p.layer;
             if il >= spec.n_layer {
                 return Err(Error::InvalidWindow(format!("layer {il} is past the model's {} layers", spec.n_layer)));
             }
             let (required, optional) = block_tensor_names(&spec, il);
+            // Routed experts' matrices and biases: `ffn_{gate,up,down}_exps.{weight,bias}`.
+            let dev = |n: &str| if n.contains("_exps.") { p.experts } else { p.device };
             for n in required {
-                names.push((format!("blk.{il}.{n}"), dev, true));
+                names.push((format!("blk.{il}.{n}"), dev(n), true));
             }
             for n in optional {
-                names.push((format!("blk.{il}.{n}"), dev, false));
+                names.push((format!("blk.{il}.{n}"), dev(n), false));
             }
         }
         // llama 3 stores one rope-frequency tensor shared by all layers.
@@ -317,7 +330,7 @@ impl Weights {
             weights.output_b = get("output.bias");
         }
         let rope_freqs = get("rope_freqs.weight");
-        for &(il, _) in &plan.layers {
+        for il in plan.layers.iter().map(|p| p.layer) {
             let w = |n: &str| get(&format!("blk.{il}.{n}"));
             let req = |n: &str| w(n).ok_or_else(|| Error::Tensor { name: format!("blk.{il}.{n}"), reason: "missing from the file".into() });
             let ffn = if spec.is_moe_layer(il) {

@@ -56,6 +56,9 @@ pub struct DeviceCost {
     /// Layers it runs per token on the CPU (`l_m − l_m^gpu`) and on the GPU (`l_m^gpu`).
     pub cpu_layers: usize,
     pub gpu_layers: usize,
+    /// Of the GPU layers, those whose routed experts run from RAM on the CPU.
+    #[serde(default)]
+    pub experts_in_ram: usize,
     pub breakdown: Breakdown,
 }
 
@@ -113,12 +116,51 @@ fn floor_layers(bytes: f64, k: usize, model: &ModelProfile) -> i64 {
 /// Most GPU layers per window at `k` rounds (VRAM, or Metal's shared memory, which on the
 /// head also holds the output layer): constraint (5) with ⌊·⌋ for integers.
 pub fn gpu_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize) -> usize {
-    let Some(g) = &dev.gpu else { return 0 };
-    let room = match g.backend {
+    if dev.gpu.is_none() {
+        return 0;
+    }
+    floor_layers(gpu_room(dev, model, head), k, model).max(0) as usize
+}
+
+/// The device's GPU is discrete (its own memory, reached by copies): a MoE layer there may
+/// keep its routed experts in the host's RAM. Pointless where the GPU shares the host's
+/// memory (Metal, integrated GPUs: the experts would stay in the same memory).
+pub fn experts_in_ram_possible(dev: &DeviceProfile, model: &ModelProfile) -> bool {
+    model.moe.is_some() && dev.gpu.as_ref().is_some_and(|g| matches!(g.backend, GpuBackend::Cuda | GpuBackend::Vulkan) && !g.uma)
+}
+
+/// GPU memory left for layers at `k` rounds, bytes (what [`gpu_cap`] divides).
+pub(crate) fn gpu_room(dev: &DeviceProfile, model: &ModelProfile, head: bool) -> f64 {
+    let Some(g) = &dev.gpu else { return 0.0 };
+    match g.backend {
         GpuBackend::Cuda | GpuBackend::Vulkan => g.memory_available - model.compute_buffer_gpu,
         GpuBackend::Metal => g.memory_available - model.compute_buffer_gpu - if head { model.output_bytes } else { 0.0 },
-    };
-    floor_layers(room, k, model).max(0) as usize
+    }
+}
+
+/// Bytes of a MoE layer's routed experts (0 for a dense model).
+fn expert_bytes(model: &ModelProfile) -> f64 {
+    model.moe.as_ref().map_or(0.0, |m| m.expert_bytes)
+}
+
+/// Most GPU layers per window at `k` rounds when every one keeps its experts in RAM: the
+/// dense parts and KV only. [`gpu_cap`] where that is not possible.
+pub fn gpu_dense_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize) -> usize {
+    if !experts_in_ram_possible(dev, model) {
+        return gpu_cap(dev, model, head, k);
+    }
+    let per_layer = (model.layer_bytes_with_kv() - expert_bytes(model)).max(1.0);
+    ((gpu_room(dev, model, head) / (k as f64 * per_layer) + 1e-9).floor().max(0.0) as usize).min(1 << 30)
+}
+
+/// `n` GPU layers per window, `e` of them with their experts in RAM, fit in its GPU memory.
+pub fn gpu_fits(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize, n: usize, e: usize) -> bool {
+    if n == 0 {
+        return true;
+    }
+    let e = if experts_in_ram_possible(dev, model) { e.min(n) } else { 0 };
+    let need = k as f64 * (n as f64 * model.layer_bytes_with_kv() - e as f64 * expert_bytes(model));
+    need <= gpu_room(dev, model, head) * (1.0 + 1e-12) + 1e-6
 }
 
 /// The layers of a window that count against RAM: all of them on macOS (Metal maps
@@ -132,8 +174,25 @@ pub(crate) fn counted_layers(dev: &DeviceProfile, w: usize, n: usize) -> usize {
     }
 }
 
-pub(crate) fn overloaded(dev: &DeviceProfile, model: &ModelProfile, head: bool, w: usize, n: usize, k: usize) -> bool {
-    counted_layers(dev, w, n) as i64 > ram_cap(dev, model, head, k)
+/// Bytes per window a device's RAM holds beyond its counted layers: the routed experts of
+/// `e` GPU layers kept in RAM beside a discrete GPU.
+fn ram_experts(dev: &DeviceProfile, model: &ModelProfile, n: usize, e: usize) -> f64 {
+    if experts_in_ram_possible(dev, model) {
+        e.min(n) as f64 * expert_bytes(model)
+    } else {
+        0.0
+    }
+}
+
+pub(crate) fn overloaded(dev: &DeviceProfile, model: &ModelProfile, head: bool, w: usize, n: usize, e: usize, k: usize) -> bool {
+    let cap = ram_cap(dev, model, head, k);
+    let counted = counted_layers(dev, w, n) as i64;
+    if ram_experts(dev, model, n, e) == 0.0 {
+        return counted > cap;
+    }
+    // Experts in RAM are a fraction of a layer: compare bytes (with the same hair of slack).
+    let held = k as f64 * (counted as f64 * model.layer_bytes_with_kv() + ram_experts(dev, model, n, e));
+    held > ram_room(dev, model, head) + 1e-9 * k as f64 * model.layer_bytes_with_kv()
 }
 
 /// A disk at or above the threshold is fast (may overload); below it is slow (M4 only).
@@ -164,6 +223,10 @@ pub(crate) struct LayerCosts {
     pub gpu_memory: f64,
     /// Per window: RAM↔VRAM copies (0 on UMA or without a GPU).
     pub copy: f64,
+    /// One token's routed experts of one layer, computed and read on the CPU ...
+    pub experts_cpu: f64,
+    /// ... and on the GPU (0 for a dense model or without a GPU).
+    pub experts_gpu: f64,
 }
 
 impl LayerCosts {
@@ -172,6 +235,8 @@ impl LayerCosts {
         let bp = model.layer_read_bytes();
         let cpu_compute = model.layer_flops.time_at(&dev.cpu_flops);
         let cpu_memory = dev.kv_copy_cpu_s + bp / dev.cpu_read_bw;
+        let (ef, eb) = (model.expert_flops(), model.expert_read_bytes());
+        let experts_cpu = if model.moe.is_some() { ef.time_at(&dev.cpu_flops) + eb / dev.cpu_read_bw } else { 0.0 };
         match &dev.gpu {
             Some(g) => LayerCosts {
                 cpu_compute,
@@ -179,8 +244,10 @@ impl LayerCosts {
                 gpu_compute: model.layer_flops.time_at(&g.flops),
                 gpu_memory: g.kv_copy_s + bp / g.read_bw,
                 copy: if g.uma { 0.0 } else { g.ram_to_vram_s + g.vram_to_ram_s },
+                experts_cpu,
+                experts_gpu: if model.moe.is_some() { ef.time_at(&g.flops) + eb / g.read_bw } else { 0.0 },
             },
-            None => LayerCosts { cpu_compute, cpu_memory, gpu_compute: 0.0, gpu_memory: 0.0, copy: 0.0 },
+            None => LayerCosts { cpu_compute, cpu_memory, gpu_compute: 0.0, gpu_memory: 0.0, copy: 0.0, experts_cpu, experts_gpu: 0.0 },
         }
     }
 
@@ -192,6 +259,14 @@ impl LayerCosts {
     /// β_m: the change from moving one layer CPU → GPU (normally negative).
     pub fn beta(&self) -> f64 {
         self.gpu_compute + self.gpu_memory - self.alpha()
+    }
+
+    /// γ_m: the change from keeping one GPU layer's routed experts in RAM: its chosen
+    /// experts run on the CPU, and the hidden state goes down to the host and back up
+    /// (one copy each way, as a window boundary costs). Normally positive: what buys it
+    /// is GPU memory (the ILP's VRAM row), not time.
+    pub fn gamma(&self) -> f64 {
+        self.experts_cpu + self.copy - self.experts_gpu
     }
 }
 
@@ -209,7 +284,8 @@ fn head_fixed(dev: &DeviceProfile, model: &ModelProfile) -> (f64, f64) {
 }
 
 /// The ILP's objective coefficients for one device in one set: `a_m` (per window layer),
-/// `b_m` (per GPU layer), both per round; the caller multiplies by k (eq 6).
+/// `b_m` (per GPU layer), both per round; the caller multiplies by k (eq 6). The
+/// coefficient of a GPU layer whose experts stay in RAM is [`LayerCosts::gamma`].
 pub(crate) fn ilp_coefficients(dev: &DeviceProfile, model: &ModelProfile, set: DeviceSet) -> (f64, f64) {
     let lc = LayerCosts::of(dev, model);
     // A layer paged from disk: a MoE layer reads only the experts its tokens use.
@@ -221,6 +297,18 @@ pub(crate) fn ilp_coefficients(dev: &DeviceProfile, model: &ModelProfile, set: D
         DeviceSet::M2 => (alpha + model.released_layer_bytes() / dev.disk_read(), beta),
         DeviceSet::M3 => (alpha + bp / s, beta - bp / s),
         DeviceSet::M4 => (alpha, beta),
+    }
+}
+
+/// The ILP's objective coefficient of a GPU layer whose experts stay in RAM, per round:
+/// γ_m (`LayerCosts::gamma`), plus on an overloaded Linux/Android device (M3) the paging
+/// of those expert bytes, which RAM then holds beyond its room. Other sets have none.
+pub(crate) fn ilp_expert_coefficient(dev: &DeviceProfile, model: &ModelProfile, set: DeviceSet) -> f64 {
+    let gamma = LayerCosts::of(dev, model).gamma();
+    match set {
+        DeviceSet::M4 => gamma,
+        DeviceSet::M3 => gamma + expert_bytes(model) * model.paged_share() / dev.disk_read(),
+        DeviceSet::M1 | DeviceSet::M2 => 0.0,
     }
 }
 
@@ -246,27 +334,28 @@ pub(crate) fn ilp_constant(devices: &[DeviceProfile], model: &ModelProfile, sets
 
 /// What a device's CPU layers (`l_cpu` per token), KV, compute buffer and the head's I/O
 /// layers exceed its RAM by (eqs 15, 17): the bytes it cannot hold.
-fn excess_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64) -> f64 {
+/// `ram_experts`: bytes of experts of GPU layers held in RAM per token (k × per window).
+fn excess_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64, ram_experts: f64) -> f64 {
     let io = if head { model.lookup_bytes() + model.output_bytes } else { 0.0 };
     let room = ram_room(dev, model, head) + cio(model, head);
-    l_cpu * model.layer_bytes_with_kv() + io + model.compute_buffer_cpu - room
+    l_cpu * model.layer_bytes_with_kv() + ram_experts + io + model.compute_buffer_cpu - room
 }
 
 /// Of a MoE device's excess, the bytes of dense parts (attention, norms, router, shared
 /// experts: what every token touches) that do not fit even with every expert let go.
 /// Zero for a dense model (its excess is all paged at share 1) and for any device whose
 /// dense parts fit, which is the usual case: they are a few percent of a MoE layer.
-/// `excess`: the device's `excess_bytes` (at least 0).
-fn dense_excess(model: &ModelProfile, excess: f64, l_cpu: f64) -> f64 {
-    model.moe.map_or(0.0, |moe| (excess - l_cpu * moe.expert_bytes).clamp(0.0, excess))
+/// `excess`: the device's `excess_bytes` (at least 0); `ram_experts` as there.
+fn dense_excess(model: &ModelProfile, excess: f64, l_cpu: f64, ram_experts: f64) -> f64 {
+    model.moe.as_ref().map_or(0.0, |moe| (excess - l_cpu * moe.expert_bytes - ram_experts).clamp(0.0, excess))
 }
 
 /// Bytes an overloaded Linux/Android device pages in per token: a dense model its whole
 /// excess; a MoE model the dense parts that do not fit, plus `disk_share` of the expert
 /// bytes it cannot hold (`ModelProfile::paged_share`).
-fn paged_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64) -> f64 {
-    let excess = excess_bytes(dev, model, head, l_cpu).max(0.0);
-    let dense = dense_excess(model, excess, l_cpu);
+fn paged_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64, ram_experts: f64) -> f64 {
+    let excess = excess_bytes(dev, model, head, l_cpu, ram_experts).max(0.0);
+    let dense = dense_excess(model, excess, l_cpu, ram_experts);
     dense + (excess - dense) * model.paged_share()
 }
 
@@ -278,17 +367,18 @@ fn paged_bytes(dev: &DeviceProfile, model: &ModelProfile, head: bool, l_cpu: f64
 /// most tokens alike), which only running it shows. None for a dense model, or when no
 /// device with a measurement is overloaded.
 pub fn measured_disk_share(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, measured: &[f64]) -> Option<f64> {
-    model.moe?;
+    model.moe.as_ref()?;
     let k = plan.rounds();
     let (mut experts_out, mut read) = (0.0, 0.0);
     for (m, ((dev, dp), &r)) in devices.iter().zip(&plan.devices).zip(measured).enumerate() {
-        let (w, n) = (dp.window, dp.gpu_layers.min(dp.window));
-        if !r.is_finite() || dev.metal().is_some() && dev.os == Os::Macos || !overloaded(dev, model, m == 0, w, n, k) {
+        let (w, n, e) = (dp.window, dp.gpu_layers.min(dp.window), dp.experts_in_ram);
+        if !r.is_finite() || dev.metal().is_some() && dev.os == Os::Macos || !overloaded(dev, model, m == 0, w, n, e, k) {
             continue;
         }
         let l_cpu = (k * (w - n)) as f64;
-        let excess = excess_bytes(dev, model, m == 0, l_cpu).max(0.0);
-        let dense = dense_excess(model, excess, l_cpu);
+        let held = k as f64 * ram_experts(dev, model, n, e);
+        let excess = excess_bytes(dev, model, m == 0, l_cpu, held).max(0.0);
+        let dense = dense_excess(model, excess, l_cpu, held);
         experts_out += excess - dense;
         read += (r - dense).max(0.0);
     }
@@ -307,20 +397,26 @@ pub fn predict(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, dis
     for (m, (dev, dp)) in devices.iter().zip(&plan.devices).enumerate() {
         let head = m == 0;
         let (w, n) = (dp.window, dp.gpu_layers.min(dp.window));
+        let e = if experts_in_ram_possible(dev, model) { dp.experts_in_ram.min(n) } else { 0 };
         let lc = LayerCosts::of(dev, model);
-        let (l_cpu, l_gpu) = (kf * (w - n) as f64, kf * n as f64);
+        let (l_cpu, l_gpu, l_exp) = (kf * (w - n) as f64, kf * n as f64, kf * e as f64);
         let mut b = Breakdown {
             compute_s: l_cpu * lc.cpu_compute + l_gpu * lc.gpu_compute,
             memory_s: l_cpu * lc.cpu_memory + l_gpu * lc.gpu_memory + kf * lc.copy,
             disk_s: 0.0,
             network_s: kf * dev.comm_s,
         };
+        // Experts in RAM: their share of those GPU layers runs on the CPU instead, with a
+        // copy down and up per layer (charged as memory time, like the window's copies).
+        b.compute_s += l_exp * (lc.experts_cpu - lc.experts_gpu);
+        b.memory_s += l_exp * lc.copy;
         if head {
             let (hc, hm) = head_fixed(dev, model);
             b.compute_s += hc;
             b.memory_s += hm;
         }
-        let over = overloaded(dev, model, head, w, n, k);
+        let over = overloaded(dev, model, head, w, n, e, k);
+        let held = kf * ram_experts(dev, model, n, e);
         let s = dev.disk_read();
         // Bytes the device cannot hold are paged in per token; of a MoE layer only the
         // experts its tokens use.
@@ -332,7 +428,7 @@ pub fn predict(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, dis
             (kf * w as f64 * model.released_layer_bytes() + io) / s
         } else {
             // eqs 15, 17: the excess of CPU layers (+ KV, compute buffer, head I/O) over RAM.
-            paged_bytes(dev, model, head, l_cpu) / s
+            paged_bytes(dev, model, head, l_cpu, held) / s
         };
         out.push(DeviceCost {
             name: dev.name.clone(),
@@ -340,6 +436,7 @@ pub fn predict(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, dis
             overloaded: over,
             cpu_layers: k * (w - n),
             gpu_layers: k * n,
+            experts_in_ram: k * e,
             breakdown: b,
         });
     }
@@ -389,7 +486,7 @@ pub fn predict_ring(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan
         let s = dev.disk_read();
         let lookup = if head { model.lookup_bytes() / s } else { 0.0 };
         if k == 1 {
-            let excess = excess_bytes(dev, model, head, l_cpu).max(0.0);
+            let excess = excess_bytes(dev, model, head, l_cpu, 0.0).max(0.0);
             cost.breakdown.disk_s = (LRU_RELOAD_FACTOR * excess).min(l_cpu * model.layer_bytes) / s + lookup;
         } else {
             shadow[m] = l_cpu * model.layer_bytes / s;
@@ -487,7 +584,7 @@ mod tests {
     fn moe_layers_hold_every_expert_but_read_and_page_only_the_used_ones() {
         let dense = model();
         // 80% of each layer is experts, of which a token uses 1 in 8 (and pages in 1.5x that).
-        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.1875 }), ..model() };
+        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.1875, expert_flops: PerQuant::default() }), ..model() };
         let d = dev(Os::Linux, 4e9);
         // Memory: the same RAM cap (every expert must be somewhere).
         assert_eq!(ram_cap(&d, &dense, false, 1), ram_cap(&d, &moe, false, 1));
@@ -540,20 +637,20 @@ mod tests {
         // Every device holding its layers: the paper's model unchanged; MoE: unchanged.
         let roomy = [head.clone(), dev(Os::Linux, 20e9)];
         assert_eq!(predict_ring(&roomy, &m, &plan, 0.0), predict(&roomy, &m, &plan, 0.0));
-        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.125 }), ..model() };
+        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.125, expert_flops: PerQuant::default() }), ..model() };
         assert_eq!(predict_ring(&devices, &moe, &plan, 0.0), predict(&devices, &moe, &plan, 0.0));
     }
 
     #[test]
     fn the_measured_disk_share_reproduces_the_measured_reads() {
-        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.125 }), ..model() };
+        let moe = ModelProfile { moe: Some(crate::MoeProfile { expert_bytes: 0.8e9, read_share: 0.125, disk_share: 0.125, expert_flops: PerQuant::default() }), ..model() };
         let plan = Plan::from_windows(10, &[2, 4, 4]).unwrap();
         // The head holds its 2 layers; the workers hold 3 of 4 (1 GB over each).
         let devices = [dev(Os::Linux, 8e9), dev(Os::Linux, 3e9), dev(Os::Linux, 3e9)];
         let before = predict(&devices, &moe, &plan, 0.0);
         // Measured: 0.05 GB and 0.03 GB a token (the head's reads do not count: it fits).
         let ds = measured_disk_share(&devices, &moe, &plan, &[5e9, 0.05e9, 0.03e9]).unwrap();
-        let calibrated = ModelProfile { moe: Some(crate::MoeProfile { disk_share: ds, ..moe.moe.unwrap() }), ..moe.clone() };
+        let calibrated = ModelProfile { moe: Some(crate::MoeProfile { disk_share: ds, ..moe.moe.clone().unwrap() }), ..moe.clone() };
         let after = predict(&devices, &calibrated, &plan, 0.0);
         let paged = |p: &Prediction| p.devices[1..].iter().map(|d| d.breakdown.disk_s).sum::<f64>() * 1e9;
         assert!((paged(&after) - 0.08e9).abs() < 1.0, "{} bytes", paged(&after));

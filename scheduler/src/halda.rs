@@ -200,8 +200,17 @@ pub struct Solved {
     pub k: usize,
     pub w: Vec<usize>,
     pub n: Vec<usize>,
+    /// Of the GPU layers, those whose routed experts stay in RAM (MoE, discrete GPUs).
+    pub e: Vec<usize>,
     /// The model's TPOT of this solution (objective + constant).
     pub cost: f64,
+}
+
+impl Solved {
+    pub fn plan(&self, n_layer: usize) -> Plan {
+        let devices = (0..self.w.len()).map(|m| DevicePlan { window: self.w[m], gpu_layers: self.n[m], experts_in_ram: self.e[m] }).collect();
+        Plan { n_layer, devices }
+    }
 }
 
 /// One integer program (eqs 6–10) for fixed sets and k, solved with HiGHS (presolve off:
@@ -224,11 +233,22 @@ pub fn solve_fixed_with(devices: &[DeviceProfile], model: &ModelProfile, sets: &
     let mut w_lo = Vec::new();
     let mut w_hi = Vec::new();
     let mut n_hi = Vec::new();
+    // GPU layers that keep their experts in RAM (hearth's addition, issue 15), on a
+    // discrete GPU: they trade GPU memory for RAM, so the rows below count those experts
+    // in RAM, not in VRAM. On a device that holds its layers (M4) the RAM must hold them;
+    // on an overloaded Linux/Android device (M3) what does not fit is paged like any
+    // expert bytes.
+    let mut e_hi = Vec::new();
     let mut rows: Vec<(usize, i64, i64)> = Vec::new(); // (device, lo, hi) on w − n
     for (m, (dev, &set)) in devices.iter().zip(sets).enumerate() {
         let head = m == 0;
         let cap = cost::ram_cap(dev, model, head, k);
-        let gcap = if set == DeviceSet::M1 { 0 } else { cost::gpu_cap(dev, model, head, k).min(big_w) };
+        let experts = matches!(set, DeviceSet::M4 | DeviceSet::M3) && cost::experts_in_ram_possible(dev, model);
+        let gcap = match set {
+            DeviceSet::M1 => 0,
+            _ if experts => cost::gpu_dense_cap(dev, model, head, k).min(big_w),
+            _ => cost::gpu_cap(dev, model, head, k).min(big_w),
+        };
         let (mut lo, mut hi) = (lower[m] as i64, big_w as i64);
         let macos = dev.os == crate::profile::Os::Macos;
         match (set, macos) {
@@ -243,7 +263,11 @@ pub fn solve_fixed_with(devices: &[DeviceProfile], model: &ModelProfile, sets: &
         w_lo.push(lo);
         w_hi.push(hi);
         n_hi.push(gcap);
+        e_hi.push(if experts { gcap } else { 0 });
     }
+    // In layers of b′: a layer's experts, and the GPU and RAM rooms per window.
+    let bp = model.layer_bytes_with_kv();
+    let r = model.moe.as_ref().map_or(0.0, |m| m.expert_bytes) / bp;
     if w_lo.iter().sum::<i64>() > big_w as i64 || w_hi.iter().sum::<i64>() < big_w as i64 {
         return None;
     }
@@ -258,20 +282,38 @@ pub fn solve_fixed_with(devices: &[DeviceProfile], model: &ModelProfile, sets: &
         let mut pb = RowProblem::default();
         let mut wc = Vec::new();
         let mut nc = Vec::new();
+        let mut ec = Vec::new();
         for (m, (dev, &set)) in devices.iter().zip(sets).enumerate() {
             let (a, b) = cost::ilp_coefficients(dev, model, set);
             wc.push(pb.add_column_with_integrality(US * kf * a, w_lo[m] as f64..=w_hi[m] as f64, integer));
             nc.push(pb.add_column_with_integrality(US * kf * b, 0.0..=n_hi[m] as f64, integer));
+            let g = cost::ilp_expert_coefficient(dev, model, set);
+            ec.push(pb.add_column_with_integrality(US * kf * g, 0.0..=e_hi[m] as f64, integer));
         }
         pb.add_row(big_w as f64..=big_w as f64, wc.iter().map(|&c| (c, 1.0)));
         for m in 0..devices.len() {
             if n_hi[m] > 0 {
                 pb.add_row(..=0.0, [(nc[m], 1.0), (wc[m], -1.0)]);
             }
+            if e_hi[m] > 0 {
+                pb.add_row(..=0.0, [(ec[m], 1.0), (nc[m], -1.0)]);
+                // GPU memory: whole layers take b′, those with experts in RAM b′ − experts:
+                // n − r e ≤ room (with `floor_layers`' hair of slack).
+                let room = cost::gpu_room(&devices[m], model, m == 0) / (kf * bp);
+                pb.add_row(..=room + 1e-9, [(nc[m], 1.0), (ec[m], -r)]);
+            }
         }
         for &(m, lo, hi) in &rows {
             let lo = if lo == i64::MIN { f64::NEG_INFINITY } else { lo as f64 };
-            pb.add_row(lo..=hi as f64, [(wc[m], 1.0), (nc[m], -1.0)]);
+            if e_hi[m] > 0 {
+                // RAM holds the CPU layers and the experts kept there, (w − n) + r e: at
+                // most its room (M4), or more (M3: overloaded).
+                let room = cost::ram_room(&devices[m], model, m == 0) / (kf * bp);
+                let bounds = if lo == f64::NEG_INFINITY { lo..=room + 1e-9 } else { room + 1e-7..=f64::INFINITY };
+                pb.add_row(bounds, [(wc[m], 1.0), (nc[m], -1.0), (ec[m], r)]);
+            } else {
+                pb.add_row(lo..=hi as f64, [(wc[m], 1.0), (nc[m], -1.0)]);
+            }
         }
         let mut h = pb.optimise(Sense::Minimise);
         h.set_option("presolve", if presolve { "on" } else { "off" });
@@ -294,13 +336,15 @@ pub fn solve_fixed_with(devices: &[DeviceProfile], model: &ModelProfile, sets: &
         (SolveMode::Auto, None) => return None,
         _ => run(true)?,
     };
-    let w: Vec<usize> = (0..devices.len()).map(|m| cols[2 * m].round().max(0.0) as usize).collect();
-    let n: Vec<usize> = (0..devices.len()).map(|m| (cols[2 * m + 1].round().max(0.0) as usize).min(w[m])).collect();
+    // Three columns per device: w, n, e.
+    let w: Vec<usize> = (0..devices.len()).map(|m| cols[3 * m].round().max(0.0) as usize).collect();
+    let n: Vec<usize> = (0..devices.len()).map(|m| (cols[3 * m + 1].round().max(0.0) as usize).min(w[m])).collect();
+    let e: Vec<usize> = (0..devices.len()).map(|m| (cols[3 * m + 2].round().max(0.0) as usize).min(n[m])).collect();
     if w.iter().sum::<usize>() != big_w {
         return None;
     }
     let obj = obj + cost::ilp_constant(devices, model, sets, k);
-    Some(Solved { k, w, n, cost: obj })
+    Some(Solved { k, w, n, e, cost: obj })
 }
 
 /// How [`solve_fixed_with`] uses HiGHS.
@@ -313,13 +357,14 @@ pub enum SolveMode {
     Integer,
 }
 
-/// The sets Algorithm 1 line 6 assigns from (w, n, k) and the forced M4 devices.
-pub fn assign_sets(devices: &[DeviceProfile], model: &ModelProfile, w: &[usize], n: &[usize], k: usize, forced: &BTreeSet<usize>, disk_threshold: f64) -> Vec<DeviceSet> {
+/// The sets Algorithm 1 line 6 assigns from (w, n, k), the GPU layers with experts in
+/// RAM `e` (hearth's), and the forced M4 devices.
+pub fn assign_sets(devices: &[DeviceProfile], model: &ModelProfile, w: &[usize], n: &[usize], e: &[usize], k: usize, forced: &BTreeSet<usize>, disk_threshold: f64) -> Vec<DeviceSet> {
     devices
         .iter()
         .enumerate()
         .map(|(m, d)| {
-            let over = cost::overloaded(d, model, m == 0, w[m], n[m], k);
+            let over = cost::overloaded(d, model, m == 0, w[m], n[m], e[m], k);
             let fast = cost::fast_disk(d, model, disk_threshold) && !forced.contains(&m);
             cost::set_for(d, over, fast)
         })
@@ -346,7 +391,7 @@ impl Solver<'_> {
         // The program optimises the paper's model; solutions are compared by the ring's
         // (`cost::predict_ring`), which differs where devices re-read their layers.
         let s = solve_fixed(self.devices, self.model, sets, k, &self.lower).map(|mut x| {
-            let plan = Plan { n_layer: self.model.n_layer, devices: x.w.iter().zip(&x.n).map(|(&window, &gpu_layers)| DevicePlan { window, gpu_layers }).collect() };
+            let plan = x.plan(self.model.n_layer);
             x.cost = cost::predict_ring(self.devices, self.model, &plan, self.disk_threshold).tpot_s;
             x
         });
@@ -360,13 +405,15 @@ impl Solver<'_> {
         let (devices, model) = (self.devices, self.model);
         let ks = rounds_for(model.n_layer, self.lower.iter().sum());
         let (mut w, mut n, mut k) = start;
+        // Starting points keep every expert with its layer; solutions may not.
+        let mut e = vec![0; devices.len()];
         let mut forced = BTreeSet::new();
         let mut prev: Option<Vec<DeviceSet>> = None;
         let mut best: Option<Solved> = None;
         // Sets only change when the solution or the forced set does; the forced set only
         // grows, so this bound is generous.
         for _ in 0..(4 * devices.len() + 8) {
-            let sets = assign_sets(devices, model, &w, &n, k, &forced, disk_threshold);
+            let sets = assign_sets(devices, model, &w, &n, &e, k, &forced, disk_threshold);
             if prev.as_ref() == Some(&sets) {
                 break;
             }
@@ -392,7 +439,7 @@ impl Solver<'_> {
                 forced.insert(ms);
                 continue;
             }
-            (w, n, k) = (r.w, r.n, r.k);
+            (w, n, e, k) = (r.w, r.n, r.e, r.k);
         }
         best
     }
@@ -546,7 +593,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
             // baseline's plan, so Halda never returns a worse one (when it is feasible).
             if members.len() == devices.len() {
                 for (w, n, k) in &seeds {
-                    let sets = assign_sets(&profs, model, w, n, *k, &BTreeSet::new(), threshold);
+                    let sets = assign_sets(&profs, model, w, n, &vec![0; profs.len()], *k, &BTreeSet::new(), threshold);
                     if let Some(x) = solver.solve(&sets, *k) {
                         if r.as_ref().is_none_or(|b| x.cost < b.cost) {
                             r = Some(x);
@@ -606,7 +653,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     let (_, members, r, _) = best.ok_or(ScheduleError::Infeasible)?;
     // A device other than the head that ended with no layers is left out of the ring.
     let keep: Vec<usize> = (0..members.len()).filter(|&m| m == 0 || r.w[m] > 0).collect();
-    let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&m| DevicePlan { window: r.w[m], gpu_layers: r.n[m] }).collect() };
+    let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&m| DevicePlan { window: r.w[m], gpu_layers: r.n[m], experts_in_ram: r.e[m] }).collect() };
     let members = keep.iter().map(|&m| members[m]).collect();
     finish(devices, model, opts, members, plan, solves)
 }

@@ -16,6 +16,8 @@ pub enum PlanError {
     NotWholeRounds { window_sum: usize, n_layer: usize },
     #[error("device {device} has {gpu} GPU layers but a window of only {window}")]
     GpuLayers { device: usize, gpu: usize, window: usize },
+    #[error("device {device} keeps the experts of {experts} GPU layers in RAM but has only {gpu} GPU layers")]
+    ExpertsInRam { device: usize, experts: usize, gpu: usize },
     #[error("{devices} devices cannot split {n_layer} layers")]
     TooManyDevices { devices: usize, n_layer: usize },
 }
@@ -26,6 +28,22 @@ pub struct DevicePlan {
     pub window: usize,
     /// Of each window, the first this many layers run on the device's GPU (n_m).
     pub gpu_layers: usize,
+    /// Of those GPU layers, the first this many keep their routed experts in the host's
+    /// RAM (MoE models; llama.cpp's `--n-cpu-moe` per window): attention, norms, router
+    /// and shared experts on the GPU, each token's chosen experts on the CPU.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub experts_in_ram: usize,
+}
+
+fn is_zero(x: &usize) -> bool {
+    *x == 0
+}
+
+impl DevicePlan {
+    /// A window of `window` layers, `gpu_layers` of them on the GPU with their experts.
+    pub fn new(window: usize, gpu_layers: usize) -> DevicePlan {
+        DevicePlan { window, gpu_layers, experts_in_ram: 0 }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,7 +56,7 @@ pub struct Plan {
 impl Plan {
     /// Window sizes per device, in ring order, e.g. `[4, 3, 3]`.
     pub fn from_windows(n_layer: usize, windows: &[usize]) -> Result<Plan, PlanError> {
-        let devices = windows.iter().map(|&w| DevicePlan { window: w, gpu_layers: 0 }).collect();
+        let devices = windows.iter().map(|&w| DevicePlan::new(w, 0)).collect();
         let plan = Plan { n_layer, devices };
         plan.check()?;
         Ok(plan)
@@ -68,6 +86,9 @@ impl Plan {
         for (i, d) in self.devices.iter().enumerate() {
             if d.gpu_layers > d.window {
                 return Err(PlanError::GpuLayers { device: i, gpu: d.gpu_layers, window: d.window });
+            }
+            if d.experts_in_ram > d.gpu_layers {
+                return Err(PlanError::ExpertsInRam { device: i, experts: d.experts_in_ram, gpu: d.gpu_layers });
             }
         }
         Ok(())
@@ -144,5 +165,12 @@ mod tests {
         let mut p = Plan::even(30, 2).unwrap();
         p.devices[1].gpu_layers = 16;
         assert!(matches!(p.check(), Err(PlanError::GpuLayers { device: 1, .. })));
+        p.devices[1].gpu_layers = 4;
+        p.devices[1].experts_in_ram = 5;
+        assert!(matches!(p.check(), Err(PlanError::ExpertsInRam { device: 1, experts: 5, gpu: 4 })));
+        // Plans written before the field existed read back with none.
+        let old: DevicePlan = serde_json::from_str(r#"{"window": 3, "gpu_layers": 1}"#).unwrap();
+        assert_eq!(old, DevicePlan::new(3, 1));
+        assert!(!serde_json::to_string(&old).unwrap().contains("experts_in_ram"));
     }
 }

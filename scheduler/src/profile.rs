@@ -220,7 +220,7 @@ impl DeviceProfile {
 
 /// A Mixture-of-Experts model's routed experts as the cost model charges them: memory
 /// for all of them, compute and reads for the ones a token uses.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MoeProfile {
     /// Bytes of one layer's routed expert matrices (part of `layer_bytes`).
     pub expert_bytes: f64,
@@ -232,6 +232,11 @@ pub struct MoeProfile {
     /// (measured: docs/benchmarks.md, "MoE larger than memory"). The prior is
     /// `read_share` (every chosen expert a miss at the uncached share); the ring measures it.
     pub disk_share: f64,
+    /// FLOPs one token spends in one layer's routed experts, per weight format (part of
+    /// `layer_flops`): what moves to the CPU when a GPU layer keeps its experts in RAM.
+    /// Empty in profiles written before it existed: then estimated from the bytes.
+    #[serde(default)]
+    pub expert_flops: PerQuant,
 }
 
 /// The model, as the model profiler reads it from the GGUF (or as computed from the
@@ -279,7 +284,7 @@ impl ModelProfile {
     /// Bytes one token reads from memory in one layer: the dense weights, the experts it
     /// uses and the KV cache.
     pub fn layer_read_bytes(&self) -> f64 {
-        self.layer_bytes_with_kv() - self.moe.map_or(0.0, |m| m.expert_bytes * (1.0 - m.read_share))
+        self.layer_bytes_with_kv() - self.moe.as_ref().map_or(0.0, |m| m.expert_bytes * (1.0 - m.read_share))
     }
 
     /// Of the bytes a device cannot hold, the share one token pages in from disk: 1 for a
@@ -290,7 +295,7 @@ impl ModelProfile {
     /// dense parts). Floored above zero: it divides disk speeds.
     pub fn paged_share(&self) -> f64 {
         const MIN_SHARE: f64 = 1e-9;
-        match self.moe {
+        match &self.moe {
             Some(m) if m.expert_bytes > 0.0 => m.disk_share.clamp(MIN_SHARE, 1.0),
             _ => 1.0,
         }
@@ -299,7 +304,32 @@ impl ModelProfile {
     /// Bytes a layer that was let go whole (Metal's shared memory, eq 16) reads back per
     /// token: all of a dense layer; a MoE layer's dense part and `disk_share` of its experts.
     pub fn released_layer_bytes(&self) -> f64 {
-        self.layer_bytes - self.moe.map_or(0.0, |m| m.expert_bytes * (1.0 - self.paged_share()))
+        self.layer_bytes - self.moe.as_ref().map_or(0.0, |m| m.expert_bytes * (1.0 - self.paged_share()))
+    }
+
+    /// Bytes of one layer's routed experts a token reads (0 for a dense model).
+    pub fn expert_read_bytes(&self) -> f64 {
+        self.moe.as_ref().map_or(0.0, |m| m.expert_bytes * m.read_share)
+    }
+
+    /// FLOPs of one token in one layer's routed experts: the profile's figures, or for a
+    /// profile without them the weight FLOPs in the experts' share of the bytes a token
+    /// reads (FLOPs follow weights within a format). Empty for a dense model.
+    pub fn expert_flops(&self) -> PerQuant {
+        let Some(m) = &self.moe else { return PerQuant::default() };
+        if m.expert_flops.total() > 0.0 {
+            return m.expert_flops.clone();
+        }
+        let weights_read = self.layer_read_bytes() - self.kv_bytes_per_layer();
+        let share = if weights_read > 0.0 { (self.expert_read_bytes() / weights_read).clamp(0.0, 1.0) } else { 0.0 };
+        let mut f = self.layer_flops.clone();
+        // Attention (F16 against the cache) and element-wise F32 work stay with the layer.
+        f.f16 = 0.0;
+        f.f32 = 0.0;
+        for x in f.values_mut() {
+            *x *= share;
+        }
+        f
     }
 
     /// `2(h_k e_k + h_v e_v) n_kv`: F16 KV-cache bytes of one layer.

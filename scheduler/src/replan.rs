@@ -120,6 +120,10 @@ fn overflow(members: &[DeviceProfile], model: &ModelProfile, plan: &Plan) -> Opt
     let k = plan.rounds();
     members.iter().zip(&plan.devices).enumerate().find_map(|(m, (dev, p))| {
         let cap = crate::cost::gpu_cap(dev, model, m == 0, k);
-        (p.gpu_layers > cap).then(|| format!("{}'s GPU holds {cap} layers per window now, the plan puts {} there", dev.name, p.gpu_layers))
+        let fits = crate::cost::gpu_fits(dev, model, m == 0, k, p.gpu_layers, p.experts_in_ram);
+        (!fits).then(|| match p.experts_in_ram {
+            0 => format!("{}'s GPU holds {cap} layers per window now, the plan puts {} there", dev.name, p.gpu_layers),
+            e => format!("{}'s GPU holds {cap} whole layers per window now, the plan puts {} there ({e} with their experts in RAM)", dev.name, p.gpu_layers),
+        })
     })
 }

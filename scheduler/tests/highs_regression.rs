@@ -59,7 +59,7 @@ fn brute(devices: &[DeviceProfile], m: &ModelProfile, sets: &[DeviceSet], k: usi
     for a in 1..big_w {
         for b in 1..big_w - a {
             let c = big_w - a - b;
-            let p = Plan { n_layer: m.n_layer, devices: [a, b, c].iter().map(|&window| DevicePlan { window, gpu_layers: 0 }).collect() };
+            let p = Plan { n_layer: m.n_layer, devices: [a, b, c].iter().map(|&window| DevicePlan::new(window, 0)).collect() };
             let pr = predict(devices, m, &p, DEFAULT_DISK_THRESHOLD);
             let ok = pr.devices.iter().zip(sets).all(|(d, &s)| (s == DeviceSet::M4) != d.overloaded);
             if ok && best.is_none_or(|x| pr.tpot_s < x) {

@@ -130,7 +130,7 @@ fn all_plans(devices: &[DeviceProfile], m: &ModelProfile, k: usize, f: &mut dyn 
         }
         for w in 1..=left {
             for n in 0..=w.min(gpu_cap(&devices[i], m, i == 0, k)) {
-                acc.push(DevicePlan { window: w, gpu_layers: n });
+                acc.push(DevicePlan::new(w, n));
                 rec(devices, m, k, left - w, acc, f);
                 acc.pop();
             }
@@ -196,7 +196,7 @@ proptest! {
                 (None, None) => {}
                 (Some(Solved { cost, w, n, .. }), Some(b)) => {
                     prop_assert!(close(*cost, b), "k={k} ilp {cost} brute {b} (w {w:?} n {n:?})");
-                    let p = Plan { n_layer: m.n_layer, devices: w.iter().zip(n).map(|(&window, &gpu_layers)| DevicePlan { window, gpu_layers }).collect() };
+                    let p = Plan { n_layer: m.n_layer, devices: w.iter().zip(n).map(|(&window, &gpu_layers)| DevicePlan::new(window, gpu_layers)).collect() };
                     let pr = predict(&devices, &m, &p, DEFAULT_DISK_THRESHOLD);
                     prop_assert!(close(pr.tpot_s, *cost), "objective {cost} != model {}", pr.tpot_s);
                     global_ilp = Some(global_ilp.map_or(*cost, |g: f64| g.min(*cost)));

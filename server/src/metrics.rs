@@ -86,6 +86,7 @@ fn describe() {
     describe_counter!("hearth_replans_total", "Plans adopted after the first (idle re-planning or POST /admin/replan)");
     describe_gauge!("hearth_device_layers", "Layers per token a device runs under the running plan (0: left out or relay)");
     describe_gauge!("hearth_device_gpu_layers", "Of hearth_device_layers, those on the device's GPU");
+    describe_gauge!("hearth_device_experts_in_ram_layers", "Of hearth_device_gpu_layers, those whose routed experts run from the device's RAM (MoE models)");
 }
 
 pub fn replanned() {
@@ -97,8 +98,8 @@ pub fn measured_tpot(seconds: f64) {
 }
 
 /// The running plan: its predicted TPOT, k, and per device (by name) the layers per token
-/// and GPU layers per token; devices left out show 0.
-pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<Item = (&'a str, usize, usize)>, dropped: impl Iterator<Item = &'a str>) {
+/// GPU layers per token, and of those with experts in RAM; devices left out show 0.
+pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<Item = (&'a str, usize, usize, usize)>, dropped: impl Iterator<Item = &'a str>) {
     match predicted_s {
         Some(t) => gauge!("hearth_plan_predicted_tpot_seconds").set(t),
         None => gauge!("hearth_plan_predicted_tpot_seconds").set(f64::NAN),
@@ -106,13 +107,15 @@ pub fn plan<'a>(predicted_s: Option<f64>, rounds: usize, members: impl Iterator<
     gauge!("hearth_plan_rounds").set(rounds as f64);
     // Registers the counter, so it shows (at 0) before the first re-plan.
     counter!("hearth_replans_total").increment(0);
-    for (device, layers, gpu) in members {
+    for (device, layers, gpu, experts) in members {
         gauge!("hearth_device_layers", "device" => device.to_string()).set(layers as f64);
         gauge!("hearth_device_gpu_layers", "device" => device.to_string()).set(gpu as f64);
+        gauge!("hearth_device_experts_in_ram_layers", "device" => device.to_string()).set(experts as f64);
     }
     for device in dropped {
         gauge!("hearth_device_layers", "device" => device.to_string()).set(0.0);
         gauge!("hearth_device_gpu_layers", "device" => device.to_string()).set(0.0);
+        gauge!("hearth_device_experts_in_ram_layers", "device" => device.to_string()).set(0.0);
     }
 }
 

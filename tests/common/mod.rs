@@ -28,7 +28,17 @@ impl Served {
 
     /// Starts `hearth serve --port 0 ARGS --model MODEL`.
     pub fn start_model(model: &std::path::Path, args: &[&str]) -> Served {
-        Served::spawn(&["serve", "--port", "0"], args, model, "listening on http://").unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
+        Served::start_model_env(model, args, &[])
+    }
+
+    /// [`Served::start_model`] with extra environment variables.
+    pub fn start_model_env(model: &std::path::Path, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Served {
+        Served::spawn_env(&["serve", "--port", "0"], args, model, "listening on http://", env).unwrap_or_else(|log| panic!("hearth serve exited before listening:\n{log}"))
+    }
+
+    /// `hearth worker --listen 127.0.0.1:0 ARGS --model MODEL` with extra environment variables.
+    pub fn worker_env(model: &std::path::Path, args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Served {
+        Served::spawn_env(&["worker", "--listen", "127.0.0.1:0"], args, model, "worker listening on ", env).unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))
     }
 
     /// Starts `hearth worker --listen 127.0.0.1:0 ARGS --model <default>`.
@@ -47,11 +57,16 @@ impl Served {
     }
 
     fn spawn(role: &[&str], args: &[&str], model: &std::path::Path, marker: &str) -> Result<Served, String> {
+        Served::spawn_env(role, args, model, marker, &[])
+    }
+
+    fn spawn_env(role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_hearth-under-test"))
             .args(role)
             .args(args)
             .arg("--model")
             .arg(model)
+            .envs(env.iter().copied())
             .env("HEARTH_LOG", "info")
             .stderr(Stdio::piped())
             .spawn()

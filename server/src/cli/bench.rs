@@ -25,12 +25,21 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
 
     let file = Arc::new(ModelFile::open(&path)?);
     let spec = file.spec.clone();
-    let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, ..StageConfig::whole(&spec) };
+    let gpu = crate::runtime::GpuPlacement { layers: crate::runtime::GpuLayers::Count(args.gpu_layers), experts_in_ram: crate::runtime::GpuLayers::Count(args.experts_in_ram) };
+    gpu.check(spec.moe.is_some())?;
+    let (accel_layers, experts_in_ram) = (args.gpu_layers.min(spec.n_layer), args.experts_in_ram.min(args.gpu_layers.min(spec.n_layer)));
+    let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, ..StageConfig::whole(&spec) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
-    let reference = Reference::load(&path, args.threads)?;
+    // llama.cpp offloads the last N layers: the experts kept in RAM are the first of those.
+    let first_gpu = spec.n_layer - accel_layers;
+    let reference = Reference::load_offloaded_moe(&path, args.threads, accel_layers, first_gpu..first_gpu + experts_in_ram)?;
 
     println!("model: {} ({} layers, {})", path.display(), spec.n_layer, spec.arch_name);
     println!("threads: {}, prompt: {} tokens, decode: {} tokens, rounds: {}", args.threads, prompt.len(), args.gen_tokens, args.reps);
+    if accel_layers > 0 {
+        let device = engine::accelerators().first().map_or_else(String::new, |a| a.description.clone());
+        println!("accelerator: {device}, {accel_layers} layers in both engines, of them {experts_in_ram} with their experts in RAM");
+    }
     let mut best_ref: Option<Timing> = None;
     let mut best_hearth: Option<Timing> = None;
     let (mut pp_ratios, mut tg_ratios) = (Vec::new(), Vec::new());

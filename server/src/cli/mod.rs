@@ -315,6 +315,12 @@ pub struct ServeArgs {
     /// refuses a number above 0.
     #[arg(long, env = "HEARTH_GPU_LAYERS", default_value = "auto")]
     pub gpu_layers: crate::runtime::GpuLayers,
+    /// Mixture-of-Experts models: of each window's GPU layers, how many keep their routed
+    /// experts in RAM (run on the CPU) while attention, norms, router and shared experts
+    /// stay on the GPU: a number, or `auto` (in a ring the plan's; on a single node the
+    /// fewest that let every layer's GPU part fit). llama.cpp's `--n-cpu-moe`.
+    #[arg(long, env = "HEARTH_EXPERTS_IN_RAM", default_value = "auto", alias = "n-cpu-moe")]
+    pub experts_in_ram: crate::runtime::GpuLayers,
     /// Where the head listens for the last worker's link back (bind address).
     #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
     pub ring_listen: String,
@@ -377,6 +383,10 @@ pub struct WorkerArgs {
     /// head's plan says). A build without a GPU backend refuses a number above 0.
     #[arg(long, env = "HEARTH_GPU_LAYERS", default_value = "auto")]
     pub gpu_layers: crate::runtime::GpuLayers,
+    /// Mixture-of-Experts models: of each window's GPU layers, how many keep their routed
+    /// experts in RAM: a number, or `auto` (what the head's plan says).
+    #[arg(long, env = "HEARTH_EXPERTS_IN_RAM", default_value = "auto", alias = "n-cpu-moe")]
+    pub experts_in_ram: crate::runtime::GpuLayers,
     /// Benchmarks only: delay every ring frame this worker sends by this many milliseconds.
     #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
     pub emulate_hop_ms: f64,
@@ -400,6 +410,14 @@ pub struct BenchArgs {
     /// machine) and the median of the per-round ratios.
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Layers on the accelerator, in both engines (llama.cpp's `-ngl`: its last N layers;
+    /// hearth's first N, as a ring window's; a GPU build only).
+    #[arg(long, default_value_t = 0)]
+    pub gpu_layers: usize,
+    /// MoE models: of those GPU layers, how many keep their routed experts in RAM, in both
+    /// engines (llama.cpp's `--n-cpu-moe` for the same layers).
+    #[arg(long, default_value_t = 0)]
+    pub experts_in_ram: usize,
 }
 
 #[derive(Args, Debug, Clone)]

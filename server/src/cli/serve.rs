@@ -92,8 +92,9 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
         repack: !args.no_repack,
         ring: ring_setup(args)?,
         gpu_layers: {
-            args.gpu_layers.check()?;
-            args.gpu_layers
+            let p = crate::runtime::GpuPlacement { layers: args.gpu_layers, experts_in_ram: args.experts_in_ram };
+            p.layers.check()?;
+            p
         },
     })
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use engine::tokenizer::Tokenizer;
 use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 
-use super::gpu_layers::GpuLayers;
+use super::gpu_layers::{GpuLayers, GpuPlacement};
 
 use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, Proposer, SubmitError};
 use super::ring::board::{ClusterView, PlanBoard, PlanView, ReplanRequest};
@@ -39,8 +39,9 @@ pub struct HeadConfig {
     pub repack: bool,
     /// `None`: every layer on this machine.
     pub ring: Option<RingSetup>,
-    /// Layers of each of this machine's windows on its accelerator.
-    pub gpu_layers: GpuLayers,
+    /// Layers of each of this machine's windows on its accelerator, and of those with
+    /// their experts in RAM.
+    pub gpu_layers: GpuPlacement,
 }
 
 /// Where speculative drafts come from.
@@ -66,6 +67,7 @@ impl Head {
     pub fn start(cfg: &HeadConfig, tokenizer: Arc<Tokenizer>) -> Result<Head> {
         let file = Arc::new(ModelFile::open(&cfg.model)?);
         let spec = file.spec.clone();
+        cfg.gpu_layers.check(spec.moe.is_some()).map_err(crate::Error::Config)?;
         let parallel = cfg.parallel.max(1);
         let max_batch = cfg.max_batch.max(parallel);
         // Speculation stays exact only if a verified draft computes as it would alone.
@@ -75,8 +77,14 @@ impl Head {
             Some(ring) => {
                 let mut pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
                 // Pinned windows carry the head's own GPU layers, so the plan says where they run.
-                if let (Some(plan), GpuLayers::Count(n)) = (pinned.as_mut(), cfg.gpu_layers) {
-                    plan.devices[0].gpu_layers = n.min(plan.devices[0].window);
+                if let Some(plan) = pinned.as_mut() {
+                    let d = &mut plan.devices[0];
+                    if let GpuLayers::Count(n) = cfg.gpu_layers.layers {
+                        d.gpu_layers = n.min(d.window);
+                    }
+                    if let GpuLayers::Count(e) = cfg.gpu_layers.experts_in_ram {
+                        d.experts_in_ram = e.min(d.gpu_layers);
+                    }
                 }
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
@@ -89,13 +97,16 @@ impl Head {
                 // A model larger than this machine's memory is served from the mapping, paged
                 // by the OS; repacked copies would have to fit in memory instead.
                 let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None);
-                let fit = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq);
-                let accel_layers = cfg.gpu_layers.resolve(fit).min(spec.n_layer);
+                let (fit, fit_experts) = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq, cfg.gpu_layers.experts_in_ram);
+                let (accel_layers, experts_in_ram) = cfg.gpu_layers.resolve(fit, fit_experts);
+                let accel_layers = accel_layers.min(spec.n_layer);
                 if accel_layers > 0 {
-                    tracing::info!(layers = accel_layers, of = spec.n_layer, "layers on the accelerator");
+                    tracing::info!(layers = accel_layers, of = spec.n_layer, experts_in_ram, "layers on the accelerator (of them, with their routed experts in RAM)");
                 }
-                let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, accel_layers, ..stage.clone() };
-                (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), Arc::new(PlanBoard::single(spec.n_layer)))
+                let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, accel_layers, experts_in_ram, ..stage.clone() };
+                let board = Arc::new(PlanBoard::single(spec.n_layer));
+                board.placed(0, accel_layers, experts_in_ram);
+                (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), board)
             }
         };
         let proposer = match &cfg.speculation {

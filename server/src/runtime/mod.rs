@@ -9,7 +9,7 @@ pub mod head;
 pub mod profiling;
 pub mod ring;
 
-pub use gpu_layers::GpuLayers;
+pub use gpu_layers::{GpuLayers, GpuPlacement};
 pub use head::{Head, HeadConfig, Speculation};
 pub use ring::RingSetup;
 

@@ -205,7 +205,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let n_ctx = CALIBRATION_WARMUP + CALIBRATION_TOKENS + 1;
     // A model small enough is timed whole, output layer included, as the head runs it.
     let whole = layers == n_layer;
-    let cfg = StageConfig { windows: vec![0..layers], n_seq: 1, n_ctx_seq: n_ctx, max_batch: 1, threads, accel_layers: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false };
+    let cfg = StageConfig { windows: vec![0..layers], n_seq: 1, n_ctx_seq: n_ctx, max_batch: 1, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false };
     let mut stage = Stage::new(file, cfg)?;
     let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
     for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {

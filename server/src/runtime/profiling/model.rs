@@ -62,6 +62,7 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     let mut output_flops = PerQuant::default();
     let mut embd_ty = GgmlType::F32;
     let mut expert_bytes = 0u64;
+    let mut expert_flops = PerQuant::default();
     // A token runs only the experts the router picks: of stacked expert matrices, the
     // FLOPs are charged for `expert_used_count / expert_count` of them, the bytes for all.
     let expert_share = spec.moe.map_or(1.0, |m| m.n_expert_used as f64 / m.n_expert as f64);
@@ -79,6 +80,7 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
             layer_bytes += t.n_bytes;
             if t.name.contains("_exps.") {
                 expert_bytes += t.n_bytes;
+                *format_slot(&mut expert_flops, t.ty) += matrix_flops;
             }
             *format_slot(&mut layer_flops, t.ty) += matrix_flops;
         } else if t.name == "token_embd.weight" {
@@ -97,7 +99,7 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
     let n_layer = spec.n_layer.max(1);
     let per_layer = |x: f64| x / n_layer as f64;
     let mut lf = layer_flops.clone();
-    for f in lf.values_mut() {
+    for f in lf.values_mut().into_iter().chain(expert_flops.values_mut()) {
         *f = per_layer(*f);
     }
     // Attention against an F16 cache: QK^T and AV, each 2 FLOPs per head dim per cached
@@ -130,6 +132,7 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
             expert_bytes: per_layer(expert_bytes as f64),
             read_share: expert_share,
             disk_share: (expert_share * EXPERT_PAGE_AMPLIFICATION).min(1.0),
+            expert_flops,
         }),
     }
 }

@@ -22,9 +22,17 @@ const MEASURED_WINDOW: usize = 64;
 pub struct MemberView {
     /// `head`, or the worker's address.
     pub name: String,
-    /// Layers per window (w) and of them on the GPU (n).
+    /// Layers per window (w) and of them on the GPU (n), as the member placed them.
     pub window: usize,
     pub gpu_layers: usize,
+    /// Of the GPU layers, those whose routed experts run from RAM (MoE models).
+    pub experts_in_ram: usize,
+    /// The plan's figures, where the member's own `--gpu-layers` / `--experts-in-ram`
+    /// placed otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_gpu_layers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_experts_in_ram: Option<usize>,
     /// Its layer windows, one per round: `[start, end)`.
     pub layers: Vec<[usize; 2]>,
     /// The cost model's view of it, when the plan came from the scheduler.
@@ -169,7 +177,7 @@ pub struct PlanBoard {
 impl PlanBoard {
     /// A head without workers: one member running every layer.
     pub fn single(n_layer: usize) -> PlanBoard {
-        let plan = Plan { n_layer, devices: vec![scheduler::DevicePlan { window: n_layer, gpu_layers: 0 }] };
+        let plan = Plan { n_layer, devices: vec![scheduler::DevicePlan::new(n_layer, 0)] };
         let board = PlanBoard::new(view("single", false, &plan, &[super::planning::HEAD_NAME.to_string()], None, Vec::new()), false);
         board.export();
         board
@@ -248,6 +256,22 @@ impl PlanBoard {
         self.export();
     }
 
+    /// What member `i` (0: the head) placed on its accelerator when it loaded the plan:
+    /// its own `--gpu-layers` / `--experts-in-ram` may override the plan's.
+    pub fn placed(&self, i: usize, gpu_layers: usize, experts_in_ram: usize) {
+        {
+            let mut v = self.view.lock().expect("plan view");
+            let Some(m) = v.members.get_mut(i) else { return };
+            if (m.gpu_layers, m.experts_in_ram) == (gpu_layers, experts_in_ram) {
+                return;
+            }
+            m.planned_gpu_layers = Some(m.planned_gpu_layers.unwrap_or(m.gpu_layers));
+            m.planned_experts_in_ram = Some(m.planned_experts_in_ram.unwrap_or(m.experts_in_ram));
+            (m.gpu_layers, m.experts_in_ram) = (gpu_layers, experts_in_ram);
+        }
+        self.export();
+    }
+
     pub fn checked(&self, check: CheckView) {
         self.view.lock().expect("plan view").last_check = Some(check);
     }
@@ -290,7 +314,7 @@ impl PlanBoard {
 
     fn export(&self) {
         let v = self.view.lock().expect("plan view");
-        crate::metrics::plan(v.predicted_tpot_ms.map(|t| t / 1e3), v.rounds, v.members.iter().map(|m| (m.name.as_str(), v.rounds * m.window, v.rounds * m.gpu_layers)), v.dropped.iter().map(String::as_str));
+        crate::metrics::plan(v.predicted_tpot_ms.map(|t| t / 1e3), v.rounds, v.members.iter().map(|m| (m.name.as_str(), v.rounds * m.window, v.rounds * m.gpu_layers, v.rounds * m.experts_in_ram)), v.dropped.iter().map(String::as_str));
     }
 }
 
@@ -322,6 +346,9 @@ pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], predic
                 name: name.clone(),
                 window: plan.devices[i].window,
                 gpu_layers: plan.devices[i].gpu_layers,
+                experts_in_ram: plan.devices[i].experts_in_ram,
+                planned_gpu_layers: None,
+                planned_experts_in_ram: None,
                 layers: plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
                 set: cost.map(|c| c.set),
                 overloaded: cost.map(|c| c.overloaded),

@@ -100,7 +100,7 @@ pub struct RingConfig {
     /// The head's own windows may be repacked (`--no-repack` off; paged windows never are).
     pub repack: bool,
     /// The head's GPU layers per window: the plan's, or the user's count.
-    pub gpu_layers: crate::runtime::GpuLayers,
+    pub gpu_layers: crate::runtime::GpuPlacement,
 }
 
 /// The head's part of a plan: its stage's windows and how a step walks them. The head's
@@ -121,6 +121,8 @@ struct Layout {
     pager: Option<WindowPager>,
     /// Whether workers hold layers (a plan may give them none).
     workers_compute: bool,
+    /// The head's (GPU layers, of them with experts in RAM) per window, as placed.
+    placed: (usize, usize),
 }
 
 impl Layout {
@@ -140,6 +142,8 @@ impl Layout {
         });
         let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(first_own + r)).collect();
         let paged = super::paging::pages_from_disk(&file, &own_windows, cfg.setup.release);
+        let planned = plan.devices.first().map_or((0, 0), |d| (d.gpu_layers, d.experts_in_ram));
+        let (accel_layers, experts_in_ram) = cfg.gpu_layers.resolve(planned.0, planned.1);
         let stage = Stage::new(
             file.clone(),
             StageConfig {
@@ -148,7 +152,8 @@ impl Layout {
                 n_ctx_seq: cfg.n_ctx_seq,
                 max_batch: cfg.max_batch,
                 threads: cfg.threads,
-                accel_layers: cfg.gpu_layers.resolve(plan.devices.first().map_or(0, |d| d.gpu_layers)),
+                accel_layers,
+                experts_in_ram,
                 owns_output: true,
                 batch_invariant: cfg.batch_invariant,
                 repack: cfg.repack && !paged,
@@ -160,7 +165,8 @@ impl Layout {
         if let Some(p) = &pager {
             tracing::info!("head windows: {}", p.describe());
         }
-        Ok((stage, Layout { own, embed_window, output_window, pager, workers_compute: plan.devices[1..].iter().any(|d| d.window > 0) }))
+        let placed = if own_windows.is_empty() { (0, 0) } else { (accel_layers, experts_in_ram) };
+        Ok((stage, Layout { own, embed_window, output_window, pager, workers_compute: plan.devices[1..].iter().any(|d| d.window > 0), placed }))
     }
 }
 
@@ -263,6 +269,7 @@ impl RingPipeline {
             disk_threshold: r.planner.options.disk_threshold,
         };
         self.board.adopted(board::view(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped), Some(judge), replan);
+        self.board.placed(0, self.layout.placed.0, self.layout.placed.1);
     }
 
     /// Runs `plan` from now on, with `members` (indices into the gathered devices; 0 is
@@ -355,7 +362,7 @@ impl RingPipeline {
     fn form(&mut self) -> Result<Links, Error> {
         self.step += 1;
         let probe = self.step;
-        let (cfg, plan, workers, server, link_config, fingerprint, head_id) = (&self.cfg, &self.plan, &self.members, &mut self.server, &self.link_config, &self.fingerprint, &self.id);
+        let (cfg, plan, workers, server, link_config, fingerprint, head_id, board) = (&self.cfg, &self.plan, &self.members, &mut self.server, &self.link_config, &self.fingerprint, &self.id, &self.board);
         self.rt.block_on(async {
             // Every worker answers and has our model before any of them (re)builds its
             // stage: a ring that waits for one lost device must not make the others
@@ -376,6 +383,7 @@ impl RingPipeline {
                     fingerprint: fingerprint.clone(),
                     windows: plan.windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect(),
                     gpu_layers: plan.devices.get(i + 1).map_or(0, |d| d.gpu_layers),
+                    experts_in_ram: plan.devices.get(i + 1).map_or(0, |d| d.experts_in_ram),
                     next,
                     n_seq: cfg.n_seq,
                     n_ctx_seq: cfg.n_ctx_seq,
@@ -386,10 +394,14 @@ impl RingPipeline {
                 };
                 let body = serde_json::to_value(&wp).map_err(|e| Error::RingRefused(e.to_string()))?;
                 let reply = client.call(transport::methods::LOAD_PLAN, &body).await.map_err(|e| Error::RingRefused(format!("worker {w} refused the plan: {e}")))?;
-                // A worker's own --gpu-layers overrides the plan on that worker.
-                if let Some(placed) = reply["gpu_layers"].as_u64().filter(|&p| p != wp.gpu_layers as u64) {
-                    tracing::warn!(worker = %w, planned = wp.gpu_layers, placed, "the worker's --gpu-layers overrides the plan's GPU layers; /admin/plan shows the plan");
+                // A worker's own --gpu-layers / --experts-in-ram override the plan on that
+                // worker: /admin/plan and the metrics show what it placed.
+                let placed = |key: &str, planned: usize| reply[key].as_u64().map_or(planned, |p| p as usize);
+                let (n, e) = (placed("gpu_layers", wp.gpu_layers), placed("experts_in_ram", wp.experts_in_ram));
+                if (n, e) != (wp.gpu_layers, wp.experts_in_ram) {
+                    tracing::warn!(worker = %w, planned_gpu_layers = wp.gpu_layers, gpu_layers = n, planned_experts_in_ram = wp.experts_in_ram, experts_in_ram = e, "the worker's own --gpu-layers/--experts-in-ram override the plan");
                 }
+                board.placed(i + 1, n, e);
             }
             // Links a half-formed earlier attempt left queued would carry nothing.
             while let Ok(Some(stale)) = tokio::time::timeout(Duration::ZERO, server.accept()).await {

@@ -60,6 +60,10 @@ pub struct WorkerPlan {
     /// plan's `n_m`; a worker's own `--gpu-layers N` overrides it).
     #[serde(default)]
     pub gpu_layers: usize,
+    /// Of those, the first this many keep their routed experts in the worker's RAM (the
+    /// plan's; a worker's own `--experts-in-ram N` overrides it).
+    #[serde(default)]
+    pub experts_in_ram: usize,
     /// Where this worker sends its output: the next worker, or the head.
     pub next: String,
     pub n_seq: usize,

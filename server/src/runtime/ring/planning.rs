@@ -140,10 +140,16 @@ pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, othe
         let p = &s.plan.devices[i];
         // Weights and KV of its layers (the head also holds the output layer); more than
         // is available means reloading from disk every token.
-        let ram = cost.cpu_layers as f64 * model.layer_bytes_with_kv() + if i == 0 { model.output_bytes } else { 0.0 };
+        // Experts of GPU layers kept in RAM move their bytes from VRAM to RAM.
+        let experts = cost.experts_in_ram as f64 * model.moe.as_ref().map_or(0.0, |m| m.expert_bytes);
+        let ram = cost.cpu_layers as f64 * model.layer_bytes_with_kv() + experts + if i == 0 { model.output_bytes } else { 0.0 };
         let vram = match &d.gpu {
-            Some(g) => format!("{:.2} / {:.2} GB", cost.gpu_layers as f64 * model.layer_bytes_with_kv() / GB, g.memory_available / GB),
+            Some(g) => format!("{:.2} / {:.2} GB", (cost.gpu_layers as f64 * model.layer_bytes_with_kv() - experts) / GB, g.memory_available / GB),
             None => "-".into(),
+        };
+        let gpu_layers = match p.experts_in_ram {
+            0 => p.gpu_layers.to_string(),
+            e => format!("{} ({e} with experts in RAM)", p.gpu_layers),
         };
         let b = &cost.breakdown;
         let _ = writeln!(
@@ -153,7 +159,7 @@ pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, othe
             cost.set,
             if cost.overloaded { " (overloaded)" } else { "" },
             p.window,
-            p.gpu_layers,
+            gpu_layers,
             cost.cpu_layers + cost.gpu_layers,
             ram / GB,
             d.ram_available / GB,

@@ -37,7 +37,7 @@ pub struct WorkerConfig {
     /// Added to every frame this worker sends (benchmarks only).
     pub hop_delay: Duration,
     /// GPU layers per window: the head's plan, or the user's count.
-    pub gpu_layers: crate::runtime::GpuLayers,
+    pub gpu_layers: crate::runtime::GpuPlacement,
 }
 
 /// A worker's state, under two locks: `compute` is held for a whole step by the ring
@@ -49,7 +49,7 @@ struct Worker {
     /// Off with `--no-prefetch`.
     prefetch: bool,
     repack: bool,
-    gpu_layers: crate::runtime::GpuLayers,
+    gpu_layers: crate::runtime::GpuPlacement,
     model_path: std::path::PathBuf,
     meta: Mutex<Meta>,
     compute: Mutex<Compute>,
@@ -139,6 +139,7 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 pub fn run(cfg: WorkerConfig) -> Result<()> {
     let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers } = cfg;
     let file = Arc::new(ModelFile::open(&path)?);
+    gpu_layers.check(file.spec.moe.is_some()).map_err(Error::Config)?;
     let fingerprint = file.fingerprint();
     let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
     let state = Arc::new(Worker { file, fingerprint, prefetch, repack, gpu_layers, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
@@ -226,20 +227,21 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 )));
             }
             let paged = super::paging::pages_from_disk(&file, &plan.windows.iter().map(|&(a, b)| a..b).collect::<Vec<_>>(), plan.release);
+            let (accel_layers, experts_in_ram) = state.gpu_layers.resolve(plan.gpu_layers, plan.experts_in_ram);
             let cfg = StageConfig {
                 windows: plan.windows.iter().map(|&(a, b)| a..b).collect(),
                 n_seq: plan.n_seq,
                 n_ctx_seq: plan.n_ctx_seq,
                 max_batch: plan.max_batch,
                 threads,
-                accel_layers: state.gpu_layers.resolve(plan.gpu_layers),
+                accel_layers,
+                experts_in_ram,
                 owns_output: false,
                 batch_invariant: plan.batch_invariant,
                 repack: state.repack && !paged,
                 read_chosen_experts: paged,
             };
             let layers = cfg.windows.clone();
-            let accel_layers = cfg.accel_layers;
             let release = plan.release;
             let relay = layers.is_empty();
             let built = if relay {
@@ -277,7 +279,8 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
             .await
             .map_err(|e| ControlFailure::failed(e.to_string()))?;
             // What this worker placed where: its own --gpu-layers may override the plan's.
-            Ok(json!({"status": "ok", "gpu_layers": if relay { 0 } else { accel_layers }}))
+            let (gpu_layers, experts_in_ram) = if relay { (0, 0) } else { (accel_layers, experts_in_ram) };
+            Ok(json!({"status": "ok", "gpu_layers": gpu_layers, "experts_in_ram": experts_in_ram}))
         }
         other => Err(ControlFailure::unknown_method(other)),
     }
