@@ -70,7 +70,7 @@ fn assert_same_or_near_tie(what: &str, got: &Completion, cpu: &Completion) -> us
 }
 
 /// Four requests at once, as users send them: a streamed chat, a long prompt (over 1,000
-/// tokens: chunked prefill on the device), a short completion and a 10-turn conversation.
+/// tokens: chunked prefill on the device), a sampled completion and a 10-turn conversation.
 /// Each must complete with what it asked for.
 fn concurrent_mixed(addr: &str) {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
@@ -94,14 +94,17 @@ fn concurrent_mixed(addr: &str) {
             std::thread::spawn(move || (path, common::http(&addr, "POST", path, "", &body.to_string()).unwrap()))
         })
         .collect();
-    for h in handles {
+    for (i, h) in handles.into_iter().enumerate() {
         let (path, r) = h.join().unwrap();
         assert_eq!(r.status, 200, "{path}: {}", r.body);
-        if r.body.starts_with("data:") {
-            assert!(r.body.contains("[DONE]") && r.body.contains("finish_reason\":\""), "{path}: {}", r.body);
+        if i == 0 {
+            assert!(r.body.contains("data: [DONE]") && r.body.contains("finish_reason\":\""), "{path}: {}", r.body);
         } else {
             let v: Value = serde_json::from_str(&r.body).unwrap();
             assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0, "{path}: {v}");
+            if i == 1 {
+                assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 1000, "the long prompt: {}", v["usage"]);
+            }
         }
     }
 }
@@ -120,11 +123,10 @@ fn gpu_layers_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
     let cpu = Served::start(&["--threads", "1", "--gpu-layers", "0"]);
     let expected = complete(&cpu.addr);
     drop(cpu);
-    // Every layer, and a third, on one node; and what users send at once.
+    // Every layer, and a third, on one node.
     for n in ["30", "10"] {
         let node = Served::start(&["--threads", "1", "--gpu-layers", n]);
         assert_same_or_near_tie(&format!("single node, {n} layers on the accelerator"), &complete(&node.addr), &expected);
-        concurrent_mixed(&node.addr);
     }
     // A ring of real processes: the head and the first worker put the first 4 layers of
     // each window on their accelerator (k = 2: windows of 5 split GPU/CPU), the second
@@ -142,8 +144,17 @@ fn gpu_layers_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
     assert!(metrics.lines().any(|l| l.starts_with("hearth_device_gpu_layers{device=\"head\"} 8")), "{}", metrics.lines().filter(|l| l.contains("gpu_layers")).collect::<Vec<_>>().join("\n"));
 }
 
-/// Characters of docs/scheduler.md in the long prompt: over 1,000 tokens.
-const LONG_CHARS: usize = 5000;
+/// Characters of docs/scheduler.md in the long prompt: over 1,000 tokens (past the 512 of
+/// one batch: chunked prefill). lavapipe runs a long prompt slowly (1,903 tokens with
+/// every layer of the default model there: 226 s), so not much longer.
+const LONG_CHARS: usize = 3200;
+
+/// Most tokens per batch in the MoE tests. Mesa 22.3's lavapipe crashes inside the driver
+/// running ggml's expert kernels (`MUL_MAT_ID`; gdb: SIGSEGV in a libvulkan_lvp thread,
+/// in llama.cpp too: engine/tests/accelerator.rs), so no expert may run there: every GPU
+/// layer keeps its experts in RAM, and batches stay under the 32 tokens from which ggml
+/// offloads ops on CPU-resident weights to the device (long prompts go in many chunks).
+const LAVAPIPE_SAFE_BATCH: &str = "24";
 
 /// A tiny random qwen3moe of 6 layers (32 experts of 64, 2 per token: the experts are
 /// most of a layer's bytes, as in real MoE models) in `dir`.
@@ -174,40 +185,46 @@ fn experts_in_ram_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
     let cpu = Served::start_model(&path, &["--threads", "1", "--gpu-layers", "0", "--ctx-size", "2048"]);
     let (expected, expected_long) = (complete(&cpu.addr), complete_chars(&cpu.addr, LONG_CHARS));
     drop(cpu);
-    for experts in ["6", "2"] {
-        let node = Served::start_model(&path, &["--threads", "1", "--gpu-layers", "6", "--experts-in-ram", experts, "--ctx-size", "2048"]);
-        let what = format!("single node, 6 layers on the accelerator, experts of {experts} in RAM");
-        assert_same_or_near_tie(&what, &complete(&node.addr), &expected);
-        assert_same_or_near_tie(&format!("{what}, a prompt of over 1,000 tokens"), &complete_chars(&node.addr, LONG_CHARS), &expected_long);
-    }
+    let node = Served::start_model(&path, &["--threads", "1", "--gpu-layers", "6", "--experts-in-ram", "6", "--ctx-size", "2048", "--max-batch", LAVAPIPE_SAFE_BATCH]);
+    let what = "single node, 6 layers on the accelerator, their experts in RAM";
+    assert_same_or_near_tie(what, &complete(&node.addr), &expected);
+    assert_same_or_near_tie(&format!("{what}, a prompt of over 1,000 tokens"), &complete_chars(&node.addr, LONG_CHARS), &expected_long);
+    concurrent_mixed(&node.addr);
+    drop(node);
     // The plan (`--windows 2,2,2`) puts nothing on the workers' GPUs; the first worker
     // overrides it with both layers of its window there and their experts in RAM.
     let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1", "--gpu-layers", "2", "--experts-in-ram", "2"]).unwrap();
     let w2 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1", "--gpu-layers", "0"]).unwrap();
     let workers = format!("{},{}", w1.addr, w2.addr);
-    let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", "2,2,2", "--gpu-layers", "2", "--n-cpu-moe", "1", "--admin-key", ADMIN]);
-    assert_same_or_near_tie("ring 2,2,2: head 2 GPU layers (experts of 1 in RAM), first worker 2 (experts of both in RAM)", &complete(&head.addr), &expected);
+    let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--max-batch", LAVAPIPE_SAFE_BATCH, "--workers", &workers, "--windows", "2,2,2", "--gpu-layers", "2", "--n-cpu-moe", "2", "--admin-key", ADMIN]);
+    assert_same_or_near_tie("ring 2,2,2: head and first worker with 2 GPU layers each, their experts in RAM", &complete(&head.addr), &expected);
     assert_same_or_near_tie("the same ring, a prompt of over 1,000 tokens", &complete_chars(&head.addr, LONG_CHARS), &expected_long);
     let plan: Value = serde_json::from_str(&admin(&head.addr, "/admin/plan")).unwrap();
     let member = |i: usize, key: &str| plan["members"][i][key].clone();
-    assert_eq!((member(0, "gpu_layers"), member(0, "experts_in_ram")), (2.into(), 1.into()), "{plan}");
+    assert_eq!((member(0, "gpu_layers"), member(0, "experts_in_ram")), (2.into(), 2.into()), "{plan}");
     assert_eq!((member(1, "gpu_layers"), member(1, "experts_in_ram")), (2.into(), 2.into()), "{plan}");
     assert_eq!((member(1, "planned_gpu_layers"), member(1, "planned_experts_in_ram")), (0.into(), 0.into()), "{plan}");
     assert_eq!((member(2, "gpu_layers"), member(2, "planned_gpu_layers")), (0.into(), Value::Null), "{plan}");
     let metrics = common::http(&head.addr, "GET", "/metrics", "", "").unwrap().body;
-    let line = |device: &str, v: u32| format!("hearth_device_experts_in_ram_layers{{device=\"{device}\"}} {v}");
-    for want in [line("head", 1), line(&w1.addr, 2), line(&w2.addr, 0)] {
-        assert!(metrics.lines().any(|l| l == want), "{want} missing:\n{}", metrics.lines().filter(|l| l.contains("experts_in_ram")).collect::<Vec<_>>().join("\n"));
+    for (device, layers) in [("head", 2), (w1.addr.as_str(), 2), (w2.addr.as_str(), 0)] {
+        assert_experts_in_ram_metric(&metrics, device, layers);
     }
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `hearth_device_experts_in_ram_layers{device}` is `layers`.
+fn assert_experts_in_ram_metric(metrics: &str, device: &str, layers: usize) {
+    let want = format!("hearth_device_experts_in_ram_layers{{device=\"{device}\"}} {layers}");
+    assert!(metrics.lines().any(|l| l == want), "{want} missing:\n{}", metrics.lines().filter(|l| l.contains("experts_in_ram")).collect::<Vec<_>>().join("\n"));
+}
+
 /// Plan to placement: Halda, given device profiles whose GPU is worth using (lavapipe's
-/// own is ~100x slower than this CPU, so Halda rightly gives it nothing; the test scales
-/// the cached profile's GPU rates up and its memory down to a GPU that holds about one
-/// whole MoE layer but every layer's dense part), plans GPU layers and experts in RAM for
-/// the head and both workers; each places what the plan says on the device, the answers
-/// are the CPU's up to near-ties, and `/admin/plan` and the metrics agree.
+/// own is ~100x slower than this CPU, so Halda rightly gives it nothing; the test makes
+/// the cached profile's GPU a thousand times faster in rates and latencies, and its
+/// memory a GPU's that holds no whole MoE layer but every layer's dense part), plans GPU
+/// layers and experts in RAM for the ring's members; each places what the plan says on
+/// the device, the answers are the CPU's up to near-ties, and `/admin/plan` and the
+/// metrics agree.
 #[test]
 fn halda_plans_experts_in_ram_from_gpu_profiles_and_every_member_places_them() {
     if !has_accelerator() {
@@ -232,8 +249,10 @@ fn halda_plans_experts_in_ram_from_gpu_profiles_and_every_member_places_them() {
     let f = |v: &Value| v.as_f64().unwrap();
     let kv = 2.0 * f(&model["n_head_k"]) * f(&model["head_dim_k"]) * 2.0 * f(&model["n_kv"]);
     let (whole, experts) = (f(&model["layer_bytes"]) + kv, f(&model["moe"]["expert_bytes"]));
-    // Room for every layer's dense part and half a layer's experts: one whole layer fits.
-    let room = f(&model["compute_buffer_gpu"]) + 6.0 * (whole - experts) + 0.5 * experts;
+    // Room for every layer's dense part and a quarter of a layer's experts: no whole layer
+    // fits, so every GPU layer keeps its experts in RAM (lavapipe crashes in ggml's expert
+    // kernels for small batches: engine/tests/accelerator.rs).
+    let room = f(&model["compute_buffer_gpu"]) + 6.0 * (whole - experts) + 0.25 * experts;
     assert!(room < f(&model["compute_buffer_gpu"]) + 2.0 * whole, "the tiny model's experts must dominate its layers");
     let file = cache.join("hearth/device-profile.json");
     let mut entries: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
@@ -243,6 +262,10 @@ fn halda_plans_experts_in_ram_from_gpu_profiles_and_every_member_places_them() {
             *r = (f(r) * 1e3).into();
         }
         gpu["read_bw"] = (f(&gpu["read_bw"]) * 1e3).into();
+        // And its latencies (lavapipe's KV write and device-to-host copy take ~55 µs).
+        for key in ["kv_copy_s", "ram_to_vram_s", "vram_to_ram_s"] {
+            gpu[key] = (f(&gpu[key]) / 1e3).into();
+        }
         gpu["memory_available"] = room.into();
         // A discrete GPU (lavapipe may call itself integrated: its memory is the host's).
         gpu["uma"] = false.into();
@@ -255,7 +278,7 @@ fn halda_plans_experts_in_ram_from_gpu_profiles_and_every_member_places_them() {
     let w1 = Served::worker_env(&path, &["--threads", "1"], &env);
     let w2 = Served::worker_env(&path, &["--threads", "1"], &env);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    let head = Served::start_model_env(&path, &["--threads", "1", "--ctx-size", CTX, "--workers", &workers, "--admin-key", ADMIN], &env);
+    let head = Served::start_model_env(&path, &["--threads", "1", "--ctx-size", CTX, "--max-batch", LAVAPIPE_SAFE_BATCH, "--workers", &workers, "--admin-key", ADMIN], &env);
     let plan: Value = serde_json::from_str(&admin(&head.addr, "/admin/plan")).unwrap();
     eprintln!("{plan}");
     assert_eq!(plan["source"], "halda", "{plan}");
@@ -264,15 +287,14 @@ fn halda_plans_experts_in_ram_from_gpu_profiles_and_every_member_places_them() {
     let mut in_ram = 0;
     for m in plan["members"].as_array().unwrap() {
         let (w, n, e) = (m["window"].as_u64().unwrap() as usize, m["gpu_layers"].as_u64().unwrap() as usize, m["experts_in_ram"].as_u64().unwrap() as usize);
-        // A GPU a thousand times faster takes every layer it can; placed as planned.
-        assert_eq!(n, w, "{m}");
+        // A GPU a thousand times faster takes every layer it can, each with its experts in
+        // RAM; placed as planned.
+        assert_eq!((n, e), (w, w), "{m}");
         assert!(m.get("planned_gpu_layers").is_none() && m.get("planned_experts_in_ram").is_none(), "{m}");
         // What it placed fits its GPU: whole layers b', those with experts in RAM b' − experts.
         let need = (k * n) as f64 * whole - (k * e) as f64 * experts;
         assert!(need <= room - f(&model["compute_buffer_gpu"]) + 1.0, "{m} needs {need} bytes of GPU memory");
-        let name = m["name"].as_str().unwrap();
-        let want = format!("hearth_device_experts_in_ram_layers{{device=\"{name}\"}} {}", k * e);
-        assert!(metrics.lines().any(|l| l == want), "{want} missing");
+        assert_experts_in_ram_metric(&metrics, m["name"].as_str().unwrap(), k * e);
         in_ram += k * e;
     }
     assert!(in_ram > 0, "the plan keeps no experts in RAM: {plan}");

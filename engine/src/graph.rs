@@ -66,6 +66,10 @@ pub struct BuiltGraph {
     pub output: Option<T>,
     /// Each MoE layer's router choice and expert matrices, in layer order.
     pub expert_choices: Vec<ExpertChoice>,
+    /// The RMS-norm node of every weighted norm inside a layer (attention, Q/K, FFN and
+    /// post norms), with its layer: what llama.cpp names `norm` and pins to the layer's
+    /// device for small batches (`Stage` does the same).
+    pub layer_norms: Vec<(usize, T)>,
 }
 
 /// Nodes per layer are ~30 plus ~8 per attended sequence, and a MoE FFN ~25 more plus
@@ -129,18 +133,23 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let attn_scale = spec.attn_temperature.filter(|_| has_layers).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
 
-    let norm = |t: T, weight: T| sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, t, eps), weight);
     let add_opt = |t: T, b: Option<T>| match b {
         Some(b) => sys::ggml_add(ctx, t, b),
         None => t,
     };
     let f16_row = |n: i64| sys::ggml_row_size(sys::GGML_TYPE_F16, n);
     let mut expert_choices = Vec::new();
+    let mut layer_norms = Vec::new();
 
     for (i, il) in shape.layers.clone().enumerate() {
         let l = &w.layers[&il];
         let kv = &cache.layers[i];
         let inp_sa = x;
+        let mut norm = |t: T, weight: T| {
+            let n = sys::ggml_rms_norm(ctx, t, eps);
+            layer_norms.push((il, n));
+            sys::ggml_mul(ctx, n, weight)
+        };
         let cur = norm(x, l.attn_norm);
 
         let mut q = add_opt(sys::ggml_mul_mat(ctx, l.wq, cur), l.bq);
@@ -247,7 +256,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 // that trim after the layers, does here).
                 x = sys::ggml_get_rows(ctx, x, ids);
             }
-            let normed = norm(x, w.output_norm.expect("the last window binds output_norm"));
+            let normed = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, x, eps), w.output_norm.expect("the last window binds output_norm"));
             let mut logits = add_opt(sys::ggml_mul_mat(ctx, w.output.expect("the last window binds the LM head"), normed), w.output_b);
             if let Some(c) = spec.logit_softcap {
                 logits = sys::ggml_scale(ctx, sys::ggml_tanh(ctx, sys::ggml_scale(ctx, logits, 1.0 / c)), c);
@@ -261,7 +270,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         sys::ggml_set_output(o);
         sys::ggml_build_forward_expand(gf, o);
     }
-    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, output, expert_choices }
+    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, output, expert_choices, layer_norms }
 }
 
 /// llama.cpp's `build_moe_ffn` for the archs hearth runs: router, gating, top-k experts

@@ -111,7 +111,12 @@ impl Reference {
     }
 
     /// llama.cpp with its last `gpu_layers` repeating layers (and their KV cache) on the
-    /// build's accelerators (`-ngl`); 0 keeps everything on the CPU whatever the build.
+    /// build's accelerators and the output layer on the CPU, as hearth places them; 0 keeps
+    /// everything on the CPU whatever the build. llama.cpp's `-ngl N` counts the output
+    /// layer as the last of n_layer + 1 (`-ngl n_layer` leaves layer 0 on the CPU and puts
+    /// the LM head on the device), and GLM's never-run multi-token-prediction blocks after
+    /// the layers among them, so this is `-ngl N+1` (+ those blocks) with the output
+    /// layer's tensors overridden to the CPU.
     pub fn load_offloaded(path: impl AsRef<Path>, threads: usize, gpu_layers: usize) -> Result<Reference> {
         Self::load_full(path, threads, true, gpu_layers, 0..0)
     }
@@ -130,8 +135,20 @@ impl Reference {
             return Err(Error::Io { path: path.to_path_buf(), source: std::io::Error::from(std::io::ErrorKind::NotFound) });
         }
         let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| llama_err("loading the reference model", "path has a NUL byte"))?;
-        // The same patterns as llama.cpp's `--n-cpu-moe N` (common/arg.cpp), one per layer.
-        let patterns: Vec<CString> = experts_in_ram.clone().map(|il| CString::new(format!("blk\\.{il}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")).expect("no NUL")).collect();
+        // The same patterns as llama.cpp's `--n-cpu-moe N` (common/arg.cpp), one per layer;
+        // and the output layer (its norm and LM head, a tied one named as the embedding).
+        let mut patterns: Vec<CString> = experts_in_ram.clone().map(|il| CString::new(format!("blk\\.{il}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")).expect("no NUL")).collect();
+        if gpu_layers > 0 {
+            patterns.push(CString::new("^(output|token_embd)").expect("no NUL"));
+        }
+        // Blocks after the model's layers (GLM's `nextn`), which llama.cpp counts as layers.
+        let trailing_blocks = if gpu_layers > 0 {
+            let file = crate::ModelFile::open(path)?;
+            let blocks = file.gguf.meta().get_u64(&format!("{}.block_count", file.spec.arch_name)).unwrap_or(0) as usize;
+            blocks.saturating_sub(file.spec.n_layer)
+        } else {
+            0
+        };
         // SAFETY: default params from llama.cpp; the path, the patterns and the override
         // list (null-terminated) outlive the call, which is the only reader of them.
         let model = unsafe {
@@ -140,8 +157,8 @@ impl Reference {
             overrides.push(sys::llama_model_tensor_buft_override { pattern: std::ptr::null(), buft: std::ptr::null_mut() });
             let mut params = sys::llama_model_default_params();
             params.use_extra_bufts = repack;
-            params.n_gpu_layers = i32::try_from(gpu_layers).unwrap_or(i32::MAX);
-            if !experts_in_ram.is_empty() {
+            params.n_gpu_layers = if gpu_layers == 0 { 0 } else { i32::try_from(gpu_layers + 1 + trailing_blocks).unwrap_or(i32::MAX) };
+            if !patterns.is_empty() {
                 params.tensor_buft_overrides = overrides.as_ptr();
             }
             sys::llama_model_load_from_file(c_path.as_ptr(), params)

@@ -128,8 +128,10 @@ pub struct Stage {
     windows: Vec<Window>,
     cpu: sys::ggml_backend_t,
     /// Owns the accelerator's backend, which the scheduler, the weights and the caches use
-    /// until the stage drops; never read.
-    _accel: Option<Accelerator>,
+    /// until the stage drops.
+    accel: Option<Accelerator>,
+    /// Per model layer: whether it runs on the accelerator.
+    on_accelerator: Vec<bool>,
     sched: sys::ggml_backend_sched_t,
     /// Backing store for graph metadata, reused by every step.
     meta: Vec<u8>,
@@ -250,13 +252,40 @@ impl Stage {
                 sys::ggml_backend_sched_set_eval_callback(sched, Some(expert_reads::on_node), (&mut **reads as *mut ExpertReads).cast());
             }
         }
-        let mut stage = Stage { file, weights, windows, cpu, _accel: accel, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output, expert_reads };
+        let mut on_accelerator = vec![false; spec.n_layer];
+        for w in &cfg.windows {
+            for il in w.clone() {
+                on_accelerator[il] = device_of(w, il) == Device::Accelerator;
+            }
+        }
+        let mut stage = Stage { file, weights, windows, cpu, accel, on_accelerator, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output, expert_reads };
         stage.reserve()?;
         Ok(stage)
     }
 
     pub fn spec(&self) -> &ModelSpec {
         &self.file.spec
+    }
+
+    /// llama.cpp pins every layer norm to its layer's device for batches under
+    /// `PIN_NORMS_BELOW_TOKENS` tokens (left to itself, ggml's scheduler may run a layer's
+    /// first norm on the device of the layer before): the same here, so that a layer on
+    /// the accelerator beside CPU layers or CPU-resident experts computes exactly what
+    /// llama.cpp computes, and no norm crosses devices needlessly.
+    ///
+    /// SAFETY: `graph` was built on this stage's weights and caches; call between
+    /// `ggml_backend_sched_reset` and allocating the graph.
+    unsafe fn pin_layer_norms(&self, graph: &graph::BuiltGraph, n_tokens: usize) {
+        // llama.cpp's bound (`llama_context::graph_get_cb`): from it on, ops on CPU weights
+        // go to the accelerator anyway (`op_offload`).
+        const PIN_NORMS_BELOW_TOKENS: usize = 32;
+        let Some(a) = self.accel.as_ref().filter(|_| n_tokens < PIN_NORMS_BELOW_TOKENS) else { return };
+        for &(il, node) in &graph.layer_norms {
+            let backend = if self.on_accelerator[il] { a.backend } else { self.cpu };
+            if sys::ggml_backend_supports_op(backend, node) {
+                sys::ggml_backend_sched_set_tensor_backend(self.sched, node, backend);
+            }
+        }
     }
 
     pub fn windows(&self) -> Vec<Range<usize>> {
@@ -345,6 +374,7 @@ impl Stage {
                 let shape = GraphShape { layers: layers.clone(), embed, logits: last, n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
                 let graph = graph::build(ctx, spec, &self.weights, &self.windows[window].cache, &shape, self.graph_size);
                 sys::ggml_backend_sched_reset(self.sched);
+                self.pin_layer_norms(&graph, n);
                 if !sys::ggml_backend_sched_alloc_graph(self.sched, graph.graph) {
                     sys::ggml_free(ctx);
                     return Err(Error::Ggml("could not allocate the compute graph".into()));
