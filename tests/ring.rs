@@ -441,18 +441,24 @@ fn an_idle_head_looks_at_the_cluster_again_and_keeps_a_plan_that_still_holds() {
 #[test]
 fn a_worker_the_plan_leaves_out_may_vanish_without_stopping_re_planning() {
     let w1 = Served::worker(&["--threads", "1"]);
-    let mut w2 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    // Halda (the default) on one machine: extra hops buy nothing, the head runs alone.
+    // Halda (the default) on one machine: extra hops buy nothing, so it leaves a worker out
+    // (the head runs alone, or relays to one worker when the measured profiles make the
+    // head look slower on this busy machine).
     let head = Served::start(&["--threads", "1", "--workers", &workers, "--admin-key", "admin-key"]);
     let plan = admin(&head.addr, "GET /admin/plan", "");
     assert_eq!(plan["source"], "halda", "{plan}");
     let dropped: Vec<&str> = plan["dropped"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
-    assert!(dropped.contains(&w2.addr.as_str()), "{plan}");
+    let (mut gone, kept) = match (dropped.contains(&w1.addr.as_str()), dropped.contains(&w2.addr.as_str())) {
+        (_, true) => (w2, w1),
+        (true, false) => (w1, w2),
+        _ => panic!("the plan uses both workers: {plan}"),
+    };
     let expected = chat(&head.addr, false);
 
-    w2.child.kill().unwrap();
-    let _ = w2.child.wait();
+    gone.child.kill().unwrap();
+    let _ = gone.child.wait();
     let again = admin(&head.addr, "POST /admin/replan", "");
     assert!(again["last_check"]["drift"].as_array().unwrap().iter().any(|d| d.as_str().unwrap().contains("gone")), "{again}");
     let cluster = admin(&head.addr, "GET /admin/cluster", "");
@@ -460,7 +466,7 @@ fn a_worker_the_plan_leaves_out_may_vanish_without_stopping_re_planning() {
     // The ring can still be re-formed with the worker that is left.
     let even = admin(&head.addr, "POST /admin/replan", r#"{"strategy":"even"}"#);
     assert_eq!(windows(&even), vec![15, 15], "{even}");
-    assert_eq!(even["members"][1]["name"], w1.addr.as_str());
+    assert_eq!(even["members"][1]["name"], kept.addr.as_str());
     assert_eq!(chat(&head.addr, false), expected);
 }
 

@@ -165,7 +165,9 @@ impl Layout {
         if let Some(p) = &pager {
             tracing::info!("head windows: {}", p.describe());
         }
-        let placed = if own_windows.is_empty() { (0, 0) } else { (accel_layers, experts_in_ram) };
+        // A count above the window places the whole window.
+        let window = plan.devices.first().map_or(0, |d| d.window);
+        let placed = (accel_layers.min(window), experts_in_ram.min(accel_layers).min(window));
         Ok((stage, Layout { own, embed_window, output_window, pager, workers_compute: plan.devices[1..].iter().any(|d| d.window > 0), placed }))
     }
 }

@@ -279,7 +279,9 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
             .await
             .map_err(|e| ControlFailure::failed(e.to_string()))?;
             // What this worker placed where: its own --gpu-layers may override the plan's.
-            let (gpu_layers, experts_in_ram) = if relay { (0, 0) } else { (accel_layers, experts_in_ram) };
+            // A count above the window places the whole window.
+            let window = plan.windows.first().map_or(0, |&(a, b)| b - a);
+            let (gpu_layers, experts_in_ram) = (accel_layers.min(window), experts_in_ram.min(window));
             Ok(json!({"status": "ok", "gpu_layers": gpu_layers, "experts_in_ram": experts_in_ram}))
         }
         other => Err(ControlFailure::unknown_method(other)),
