@@ -253,10 +253,8 @@ impl Stage {
             }
         }
         let mut on_accelerator = vec![false; spec.n_layer];
-        for w in &cfg.windows {
-            for il in w.clone() {
-                on_accelerator[il] = device_of(w, il) == Device::Accelerator;
-            }
+        for p in &plan.layers {
+            on_accelerator[p.layer] = p.device == Device::Accelerator;
         }
         let mut stage = Stage { file, weights, windows, cpu, accel, on_accelerator, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output, expert_reads };
         stage.reserve()?;

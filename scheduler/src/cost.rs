@@ -108,7 +108,12 @@ pub fn ram_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: usize) 
 }
 
 fn floor_layers(bytes: f64, k: usize, model: &ModelProfile) -> i64 {
-    let x = bytes / (k as f64 * model.layer_bytes_with_kv());
+    floor_per(bytes, k as f64 * model.layer_bytes_with_kv())
+}
+
+/// ⌊bytes / per⌋ as a count of layers.
+fn floor_per(bytes: f64, per: f64) -> i64 {
+    let x = bytes / per;
     // A hair of slack so that an exact fit computed in floating point stays a fit.
     (x + 1e-9).floor().clamp(-1e9, 1e9) as i64
 }
@@ -150,7 +155,7 @@ pub fn gpu_dense_cap(dev: &DeviceProfile, model: &ModelProfile, head: bool, k: u
         return gpu_cap(dev, model, head, k);
     }
     let per_layer = (model.layer_bytes_with_kv() - expert_bytes(model)).max(1.0);
-    ((gpu_room(dev, model, head) / (k as f64 * per_layer) + 1e-9).floor().max(0.0) as usize).min(1 << 30)
+    floor_per(gpu_room(dev, model, head), k as f64 * per_layer).max(0) as usize
 }
 
 /// `n` GPU layers per window, `e` of them with their experts in RAM, fit in its GPU memory.

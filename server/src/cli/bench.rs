@@ -27,7 +27,8 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let spec = file.spec.clone();
     let gpu = crate::runtime::GpuPlacement { layers: crate::runtime::GpuLayers::Count(args.gpu_layers), experts_in_ram: crate::runtime::GpuLayers::Count(args.experts_in_ram) };
     gpu.check(spec.moe.is_some())?;
-    let (accel_layers, experts_in_ram) = (args.gpu_layers.min(spec.n_layer), args.experts_in_ram.min(args.gpu_layers.min(spec.n_layer)));
+    let (n, e) = gpu.resolve(0, 0);
+    let (accel_layers, experts_in_ram) = (n.min(spec.n_layer), e.min(spec.n_layer));
     let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, ..StageConfig::whole(&spec) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
     // llama.cpp offloads the last N layers: the experts kept in RAM are the first of those.
