@@ -28,6 +28,11 @@ fn llama3_8b_on_the_papers_testbed_runs_on_d3_alone_and_beats_the_baselines() {
     let d3 = names.iter().position(|n| n.starts_with("D3")).expect("D3 is in the ring");
     assert_eq!(windows[d3] * s["rounds"].as_u64().unwrap(), 32, "every layer on D3: {s}");
     let tpot = s["prediction"]["tpot_s"].as_f64().unwrap();
+    // D3 alone: one member, one micro-batch at a time, the same throughput either way.
+    let f = &v["forecast"];
+    assert_eq!(f["micro_batches"], 1, "{f}");
+    let eight = &f["streams"][2];
+    assert_eq!(eight["pipelined_tokens_per_s"], eight["one_at_a_time_tokens_per_s"], "{f}");
     for (strategy, other) in v["other_strategies"].as_object().unwrap() {
         assert!(tpot <= other["tpot_s"].as_f64().unwrap_or(f64::INFINITY) + 1e-9, "{strategy} beats halda: {out}");
     }
@@ -56,6 +61,7 @@ fn a_gguf_is_profiled_from_its_tensors_and_the_table_names_every_strategy() {
     let (ok, table) = plan(&["--devices", &fixture("testbed-d1-d4.json"), "--model", model.to_str().unwrap()]);
     assert!(ok, "{table}");
     assert!(table.contains("predicted TPOT"), "{table}");
+    assert!(table.contains("micro-batches in flight") && table.contains("8 streams") && table.contains("2000-token prompt"), "{table}");
     for s in ["memory", "compute", "even"] {
         assert!(table.contains(&format!("--plan-strategy {s}")), "{table}");
     }

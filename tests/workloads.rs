@@ -204,3 +204,67 @@ fn speculation_on_long_prompts_gives_the_plain_answer() {
     let h = head(CTX, &list, "0,15,15", &["--draft-model", model.to_str().unwrap()]);
     assert_eq!(complete(&h.addr, &prompt, 48), expected, "a draft model through the ring");
 }
+
+/// Eight requests of every kind users send at once through a ring with micro-batches in
+/// flight (one per member: the sequences go round in groups, the long prompt in chunks that
+/// follow one another): each gets the answer it gets alone on the single node. Then a client
+/// that goes away while its prompt's chunks are in flight frees its sequence without
+/// disturbing the next request.
+#[test]
+fn eight_mixed_requests_through_a_pipelined_ring_give_their_answers_alone() {
+    let long = excerpt_tokens(1100);
+    let questions = ["Explain in detail how a bicycle works.", "Name three planets and one fact about each.", "Write a haiku about home clusters.", "How do I bake bread?", "What is a GGUF file?"];
+    let chat = |addr: &str, q: &str, extra: Value| {
+        let mut body = json!({"model": "", "messages": [{"role": "user", "content": q}], "max_tokens": 32, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let v = post(addr, "/v1/chat/completions", &body);
+        v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    };
+    let seeded = json!({"temperature": 0.9, "seed": 7, "top_p": 0.95});
+    let stream = |addr: &str| {
+        let body = json!({"model": "", "prompt": "The three laws of thermodynamics are", "max_tokens": 40, "temperature": 0, "stream": true}).to_string();
+        let r = common::http(addr, "POST", "/v1/completions", "", &body).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.body.split("\n\n").filter_map(|e| e.strip_prefix("data: ")).filter_map(|d| serde_json::from_str::<Value>(d).ok()).filter_map(|v| v["choices"][0]["text"].as_str().map(str::to_string)).collect::<String>()
+    };
+    // Batch-invariant kernels: with llama.cpp's own a request's rounding depends on what
+    // shares its micro-batch, and the ring's groups differ from the single node's batch.
+    let ctx = CTX.to_string();
+    let node = Served::start(&["--threads", "1", "--parallel", "8", "--ctx-size", &ctx, "--batch-invariant"]);
+    let alone: Vec<String> = questions.iter().map(|q| chat(&node.addr, q, json!({}))).collect();
+    let seeded_alone = chat(&node.addr, questions[0], seeded.clone());
+    let long_alone = complete(&node.addr, &long, 24);
+    let stream_alone = stream(&node.addr);
+    drop(node);
+
+    let (_w1, _w2, list) = workers();
+    let h = Served::start(&["--threads", "1", "--parallel", "8", "--ctx-size", &ctx, "--workers", &list, "--windows", "10,10,10", "--batch-invariant", "--admin-key", "admin-key"]);
+    let plan: Value = serde_json::from_str(&common::http(&h.addr, "GET", "/admin/plan", "Authorization: Bearer admin-key\r\n", "").unwrap().body).unwrap();
+    assert_eq!(plan["micro_batches"], 3, "one micro-batch per member: {plan}");
+    let f = &plan["forecast"];
+    assert!(f["streams"][2]["pipelined_tokens_per_s"].as_f64().unwrap() > f["streams"][2]["one_at_a_time_tokens_per_s"].as_f64().unwrap(), "{f}");
+    assert!(f["prompts"][1]["chunk"].as_u64().unwrap() < 512, "a 2,000-token prompt is cut into chunks: {f}");
+    std::thread::scope(|s| {
+        let addr = h.addr.as_str();
+        let shorts: Vec<_> = questions.iter().map(|q| s.spawn(move || chat(addr, q, json!({})))).collect();
+        let seeded_run = s.spawn(|| chat(addr, questions[0], seeded.clone()));
+        let long_run = s.spawn(|| complete(addr, &long, 24));
+        let stream_run = s.spawn(|| stream(addr));
+        for (i, t) in shorts.into_iter().enumerate() {
+            assert_eq!(t.join().unwrap(), alone[i], "short request {i} among eight");
+        }
+        assert_eq!(seeded_run.join().unwrap(), seeded_alone, "seeded sampling among eight");
+        assert_eq!(long_run.join().unwrap(), long_alone, "the 1,100-token prompt among eight");
+        assert_eq!(stream_run.join().unwrap(), stream_alone, "the stream among eight");
+    });
+    // A client that gives up while its long prompt is in flight.
+    {
+        use std::io::Write;
+        let body = json!({"model": "", "prompt": long, "max_tokens": 24, "temperature": 0}).to_string();
+        let mut c = std::net::TcpStream::connect(&h.addr).unwrap();
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    assert_eq!(complete(&h.addr, &long, 24), long_alone, "the long prompt after a client gave it up in flight");
+    assert_eq!(chat(&h.addr, questions[1], json!({})), alone[1]);
+}

@@ -530,6 +530,7 @@ mod tests {
             bytes_can_swap: 1e9,
             gpu: None,
             comm_s: 1e-3,
+            prompt_token_share: 0.0,
         }
     }
 

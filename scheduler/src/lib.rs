@@ -10,6 +10,8 @@
 //!   per-device breakdown (compute, memory, disk, network).
 //! - [`halda`]: Algorithm 1 (one ILP per divisor k of L, set iteration, calibration,
 //!   device selection) and the baselines, chosen by [`Strategy`]; entry point [`schedule`].
+//! - [`pipelining`]: what a ring sustains with several micro-batches in flight
+//!   (throughput of many streams, time to first token of a long prompt cut into chunks).
 //! - [`replan`]: the online part: whether fresh profiles [`drift`]ed, and whether a new
 //!   schedule predicts enough gain to [`decide`] on re-forming a running ring.
 //!
@@ -17,12 +19,14 @@
 
 pub mod cost;
 pub mod halda;
+pub mod pipelining;
 mod plan;
 pub mod profile;
 pub mod replan;
 
 pub use cost::{measured_disk_share, predict, predict_ring, Breakdown, DeviceCost, DeviceSet, Prediction};
 pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DISK_THRESHOLD};
+pub use pipelining::{Forecast, Pipelining};
 pub use plan::{DevicePlan, Plan, PlanError};
 pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, MoeProfile, Os, PerQuant};
 pub use replan::{decide, drift, Current, Decision, ReplanPolicy};

@@ -176,6 +176,11 @@ pub struct DeviceProfile {
     pub gpu: Option<GpuProfile>,
     /// `t_m^comm`: seconds to send the `4e`-byte hidden state to the next device of the ring.
     pub comm_s: f64,
+    /// What one more token in a prompt-sized batch costs, as a share of one decode step's
+    /// time over the same layers (a step of b tokens takes `t₁·(1 − σ + σ·b)`): measured
+    /// on the model's own layers; 0 when not measured (an older profile).
+    #[serde(default)]
+    pub prompt_token_share: f64,
 }
 
 impl DeviceProfile {

@@ -17,6 +17,31 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use crate::models as default_model;
 
+/// `N|auto`: a count hearth chooses itself unless told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AutoCount(Option<usize>);
+
+impl AutoCount {
+    /// The count the user gave; `None` for `auto`.
+    pub fn count(self) -> Option<usize> {
+        self.0
+    }
+}
+
+impl std::str::FromStr for AutoCount {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<AutoCount, String> {
+        match s {
+            "auto" => Ok(AutoCount(None)),
+            n => match n.parse() {
+                Ok(0) | Err(_) => Err(format!("expected a number above 0 or `auto`, got {n:?}")),
+                Ok(n) => Ok(AutoCount(Some(n))),
+            },
+        }
+    }
+}
+
 #[derive(Parser, Debug)]
 #[command(name = "hearth", version, about = "Run big language models across the devices of a home, behind one OpenAI-compatible API")]
 pub struct Cli {
@@ -340,6 +365,16 @@ pub struct ServeArgs {
     /// order); a worker that refuses (wrong secret, other model) fails the start at once.
     #[arg(long, env = "HEARTH_RING_WAIT", default_value_t = 60)]
     pub ring_wait: u64,
+    /// Micro-batches travelling the ring at once: a number (1: one at a time, as
+    /// prima.cpp), or `auto` (one per member that computes, so every device has work when
+    /// several requests run or a long prompt is cut into chunks; one when windows are paged
+    /// from disk, where each would read them again).
+    #[arg(long, env = "HEARTH_MICRO_BATCHES", default_value = "auto")]
+    pub micro_batches: AutoCount,
+    /// Benchmarks only: tokens per prompt chunk with micro-batches in flight, instead of the
+    /// chunk planned for each prompt.
+    #[arg(long, env = "HEARTH_PROMPT_CHUNK", hide = true)]
+    pub prompt_chunk: Option<usize>,
     /// Do not read the head's next window ahead while the workers compute (for comparison).
     #[arg(long, env = "HEARTH_NO_PREFETCH")]
     pub no_prefetch: bool,

@@ -12,7 +12,7 @@ use scheduler::{DeviceProfile, ModelProfile, Options, Strategy};
 use serde_json::json;
 
 use crate::cli::PlanArgs;
-use crate::runtime::ring::planning::table;
+use crate::runtime::ring::planning::{forecast, table};
 
 pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     let devices: Vec<DeviceProfile> = serde_json::from_str(&std::fs::read_to_string(&args.devices).map_err(|e| format!("cannot read {}: {e}", args.devices.display()))?)
@@ -30,7 +30,8 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.json {
         let others: serde_json::Map<String, serde_json::Value> =
             others.iter().map(|(s, r)| (s.to_string(), r.as_ref().map_or_else(|e| json!({ "error": e }), |t| json!({ "tpot_s": t })))).collect();
-        println!("{}", serde_json::to_string_pretty(&json!({ "model": model, "schedule": chosen, "other_strategies": others }))?);
+        let forecast = forecast(&devices, &chosen);
+        println!("{}", serde_json::to_string_pretty(&json!({ "model": model, "schedule": chosen, "forecast": forecast, "other_strategies": others }))?);
     } else {
         print!("{}", table(&devices, &model, &chosen, &others));
     }

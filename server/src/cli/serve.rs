@@ -128,5 +128,7 @@ fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error:
         replan_idle: (args.replan_idle > 0).then(|| Duration::from_secs(args.replan_idle)),
         hop_delay: hop_delay(args.emulate_hop_ms),
         release: args.release_windows.then_some(true),
+        micro_batches: args.micro_batches.count(),
+        prompt_chunk: args.prompt_chunk,
     }))
 }

@@ -1,9 +1,15 @@
 //! Continuous batching. One loop owns the engine: between steps it admits queued
 //! requests into free sequence slots (reusing the KV of the longest cached prefix), and
-//! each step runs ONE batch holding a decode token of every generating sequence plus
+//! each step runs a batch holding a decode token of every generating sequence plus
 //! prompt chunks within the token budget, so a long prompt never stalls running streams.
+//!
+//! A pipeline whose devices can work on different batches at once (a ring) takes up to
+//! `depth` micro-batches in flight: the generating sequences are split into that many
+//! groups, each sent on as soon as its last tokens are sampled, and a prompt is cut into
+//! chunks that follow one another through the devices. A sequence's slot is not reused,
+//! cleared or truncated while any of its micro-batches is in flight.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -158,7 +164,7 @@ impl Batcher {
         let mut lp = Loop {
             pipeline,
             tokenizer,
-            slots: (0..cfg.parallel).map(|i| Slot { seq: i as u64, cached: Vec::new(), active: None }).collect(),
+            slots: (0..cfg.parallel).map(|i| Slot { seq: i as u64, cached: Vec::new(), active: None, in_flight: 0, clear_on_landing: false }).collect(),
             queue: queue.clone(),
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
@@ -169,6 +175,9 @@ impl Batcher {
             n_ctx,
             last_recovery: Instant::now(),
             idle_since: Instant::now(),
+            flying: HashMap::new(),
+            landed: VecDeque::new(),
+            next_ticket: 0,
         };
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
         Batcher { queue, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
@@ -228,9 +237,22 @@ impl Batcher {
 
 struct Slot {
     seq: u64,
-    /// Tokens whose K/V this slot holds, in order: what a later request can reuse.
+    /// Tokens whose K/V this slot holds (or will, once its micro-batches in flight land),
+    /// in order: what a later request can reuse.
     cached: Vec<i32>,
     active: Option<Active>,
+    /// Micro-batches in flight holding tokens of this sequence.
+    in_flight: usize,
+    /// The sequence failed while some of its micro-batches were still in flight: clear it
+    /// everywhere once they have landed (clearing earlier would race their writes).
+    clear_on_landing: bool,
+}
+
+impl Slot {
+    /// Free for a new request: nothing runs in it and nothing of it is in flight.
+    fn free(&self) -> bool {
+        self.active.is_none() && self.in_flight == 0
+    }
 }
 
 struct Active {
@@ -250,6 +272,8 @@ struct Active {
     /// Speculation (`None`: off), and the draft tokens in this step's batch.
     drafter: Option<Drafter>,
     draft: Vec<i32>,
+    /// Prompt tokens per micro-batch (the pipeline's chunk for this prompt).
+    chunk: usize,
 }
 
 struct Loop {
@@ -269,6 +293,23 @@ struct Loop {
     last_recovery: Instant,
     /// When the last step ended.
     idle_since: Instant,
+    /// Micro-batches in flight (`depth` at most), by ticket.
+    flying: HashMap<u64, MicroBatch>,
+    /// Micro-batches that finished (or failed to start) before anyone asked.
+    landed: VecDeque<(MicroBatch, crate::Result<engine::Logits>)>,
+    next_ticket: u64,
+}
+
+/// One batch on its way through the pipeline, and what its rows belong to.
+struct MicroBatch {
+    batch: Vec<BatchToken>,
+    ids: Vec<i32>,
+    rows: Vec<Row>,
+    /// Decode tokens (with their drafts) come first in the batch.
+    n_decode: usize,
+    /// Distinct slots with tokens in it.
+    slots: Vec<usize>,
+    started: Instant,
 }
 
 /// What a batch row belongs to.
@@ -286,8 +327,8 @@ impl Loop {
         self.report_usage();
         loop {
             self.recover_if_due();
-            let running = self.slots.iter().filter(|s| s.active.is_some()).count();
-            if running == 0 {
+            let busy = self.slots.iter().any(|s| s.active.is_some()) || !self.flying.is_empty() || !self.landed.is_empty();
+            if !busy {
                 if self.shutting_down.load(Ordering::Acquire) && self.queue.prune() == 0 {
                     return;
                 }
@@ -299,7 +340,7 @@ impl Loop {
                     }
                 }
             }
-            while self.slots.iter().any(|s| s.active.is_none()) {
+            while self.slots.iter().any(Slot::free) {
                 match self.queue.pop(Duration::ZERO) {
                     Some(req) => self.admit(req),
                     None => break,
@@ -379,7 +420,7 @@ impl Loop {
             .slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.active.is_none())
+            .filter(|(_, s)| s.free())
             .map(|(i, s)| (i, common_prefix(&s.cached, &req.prompt)))
             .max_by_key(|&(i, l)| (l, std::cmp::Reverse(i)))
             .expect("admit is called with a free slot");
@@ -388,6 +429,7 @@ impl Loop {
         self.pipeline.truncate_sequence(slot.seq, keep);
         slot.cached.truncate(keep);
         let pending: VecDeque<i32> = req.prompt[keep..].iter().copied().collect();
+        let chunk = self.pipeline.prompt_chunk(pending.len(), self.max_batch).clamp(1, self.max_batch);
         let stop = StopMatcher::new(req.stop.clone());
         slot.active = Some(Active {
             prompt_tokens: req.prompt.len(),
@@ -403,6 +445,7 @@ impl Loop {
             last_token: None,
             drafter: (self.spec_tokens > 0).then(|| Drafter::new(self.spec_tokens)),
             draft: Vec::new(),
+            chunk,
         });
         m::prompt_tokens(keep, self.slots[idx].active.as_ref().map_or(0, |a| a.pending.len()));
     }
@@ -418,57 +461,139 @@ impl Loop {
         }
     }
 
+    /// Sends micro-batches on their way while the pipeline has room for them, then lands
+    /// the next one to finish. On a pipeline of depth 1 that is one whole batch per step.
     fn step(&mut self) {
-        let mut batch: Vec<BatchToken> = Vec::new();
-        let mut ids: Vec<i32> = Vec::new();
-        let mut rows: Vec<Row> = Vec::new();
-        // Decode tokens first: every generating sequence advances every step, each followed
-        // by its draft tokens, if it speculates, within what the batch has room for.
-        let n_generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.next.is_some())).count();
-        self.propose_drafts(n_generating);
-        for (i, s) in self.slots.iter_mut().enumerate() {
-            let Some(a) = s.active.as_mut() else { continue };
-            let Some(t) = a.next else { continue };
-            let base = s.cached.len();
-            batch.push(BatchToken { seq: s.seq, pos: base as u32, logits: true });
-            ids.push(t);
-            rows.push(Row { slot: i, wants_logits: true, drafts: a.draft.len(), is_draft: false });
-            for (j, &d) in a.draft.iter().enumerate() {
-                batch.push(BatchToken { seq: s.seq, pos: (base + 1 + j) as u32, logits: true });
-                ids.push(d);
-                rows.push(Row { slot: i, wants_logits: true, drafts: 0, is_draft: true });
+        while self.flying.len() + self.landed.len() < self.pipeline.depth().max(1) {
+            let Some(mb) = self.next_micro_batch() else { break };
+            self.launch(mb);
+            if self.pipeline.depth() <= 1 {
+                break;
             }
         }
-        let n_decode = batch.len();
-        m::decode_sequence_steps(n_generating);
-        let mut budget = self.max_batch.saturating_sub(n_decode);
-        for (i, s) in self.slots.iter().enumerate() {
-            let Some(a) = s.active.as_ref() else { continue };
+        if let Some((mb, result)) = self.next_landing() {
+            self.land(mb, result);
+        }
+    }
+
+    /// The next micro-batch from what is ready: a decode token of generating sequences
+    /// whose last token was sampled (a share of them when several micro-batches fly: one
+    /// group per place in flight), each followed by its draft tokens, then prompt tokens
+    /// not yet sent, a chunk at most, within the batch's room. Its tokens join their
+    /// sequences' `cached` now: positions follow on for the next micro-batch.
+    fn next_micro_batch(&mut self) -> Option<MicroBatch> {
+        let depth = self.pipeline.depth().max(1);
+        let generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_empty())).count();
+        let share = generating.div_ceil(depth).max(1);
+        let ready: Vec<usize> = self.slots.iter().enumerate().filter(|(_, s)| s.active.as_ref().is_some_and(|a| a.next.is_some())).map(|(i, _)| i).take(share).collect();
+        self.propose_drafts(&ready);
+        let mut mb = MicroBatch { batch: Vec::new(), ids: Vec::new(), rows: Vec::new(), n_decode: 0, slots: Vec::new(), started: Instant::now() };
+        for &i in &ready {
+            let s = &mut self.slots[i];
+            let Some(a) = s.active.as_mut() else { continue };
+            let Some(t) = a.next.take() else { continue };
+            let base = s.cached.len();
+            mb.batch.push(BatchToken { seq: s.seq, pos: base as u32, logits: true });
+            mb.ids.push(t);
+            mb.rows.push(Row { slot: i, wants_logits: true, drafts: a.draft.len(), is_draft: false });
+            for (j, &d) in a.draft.iter().enumerate() {
+                mb.batch.push(BatchToken { seq: s.seq, pos: (base + 1 + j) as u32, logits: true });
+                mb.ids.push(d);
+                mb.rows.push(Row { slot: i, wants_logits: true, drafts: 0, is_draft: true });
+            }
+            // The draft joins the sequence only once verified.
+            s.cached.push(t);
+            mb.slots.push(i);
+        }
+        mb.n_decode = mb.batch.len();
+        m::decode_sequence_steps(mb.slots.len());
+        let mut budget = self.max_batch.saturating_sub(mb.n_decode);
+        for (i, s) in self.slots.iter_mut().enumerate() {
+            let Some(a) = s.active.as_mut() else { continue };
             if a.pending.is_empty() || budget == 0 {
                 continue;
             }
-            let take = a.pending.len().min(budget);
+            let take = a.pending.len().min(budget).min(a.chunk);
             budget -= take;
-            for (j, &t) in a.pending.iter().take(take).enumerate() {
-                let last = j + 1 == a.pending.len();
-                batch.push(BatchToken { seq: s.seq, pos: (s.cached.len() + j) as u32, logits: last });
-                ids.push(t);
-                rows.push(Row { slot: i, wants_logits: last, drafts: 0, is_draft: false });
+            for _ in 0..take {
+                let t = a.pending.pop_front().expect("counted above");
+                let last = a.pending.is_empty();
+                mb.batch.push(BatchToken { seq: s.seq, pos: s.cached.len() as u32, logits: last });
+                mb.ids.push(t);
+                mb.rows.push(Row { slot: i, wants_logits: last, drafts: 0, is_draft: false });
+                s.cached.push(t);
+            }
+            if !mb.slots.contains(&i) {
+                mb.slots.push(i);
             }
         }
-        if batch.is_empty() {
+        if mb.batch.is_empty() {
+            return None;
+        }
+        for &i in &mb.slots {
+            self.slots[i].in_flight += 1;
+        }
+        Some(mb)
+    }
+
+    /// Hands a micro-batch to the pipeline: computed at once on a pipeline of depth 1,
+    /// sent on its way otherwise.
+    fn launch(&mut self, mb: MicroBatch) {
+        if self.pipeline.depth() <= 1 {
+            let result = self.pipeline.forward(&mb.batch, &mb.ids);
+            self.landed.push_back((mb, result));
             return;
         }
-        let t0 = Instant::now();
-        let result = self.pipeline.forward(&batch, &ids);
-        let took = t0.elapsed();
-        m::step(took, batch.len(), n_decode);
-        if n_decode > 0 {
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        match self.pipeline.start(ticket, &mb.batch, &mb.ids) {
+            Ok(()) => {
+                self.flying.insert(ticket, mb);
+            }
+            Err(e) => self.landed.push_back((mb, Err(e))),
+        }
+    }
+
+    /// The next micro-batch to finish, waiting for the pipeline if none has yet.
+    fn next_landing(&mut self) -> Option<(MicroBatch, crate::Result<engine::Logits>)> {
+        if let Some(l) = self.landed.pop_front() {
+            return Some(l);
+        }
+        if self.flying.is_empty() {
+            return None;
+        }
+        let (ticket, result) = self.pipeline.finish();
+        match self.flying.remove(&ticket) {
+            Some(mb) => Some((mb, result)),
+            None => {
+                // A pipeline that names a ticket it was never given has lost track of
+                // what it holds: fail everything in flight rather than guess.
+                tracing::error!(ticket, "the pipeline finished a micro-batch it was not given");
+                let tickets: Vec<u64> = self.flying.keys().copied().collect();
+                for t in tickets {
+                    if let Some(mb) = self.flying.remove(&t) {
+                        self.landed.push_back((mb, Err(crate::Error::Config("the pipeline lost track of a micro-batch".into()))));
+                    }
+                }
+                self.landed.pop_front()
+            }
+        }
+    }
+
+    /// A micro-batch came back: its sequences' tokens are sampled (or, when it failed,
+    /// its requests end with an error and their sequences are cleared).
+    fn land(&mut self, mb: MicroBatch, result: crate::Result<engine::Logits>) {
+        let took = mb.started.elapsed();
+        m::step(took, mb.batch.len(), mb.n_decode);
+        if mb.n_decode > 0 && result.is_ok() {
             let s = took.as_secs_f64();
             self.decode_step_s = if self.decode_step_s == 0.0 { s } else { self.decode_step_s + STEP_TIME_WEIGHT * (s - self.decode_step_s) };
         }
-        let logits = match result {
-            Ok(l) => l,
+        for &i in &mb.slots {
+            self.slots[i].in_flight -= 1;
+        }
+        match result {
+            Ok(logits) => self.sample_landed(&mb, &logits),
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 let remote = matches!(e, crate::Error::RingBroken(_));
@@ -476,43 +601,37 @@ impl Loop {
                     self.set_degraded(Some(e.to_string()));
                     self.last_recovery = Instant::now();
                 }
-                let failed: Vec<usize> = rows.iter().map(|r| r.slot).collect();
-                for i in failed {
+                for &i in &mb.slots {
                     let s = &mut self.slots[i];
                     if let Some(a) = s.active.take() {
                         let event = if remote { Event::Unavailable(e.to_string()) } else { Event::Failed("the engine failed while generating".into()) };
                         let _ = a.req.events.send(event);
                     }
-                    self.pipeline.clear_sequence(s.seq);
-                    s.cached.clear();
-                }
-                return;
-            }
-        };
-        // The batch is in the cache now; draft tokens join the sequence only once verified.
-        for (r, row) in rows.iter().enumerate() {
-            if row.is_draft {
-                continue;
-            }
-            let s = &mut self.slots[row.slot];
-            s.cached.push(ids[r]);
-            if let Some(a) = s.active.as_mut() {
-                if r < n_decode {
-                    a.next = None;
-                } else {
-                    a.pending.pop_front();
+                    s.clear_on_landing = true;
                 }
             }
         }
+        for &i in &mb.slots {
+            let s = &mut self.slots[i];
+            if s.clear_on_landing && s.in_flight == 0 {
+                s.clear_on_landing = false;
+                self.pipeline.clear_sequence(s.seq);
+                s.cached.clear();
+            }
+        }
+    }
+
+    /// Samples every row of a landed micro-batch that wanted logits.
+    fn sample_landed(&mut self, mb: &MicroBatch, logits: &engine::Logits) {
         let mut k = 0;
         while k < logits.rows.len() {
-            let row = &rows[logits.rows[k]];
+            let row = &mb.rows[logits.rows[k]];
             debug_assert!(row.wants_logits && !row.is_draft);
             let (slot, drafts) = (row.slot, row.drafts);
             if drafts == 0 {
                 self.sample(slot, logits.row(k));
             } else {
-                self.verify(slot, &logits, k, drafts);
+                self.verify(slot, logits, k, drafts);
             }
             k += 1 + drafts;
         }
@@ -521,12 +640,13 @@ impl Loop {
     /// Fills each speculating sequence's `draft` for this step, within the batch room left
     /// after every generating sequence's decode token, the context (the token sampled after
     /// the drafts needs a cell too) and the answer's `max_tokens`.
-    fn propose_drafts(&mut self, n_generating: usize) {
+    fn propose_drafts(&mut self, decoding: &[usize]) {
         let Some(proposer) = self.proposer.as_mut() else { return };
         let cost = proposer.cost(self.decode_step_s);
-        let mut room = self.max_batch.saturating_sub(n_generating);
+        let mut room = self.max_batch.saturating_sub(decoding.len());
         let mut requests = Vec::new();
-        for (i, s) in self.slots.iter_mut().enumerate() {
+        for &i in decoding {
+            let s = &mut self.slots[i];
             let Some(a) = s.active.as_mut() else { continue };
             a.draft.clear();
             let (Some(t), Some(d)) = (a.next, a.drafter.as_mut()) else { continue };

@@ -350,3 +350,98 @@ fn shutdown_lets_running_answers_finish() {
     assert_eq!(answer(a).completion_tokens, 40);
     assert_eq!(answer(b).completion_tokens, 40);
 }
+
+/// Runs the same requests at once through pipelines of depth 1 and `depth`: their answers,
+/// and the deeper pipeline's log.
+fn at_depth(depth: usize, ngram: bool, requests: &[(Vec<i32>, usize)]) -> (Vec<Answer>, Vec<Answer>, Arc<Mutex<super::scripted::Log>>) {
+    let run = |d: usize| {
+        let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(d);
+        let rig = Rig::start(pipeline, requests.len(), 8, 64, ngram.then_some(Proposer::Ngram));
+        let rxs: Vec<_> = requests.iter().map(|(p, n)| rig.submit(p, *n, &[])).collect();
+        let answers: Vec<Answer> = rxs.into_iter().map(answer).collect();
+        (answers, rig.log.clone())
+    };
+    let (alone, _) = run(1);
+    let (deep, log) = run(depth);
+    (alone, deep, log)
+}
+
+fn mixed_requests() -> Vec<(Vec<i32>, usize)> {
+    let long = prompt(&"the quick brown fox jumps over the lazy dog ".repeat(30));
+    assert!(long.len() > 250, "{} tokens", long.len());
+    let mut r: Vec<(Vec<i32>, usize)> = (0..6).map(|i| (prompt(&format!("Count {i}:")), 20 + i)).collect();
+    r.push((long, 12));
+    r
+}
+
+#[test]
+fn micro_batches_in_flight_give_every_sequence_the_answer_it_gets_alone() {
+    let (alone, deep, log) = at_depth(3, false, &mixed_requests());
+    assert_eq!(deep, alone);
+    let log = log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    assert_eq!(log.max_in_flight, 3, "three micro-batches flew at once");
+    // Seven generating sequences over three places in flight: at most three decode
+    // tokens per micro-batch.
+    // (A sequence with one token in a micro-batch is decoding: every prompt here is longer.)
+    let decoding = |b: &Vec<(u64, u32, bool, i32)>| b.iter().filter(|t| b.iter().filter(|u| u.0 == t.0).count() == 1).count();
+    let most = log.batches.iter().map(decoding).max().unwrap();
+    assert!(most <= 3, "{most} decode tokens in one micro-batch");
+    // The long prompt (sequence 6) went in chunks well under --max-batch, several of them
+    // one after another with no answer between (in flight together).
+    let chunks: Vec<usize> = log.batches.iter().map(|b| b.iter().filter(|t| t.0 == 6).count()).filter(|&n| n > 1).collect();
+    assert!(chunks.len() >= 4 && chunks.iter().all(|&n| n < 64), "prompt chunks {chunks:?}");
+}
+
+#[test]
+fn speculation_with_micro_batches_in_flight_gives_the_same_answers() {
+    let (alone, deep, log) = at_depth(2, true, &mixed_requests());
+    assert_eq!(deep, alone);
+    let log = log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    assert!(!log.truncates.is_empty(), "rejected drafts left the cache");
+}
+
+#[test]
+fn a_failure_in_flight_clears_sequences_only_after_their_chunks_land() {
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_depth(3);
+    let rig = Rig::start(pipeline, 2, 4, 64, None);
+    // The long prompt's second chunk fails while the third is in flight.
+    rig.controls.lock().unwrap().failures.extend([None, Some(Failure::Local("ggml aborted".into()))]);
+    let long = prompt(&"the quick brown fox jumps over the lazy dog ".repeat(30));
+    let a = answer(rig.submit(&long, 3, &[]));
+    assert!(a.failed.is_some(), "{a:?}");
+    let again = answer(rig.submit(&long, 3, &[]));
+    assert_eq!((again.cached, again.completion_tokens), (Some(0), 3), "{again:?}");
+    let log = rig.log.lock().unwrap();
+    assert!(log.clears.contains(&0), "the failed sequence was cleared");
+    assert_eq!(log.violations, Vec::<String>::new());
+}
+
+#[test]
+fn a_client_gone_while_its_chunks_fly_frees_its_slot_only_when_they_land() {
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_depth(3).with_delay(Duration::from_millis(2));
+    let rig = Rig::start(pipeline, 1, 4, 64, None);
+    let long = prompt(&"the quick brown fox jumps over the lazy dog ".repeat(30));
+    let rx = rig.submit(&long, 1000, &[]);
+    wait_until("its chunks fly", || rig.log.lock().unwrap().max_in_flight >= 2);
+    drop(rx);
+    // The next request waits for the slot, then reuses what the landed chunks cached.
+    let a = answer(rig.submit(&long, 3, &[]));
+    assert_eq!(a.completion_tokens, 3, "{a:?}");
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+#[test]
+fn a_lost_ring_member_fails_every_micro_batch_in_flight_and_recovers() {
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_depth(3).with_delay(Duration::from_millis(1));
+    let rig = Rig::start(pipeline, 4, 8, 64, None);
+    rig.controls.lock().unwrap().failures.extend([None, None, None, None, Some(Failure::Ring("worker w1 closed the ring link".into()))]);
+    let rxs: Vec<_> = (0..4).map(|i| rig.submit(&prompt(&format!("Count {i}:")), 100, &[])).collect();
+    for a in rxs.into_iter().map(answer) {
+        assert!(a.unavailable.as_deref().is_some_and(|m| m.contains("w1") || m.contains("broken")), "{a:?}");
+    }
+    wait_until("the ring recovers", || rig.batcher.degraded().is_none());
+    assert_eq!(answer(rig.submit(&prompt("Count:"), 3, &[])).completion_tokens, 3);
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}

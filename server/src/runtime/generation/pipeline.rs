@@ -2,7 +2,9 @@
 //! `LocalPipeline` runs every window on this machine; the ring's head
 //! (`runtime::ring::RingPipeline`) runs some on other devices, which is why this trait
 //! lives here and not in the engine: a pipeline that can lose a member needs `recover`,
-//! and one that re-plans needs `idle`. Tests drive the batcher through a scripted one.
+//! one that re-plans needs `idle`, and one whose devices can work on different batches at
+//! once (a ring) takes several micro-batches in flight (`depth`, `start`, `finish`).
+//! Tests drive the batcher through a scripted one.
 
 use std::time::Duration;
 
@@ -16,6 +18,31 @@ pub trait Pipeline: Send {
     /// `Error::RingBroken`: a member failed (the requests may be retried once the ring is
     /// whole); any other error: this machine failed.
     fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits>;
+    /// How many micro-batches may be in flight at once (`start`ed and not yet
+    /// `finish`ed). 1: every batch goes through `forward`.
+    fn depth(&self) -> usize {
+        1
+    }
+    /// Tokens per prompt chunk when a prompt of `prompt` tokens is cut for `depth()`
+    /// micro-batches in flight: chunks follow one another through the devices, so a
+    /// smaller chunk starts the next device sooner but costs each device more per token.
+    fn prompt_chunk(&self, prompt: usize, max_batch: usize) -> usize {
+        let _ = prompt;
+        max_batch
+    }
+    /// Sends a micro-batch on its way (only when `depth() > 1`); `ticket` names it when it
+    /// finishes. Micro-batches reach every device in the order they were started, so a
+    /// sequence's prompt chunks may follow one another in flight. An error: nothing of it
+    /// was computed anywhere.
+    fn start(&mut self, ticket: u64, batch: &[BatchToken], tokens: &[i32]) -> Result<()> {
+        let _ = (ticket, batch, tokens);
+        Err(crate::Error::Config("this pipeline holds one batch at a time".into()))
+    }
+    /// Waits for the next micro-batch in flight to finish: its ticket and what `forward`
+    /// would have returned for it. Only called while one is in flight.
+    fn finish(&mut self) -> (u64, Result<Logits>) {
+        (0, Err(crate::Error::Config("this pipeline holds one batch at a time".into())))
+    }
     /// Forgets a sequence everywhere.
     fn clear_sequence(&mut self, seq: SeqId);
     /// Keeps positions [0, len) of a sequence everywhere.

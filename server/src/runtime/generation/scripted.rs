@@ -2,6 +2,9 @@
 //! logits follow a script (the next token as a function of the sequence so far), it keeps
 //! its own idea of every sequence's cache and records where the loop's batches disagree
 //! with it, logs every call, and fails, recovers or reports maintenance when told to.
+//! With a depth above 1 it holds micro-batches in flight like a ring (computed in the
+//! order they start, finished in that order) and records any clear or truncation of a
+//! sequence that still has one in flight.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -33,6 +36,8 @@ pub struct Log {
     pub clears: Vec<SeqId>,
     pub recovers: usize,
     pub idles: usize,
+    /// The most micro-batches that were in flight at once.
+    pub max_in_flight: usize,
     /// Where a batch did not continue the cache the pipeline holds: must stay empty.
     pub violations: Vec<String>,
 }
@@ -55,16 +60,37 @@ pub struct Scripted {
     delay: Duration,
     cache: HashMap<SeqId, Vec<i32>>,
     broken: bool,
+    depth: usize,
+    /// Sequences a failed step left with a gap: micro-batches of them already in flight
+    /// compute on anyway (as on a real ring) until the loop clears them.
+    failed: std::collections::HashSet<SeqId>,
+    /// Micro-batches in flight: ticket, their sequences, and their result.
+    flying: VecDeque<(u64, Vec<SeqId>, Result<Logits>)>,
     pub log: Arc<Mutex<Log>>,
     pub controls: Arc<Mutex<Controls>>,
 }
 
+/// Fewest tokens in a prompt chunk when micro-batches fly.
+const SHORTEST_CHUNK: usize = 4;
 /// The logit of the scripted token; every other token gets 0.
 const SCRIPTED_LOGIT: f32 = 10.0;
 
 impl Scripted {
     pub fn new(n_vocab: usize, n_ctx: usize, script: Script) -> Scripted {
-        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, log: Arc::default(), controls: Arc::default() }
+        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, failed: Default::default(), flying: VecDeque::new(), log: Arc::default(), controls: Arc::default() }
+    }
+
+    /// Holds up to `depth` micro-batches in flight.
+    pub fn with_depth(mut self, depth: usize) -> Scripted {
+        self.depth = depth;
+        self
+    }
+
+    /// A clear or truncation must wait until nothing of the sequence is in flight.
+    fn touch(&self, seq: SeqId, what: &str) {
+        if self.flying.iter().any(|(_, seqs, _)| seqs.contains(&seq)) {
+            self.violation(format!("sequence {seq} {what} while a micro-batch of it was in flight"));
+        }
     }
 
     /// Each step takes this long (so a test can act while sequences run).
@@ -93,14 +119,17 @@ impl Pipeline for Scripted {
                 self.broken = true;
                 return Err(Error::RingBroken(why));
             }
-            Some(Failure::Local(why)) => return Err(Error::Engine(engine::Error::Ggml(why))),
+            Some(Failure::Local(why)) => {
+                self.failed.extend(batch.iter().map(|t| t.seq));
+                return Err(Error::Engine(engine::Error::Ggml(why)));
+            }
             None => {}
         }
         let mut rows = Vec::new();
         let mut data = Vec::new();
         for (i, (t, &id)) in batch.iter().zip(tokens).enumerate() {
             let cache = self.cache.entry(t.seq).or_default();
-            if t.pos as usize != cache.len() {
+            if t.pos as usize != cache.len() && !self.failed.contains(&t.seq) {
                 let v = format!("sequence {} fed position {} but holds {} tokens", t.seq, t.pos, cache.len());
                 self.violation(v);
                 let cache = self.cache.entry(t.seq).or_default();
@@ -123,12 +152,51 @@ impl Pipeline for Scripted {
         Ok(Logits { rows, n_vocab: self.n_vocab, data })
     }
 
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn prompt_chunk(&self, prompt: usize, max_batch: usize) -> usize {
+        // Several chunks per long prompt when micro-batches fly, so they overlap; a short
+        // prompt goes whole.
+        if self.depth > 1 {
+            prompt.div_ceil(self.depth * 2).max(SHORTEST_CHUNK).min(max_batch)
+        } else {
+            max_batch
+        }
+    }
+
+    fn start(&mut self, ticket: u64, batch: &[BatchToken], tokens: &[i32]) -> Result<()> {
+        if self.flying.len() >= self.depth {
+            self.violation(format!("{} micro-batches in flight on a pipeline of depth {}", self.flying.len() + 1, self.depth));
+        }
+        let seqs = batch.iter().map(|t| t.seq).collect();
+        let result = self.forward(batch, tokens);
+        self.flying.push_back((ticket, seqs, result));
+        let mut log = self.log.lock().unwrap();
+        log.max_in_flight = log.max_in_flight.max(self.flying.len());
+        Ok(())
+    }
+
+    fn finish(&mut self) -> (u64, Result<Logits>) {
+        match self.flying.pop_front() {
+            Some((ticket, _, result)) => (ticket, result),
+            None => {
+                self.violation("finish with nothing in flight".into());
+                (u64::MAX, Err(Error::Config("nothing in flight".into())))
+            }
+        }
+    }
+
     fn clear_sequence(&mut self, seq: SeqId) {
+        self.touch(seq, "cleared");
+        self.failed.remove(&seq);
         self.cache.remove(&seq);
         self.log.lock().unwrap().clears.push(seq);
     }
 
     fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+        self.touch(seq, "truncated");
         let cache = self.cache.entry(seq).or_default();
         if len > cache.len() {
             let v = format!("sequence {seq} truncated to {len} but holds {} tokens", cache.len());

@@ -106,6 +106,7 @@ fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<(&std::path
         gpu: gpu_profile(model, kv_bytes)?,
         // Measured by the head on the real ring links.
         comm_s: 0.0,
+        prompt_token_share: 0.0,
     };
     refresh_memory(&mut profile);
     Ok(profile)
@@ -186,6 +187,9 @@ fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>)
 /// Tokens decoded before timing (the first ones page the weights in) and timed.
 const CALIBRATION_WARMUP: usize = 4;
 const CALIBRATION_TOKENS: usize = 16;
+/// Tokens of the prompt-shaped batch timed beside decode: the middle of the chunk sizes a
+/// pipelined prompt uses, large enough that the per-token cost dominates.
+const CALIBRATION_PROMPT: usize = 64;
 /// The timed window spans at least this many weight bytes (or the whole model), so it
 /// streams from memory as a real step does instead of staying in the CPU's caches.
 const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
@@ -195,6 +199,10 @@ const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
 /// engine's measured decode time for them. The kernel benchmarks run on data in cache and
 /// one format at a time; a real layer adds graph overhead, formats priced at a
 /// neighbour's rate (Q5_0 as Q5_K, ...) and norms, RoPE and attention.
+///
+/// Also times a prompt-shaped batch over the same layers: what one more token in a batch
+/// costs against a decode step (`prompt_token_share`), which cuts prompts into chunks for a
+/// ring with micro-batches in flight.
 fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::ModelFile, threads: usize) -> Result<()> {
     use engine::{BatchToken, Stage, StageConfig, StageInput};
     let model = crate::runtime::profiling::model::from_gguf(file, "", CALIBRATION_WARMUP + CALIBRATION_TOKENS / 2);
@@ -202,10 +210,10 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let layers = ((CALIBRATION_BYTES / model.layer_bytes.max(1.0)).ceil() as usize).clamp(1, n_layer);
     // Its own mapping of the file: the caller's stays untouched.
     let file = std::sync::Arc::new(engine::ModelFile::open(path)?);
-    let n_ctx = CALIBRATION_WARMUP + CALIBRATION_TOKENS + 1;
+    let n_ctx = (CALIBRATION_WARMUP + CALIBRATION_TOKENS + 1).max(CALIBRATION_PROMPT);
     // A model small enough is timed whole, output layer included, as the head runs it.
     let whole = layers == n_layer;
-    let cfg = StageConfig { windows: vec![0..layers], n_seq: 1, n_ctx_seq: n_ctx, max_batch: 1, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false };
+    let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false };
     let mut stage = Stage::new(file, cfg)?;
     let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
     for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {
@@ -217,6 +225,17 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     }
     times.sort_by(f64::total_cmp);
     let measured = times[times.len() / 2];
+    // The prompt batch on a sequence of its own, twice (the first builds its graph).
+    let batch: Vec<BatchToken> = (0..CALIBRATION_PROMPT).map(|i| BatchToken { seq: 1, pos: i as u32, logits: whole && i + 1 == CALIBRATION_PROMPT }).collect();
+    let ids = vec![1; CALIBRATION_PROMPT];
+    let mut prompt_s = f64::INFINITY;
+    for _ in 0..2 {
+        stage.clear_sequence(1);
+        let t = Instant::now();
+        stage.forward(0, &batch, StageInput::Tokens(&ids))?;
+        prompt_s = prompt_s.min(t.elapsed().as_secs_f64());
+    }
+    p.prompt_token_share = ((prompt_s / measured - 1.0) / (CALIBRATION_PROMPT - 1) as f64).clamp(0.0, 1.0);
     let l = layers as f64;
     let mut compute = l * model.layer_flops.time_at(&p.cpu_flops);
     let mut memory = l * (p.kv_copy_cpu_s + model.layer_read_bytes() / p.cpu_read_bw);
@@ -230,7 +249,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
         for rate in p.cpu_flops.values_mut() {
             *rate *= scale;
         }
-        tracing::info!(layers, whole, measured_ms = measured * 1e3, scale, "CPU rates calibrated on the model's own layers");
+        tracing::info!(layers, whole, measured_ms = measured * 1e3, scale, prompt_token_share = p.prompt_token_share, "CPU rates calibrated on the model's own layers");
     }
     Ok(())
 }

@@ -99,6 +99,13 @@ pub struct PlanView {
     /// made for the full `--ctx-size`), with the measured hop in place of the profiles'
     /// control-call estimate: the figure to hold `measured_tpot_ms` against.
     pub predicted_tpot_ms_at_measured_context: Option<f64>,
+    /// Micro-batches the ring holds in flight at once (1 on a single node).
+    pub micro_batches: usize,
+    /// What the running plan sustains with several requests or a long prompt: aggregate
+    /// decode tokens/s for a few stream counts and the time to first token for a few
+    /// prompt lengths, one micro-batch at a time and with `micro_batches` in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<scheduler::Forecast>,
     /// Plans adopted after the first.
     pub replans: u64,
     pub last_check: Option<CheckView>,
@@ -370,6 +377,8 @@ pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], predic
         measured_hop_ms: None,
         measured_disk_share: None,
         predicted_tpot_ms_at_measured_context: None,
+        micro_batches: 1,
+        forecast: None,
         replans: 0,
         last_check: None,
     }
@@ -395,6 +404,7 @@ mod tests {
             bytes_can_swap: 0.0,
             gpu: None,
             comm_s,
+            prompt_token_share: 0.0,
         }
     }
 

@@ -12,6 +12,7 @@
 //! new schedule predicts a real gain, or when `POST /admin/replan` asks. Adopting a plan
 //! rebuilds the head's stage and forms the ring again with the members it keeps.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,12 +57,45 @@ pub struct RingPipeline {
     board: Arc<PlanBoard>,
     /// Per-device metrics of the running plan's members.
     meter: RingMeter,
-    /// The mean hops of this step's round trips (seconds), for the board.
-    step_hops: Vec<f64>,
-    /// Bytes each member (the head first) read from disk while computing this step
-    /// (reused from step to step), and whether every round trip brought every report.
-    step_reads: Vec<u64>,
-    step_reads_known: bool,
+    /// Micro-batches whose frames are in the ring, in the order they left (they come
+    /// back in that order).
+    in_ring: VecDeque<Flight>,
+    /// Micro-batches done (logits or error), waiting for `finish`.
+    done: VecDeque<(u64, Result<Logits>)>,
+    /// Frames read from the ring while the head was sending, not yet taken.
+    early: VecDeque<Result<Option<Frame>, String>>,
+    /// Micro-batches the running plan may hold in flight at once.
+    depth: usize,
+    /// The running plan's stage times, to cut prompts into chunks; `None` for a plan from
+    /// `--windows` without profiles to judge it by.
+    pipelining: Option<scheduler::Pipelining>,
+}
+
+/// The ticket `forward` gives its one micro-batch (the batching loop numbers its own from 0).
+const FORWARD_TICKET: u64 = u64::MAX;
+
+/// One micro-batch on its way round the ring.
+struct Flight {
+    ticket: u64,
+    /// The ring's step number, which its frames carry.
+    step: u64,
+    batch: Vec<BatchToken>,
+    tokens: Vec<i32>,
+    /// The token list that travels with its frames (taken while a frame is out).
+    metas: Vec<TokenMeta>,
+    /// The round its frame is on.
+    round: usize,
+    /// When its frame last left for the ring: the head's wait for it starts then.
+    sent: Option<Instant>,
+    started: Instant,
+    /// No other micro-batch shared the ring with it: its round trips time the hops.
+    alone: bool,
+    /// The hops of its round trips (seconds), for the board.
+    hops: Vec<f64>,
+    /// Bytes each member (the head first) read from disk while computing it, and whether
+    /// every round trip brought every report.
+    reads: Vec<u64>,
+    reads_known: bool,
 }
 
 /// What re-planning a running ring needs besides the planner.
@@ -231,13 +265,16 @@ impl RingPipeline {
             replan: Replanning { idle_after: cfg.setup.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
             board,
             meter,
-            step_hops: Vec::new(),
-            step_reads: Vec::new(),
-            step_reads_known: false,
+            in_ring: VecDeque::new(),
+            done: VecDeque::new(),
+            early: VecDeque::new(),
+            depth: 1,
+            pipelining: None,
             cfg,
             plan,
             members: workers,
         };
+        ring.pace(&prediction);
         ring.publish(&source, Some(&prediction), false);
         if !ring.members.is_empty() {
             // Workers may still be starting (one compose file per device, started in any
@@ -259,6 +296,25 @@ impl RingPipeline {
         Ok(ring)
     }
 
+    /// How many micro-batches the running plan holds in flight, and the stage times that
+    /// cut prompts into chunks: one per member that computes (the head always does: it
+    /// holds the output layer), unless `--micro-batches` says otherwise. A ring that pages
+    /// windows from disk takes one at a time, as prima.cpp does: each micro-batch in flight
+    /// would read every released window again.
+    fn pace(&mut self, prediction: &Prediction) {
+        let r = &self.replan;
+        let profiles: Vec<DeviceProfile> = r.members.iter().map(|&m| r.devices[m].clone()).collect();
+        let pages = self.cfg.setup.release == Some(true) || self.layout.pager.as_ref().is_some_and(|p| p.release());
+        self.depth = match self.cfg.setup.micro_batches {
+            _ if !self.layout.workers_compute => 1,
+            Some(n) => n.max(1),
+            None if pages => 1,
+            None => scheduler::pipelining::auto_depth(&self.plan, prediction),
+        };
+        self.pipelining = (profiles.len() == prediction.devices.len()).then(|| scheduler::Pipelining::of(&profiles, prediction));
+        tracing::info!(micro_batches = self.depth, pages, "micro-batches in flight");
+    }
+
     /// Shows the running plan on the admin API and the metrics.
     fn publish(&self, source: &str, prediction: Option<&Prediction>, replan: bool) {
         let r = &self.replan;
@@ -270,7 +326,10 @@ impl RingPipeline {
             plan: self.plan.clone(),
             disk_threshold: r.planner.options.disk_threshold,
         };
-        self.board.adopted(board::view(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped), Some(judge), replan);
+        let mut view = board::view(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped);
+        view.micro_batches = self.depth;
+        view.forecast = self.pipelining.as_ref().map(|p| p.forecast(self.depth, self.cfg.max_batch));
+        self.board.adopted(view, Some(judge), replan);
         self.board.placed(0, self.layout.placed.0, self.layout.placed.1);
     }
 
@@ -287,6 +346,7 @@ impl RingPipeline {
         self.meter = RingMeter::new(HEAD_NAME, &self.members);
         self.plan = plan;
         self.replan.members = members;
+        self.pace(prediction);
         self.publish(source, Some(prediction), true);
         tracing::info!(workers = ?self.members, rounds = &self.plan.rounds(), "adopting a new plan");
         if self.members.is_empty() {
@@ -429,54 +489,220 @@ impl RingPipeline {
         })
     }
 
-    fn hidden(o: StageOutput) -> Result<Vec<f32>> {
-        match o {
-            StageOutput::Hidden(h) => Ok(h),
-            StageOutput::Logits(_) => Err(ring_err("a middle window returned logits")),
+    /// Starts a micro-batch: the head embeds it and runs its own first window, then sends
+    /// it round the ring (or, when the head holds every layer, it is done at once). Where
+    /// it ends up — in the ring, or done with its logits or its error — is recorded.
+    fn launch(&mut self, ticket: u64, batch: &[BatchToken], tokens: &[i32]) {
+        if self.layout.workers_compute && self.links.is_none() {
+            let why = self.broken.clone().unwrap_or_else(|| "the ring is not formed".into());
+            self.done.push_back((ticket, Err(ring_err(why))));
+            return;
         }
+        self.step += 1;
+        let alone = self.in_ring.is_empty();
+        for f in &mut self.in_ring {
+            f.alone = false;
+        }
+        let flight = Flight {
+            ticket,
+            step: self.step,
+            batch: batch.to_vec(),
+            tokens: tokens.to_vec(),
+            metas: batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect(),
+            round: 0,
+            sent: None,
+            started: Instant::now(),
+            alone,
+            hops: Vec::new(),
+            reads: vec![0; self.members.len() + 1],
+            reads_known: true,
+        };
+        // The hidden state so far; `None` until the tokens are embedded (by the head's
+        // first window, or by the embedding-only window of a head without layers).
+        let h = match self.layout.embed_window {
+            Some(w) => match self.stage.forward(w, &flight.batch, StageInput::Tokens(&flight.tokens)) {
+                Ok(StageOutput::Hidden(h)) => Some(h),
+                Ok(StageOutput::Logits(_)) => return self.land(flight, Err(ring_err("the embedding window returned logits"))),
+                Err(e) => return self.land(flight, Err(e.into())),
+            },
+            None => None,
+        };
+        self.advance(flight, h, 0);
     }
 
-    /// Sends a frame round the ring (after any pending KV operations) and waits for it to
-    /// come back. Any failure breaks the ring: the links are gone until `recover`.
-    fn round_trip(&mut self, frame: Frame) -> Result<Frame> {
+    /// Runs the head's windows of a micro-batch from round `from` on, until its frame
+    /// leaves for the ring again or it is done.
+    fn advance(&mut self, mut f: Flight, mut h: Option<Vec<f32>>, from: usize) {
+        for round in from..self.layout.own.len() {
+            if let Some(w) = self.layout.own[round] {
+                if let Some(p) = self.layout.pager.as_mut() {
+                    p.before(round, f.sent.map(|t| t.elapsed()));
+                }
+                let input = h.as_deref().map_or(StageInput::Tokens(&f.tokens), StageInput::Hidden);
+                let out = self.stage.forward(w, &f.batch, input);
+                if let Some(p) = self.layout.pager.as_mut() {
+                    p.after(round);
+                    let report = p.report(round);
+                    self.meter.head_step(&report);
+                    f.reads[0] += report.read_bytes;
+                }
+                match out {
+                    Ok(StageOutput::Hidden(x)) => h = Some(x),
+                    // Its window ends with the model's last layer (every worker relays): done.
+                    Ok(StageOutput::Logits(l)) => return self.land(f, Ok(l)),
+                    Err(e) => return self.land(f, Err(e.into())),
+                }
+            }
+            if self.layout.workers_compute {
+                let Some(hidden) = h.take() else { return self.land(f, Err(ring_err("no hidden state to send round the ring"))) };
+                // The token list travels round and comes back: reuse it, no copy per round.
+                let a = Activations { step: f.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut f.metas), hidden, reports: Vec::new() };
+                f.round = round;
+                f.sent = Some(Instant::now());
+                match self.send(Frame::Activations(a)) {
+                    Ok(()) => self.in_ring.push_back(f),
+                    Err(why) => {
+                        self.in_ring.push_back(f);
+                        self.broke(why);
+                    }
+                }
+                return;
+            }
+        }
+        let result = match (self.layout.output_window, h) {
+            (Some(w), Some(h)) => match self.stage.forward(w, &f.batch, StageInput::Hidden(&h)) {
+                Ok(StageOutput::Logits(l)) => Ok(l),
+                Ok(StageOutput::Hidden(_)) => Err(ring_err("the output window returned hidden states")),
+                Err(e) => Err(e.into()),
+            },
+            _ => Err(ring_err("the plan leaves the output layer unreached")),
+        };
+        self.land(f, result);
+    }
+
+    /// A micro-batch is done: its result waits for `finish`. A failed one leaves no window
+    /// holding any of it, unless a later micro-batch of the same sequence is still in the
+    /// ring (the batching loop clears such a sequence once that one lands).
+    fn land(&mut self, f: Flight, result: Result<Logits>) {
+        // One token of one sequence, alone in the ring: the step the cost model predicts.
+        if result.is_ok() && f.batch.len() == 1 && f.alone {
+            let hop = (!f.hops.is_empty()).then(|| f.hops.iter().sum::<f64>() / f.hops.len() as f64);
+            // Without a pager the head does not count its reads: then nothing is known.
+            let known = f.reads_known && (self.layout.pager.is_some() || self.layout.own.iter().all(Option::is_none));
+            let reads = known.then_some(f.reads.as_slice());
+            self.board.decode_step(f.started.elapsed(), f.batch[0].pos as usize + 1, hop, reads);
+        }
+        if result.is_err() {
+            let mut ops = Vec::new();
+            for t in &f.batch {
+                let still_flying = self.in_ring.iter().any(|g| g.batch.iter().any(|b| b.seq == t.seq));
+                let len = f.batch.iter().filter(|b| b.seq == t.seq).map(|b| b.pos).min().unwrap_or(0);
+                if !still_flying && !ops.contains(&KvOp::Truncate { seq: t.seq, len }) {
+                    ops.push(KvOp::Truncate { seq: t.seq, len });
+                }
+            }
+            self.kv(ops);
+        }
+        self.done.push_back((f.ticket, result));
+    }
+
+    /// Sends a frame to the first worker, after any pending KV operations. While it waits
+    /// for room on the link, frames coming round are read into `early`: the last worker is
+    /// never left waiting for the head to read while the head waits to send.
+    fn send(&mut self, frame: Frame) -> Result<(), String> {
         let Some(links) = self.links.as_mut() else {
-            return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
+            return Err(self.broken.clone().unwrap_or_else(|| "the ring is not formed".into()));
         };
         let kv = (!self.pending_kv.is_empty()).then(|| Frame::KvOps { step: self.step, ops: std::mem::take(&mut self.pending_kv) });
-        let timeout = self.cfg.setup.step_timeout;
-        let started = std::time::Instant::now();
-        let result = self.rt.block_on(async {
-            if let Some(kv) = &kv {
-                links.to_first.send(kv).await.map_err(|e| e.to_string())?;
-            }
-            links.to_first.send(&frame).await.map_err(|e| e.to_string())?;
-            // Sent means encoded: the frame coming back decodes into its buffers.
-            links.from_last.recycle(frame);
+        let Links { to_first, from_last } = links;
+        let early = &mut self.early;
+        let sent = self.rt.block_on(async {
+            let send = async {
+                if let Some(kv) = &kv {
+                    to_first.send(kv).await?;
+                }
+                to_first.send(&frame).await
+            };
+            tokio::pin!(send);
             loop {
-                match links.from_last.recv_within(timeout).await.map_err(|e| e.to_string())? {
-                    // The KV operations sent ahead, coming back: every worker applied them.
-                    Some(Frame::KvOps { .. }) if kv.is_some() => continue,
-                    Some(Frame::Error { message, .. }) => return Err(format!("a worker failed: {message}")),
-                    Some(f) => return Ok(f),
-                    None => return Err(format!("{} closed the ring link", links.from_last.peer())),
+                tokio::select! {
+                    biased;
+                    r = &mut send => return r.map_err(|e| e.to_string()),
+                    f = from_last.recv() => {
+                        let end = !matches!(f, Ok(Some(_)));
+                        early.push_back(f.map_err(|e| e.to_string()));
+                        if end {
+                            // The link back is gone: the send may never finish.
+                            return Err(early.back().map(|r| match r { Err(e) => e.clone(), _ => format!("{} closed the ring link", from_last.peer()) }).unwrap_or_default());
+                        }
+                    }
                 }
             }
         });
-        if let Ok(frame) = &result {
-            let reports = match frame {
-                Frame::Activations(a) => a.reports.as_slice(),
-                _ => &[],
-            };
-            if let Some(hop) = self.meter.round_trip(started.elapsed(), reports) {
-                self.step_hops.push(hop);
+        if sent.is_ok() {
+            // Sent means encoded: the frame coming back decodes into its buffers.
+            from_last.recycle(frame);
+        }
+        sent
+    }
+
+    /// The next frame from the last worker: one read early, or a wait of at most the step
+    /// timeout.
+    fn receive(&mut self) -> Result<Frame, String> {
+        if let Some(f) = self.early.pop_front() {
+            return f.and_then(|f| f.ok_or_else(|| "the ring link closed".to_string()));
+        }
+        let Some(links) = self.links.as_mut() else {
+            return Err(self.broken.clone().unwrap_or_else(|| "the ring is not formed".into()));
+        };
+        let timeout = self.cfg.setup.step_timeout;
+        let from_last = &mut links.from_last;
+        match self.rt.block_on(from_last.recv_within(timeout)) {
+            Ok(Some(f)) => Ok(f),
+            Ok(None) => Err(format!("{} closed the ring link", from_last.peer())),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Waits for the micro-batch at the front of the ring to come back and takes it on
+    /// through the head's windows. Any failure breaks the ring: every micro-batch in it
+    /// fails, and the links are gone until `recover`.
+    fn take_back(&mut self) {
+        let frame = loop {
+            match self.receive() {
+                // The KV operations sent ahead, coming back: every worker applied them.
+                Ok(Frame::KvOps { .. }) => continue,
+                Ok(Frame::Error { message, .. }) => break Err(format!("a worker failed: {message}")),
+                Ok(Frame::Activations(a)) => break Ok(a),
+                Ok(other) => break Err(format!("out-of-order {} frame from the ring", other.kind_name())),
+                Err(e) => break Err(e),
             }
-            if reports.len() + 1 == self.step_reads.len() {
-                reports.iter().zip(&mut self.step_reads[1..]).for_each(|(r, total)| *total += r.read_bytes);
-            } else {
-                self.step_reads_known = false;
+        };
+        let back = frame.and_then(|a| match self.in_ring.front() {
+            // Frames come back in the order they left.
+            Some(f) if f.step == a.step && f.round as u32 == a.round => Ok(a),
+            _ => Err(format!("out-of-order activations (step {}, round {}) from the ring", a.step, a.round)),
+        });
+        let back = match back {
+            Ok(a) => a,
+            Err(why) => return self.broke(why),
+        };
+        let mut f = self.in_ring.pop_front().expect("matched above");
+        let rtt = f.sent.map_or(Duration::ZERO, |t| t.elapsed());
+        // Every round trip records the workers' compute; its hops mean something only for a
+        // micro-batch that had the ring to itself.
+        if let Some(hop) = self.meter.round_trip(rtt, &back.reports) {
+            if f.alone {
+                f.hops.push(hop);
             }
         }
-        result.map_err(|e| self.break_ring(e))
+        if back.reports.len() + 1 == f.reads.len() {
+            back.reports.iter().zip(&mut f.reads[1..]).for_each(|(r, total)| *total += r.read_bytes);
+        } else {
+            f.reads_known = false;
+        }
+        f.metas = back.tokens;
+        self.advance(f, Some(back.hidden), back.round as usize + 1);
     }
 
     /// The ring is broken: the links are gone until `recover`, and why is kept for /health.
@@ -484,64 +710,16 @@ impl RingPipeline {
         tracing::error!("ring broken: {why}");
         crate::metrics::ring_broke();
         self.links = None;
+        self.early.clear();
         self.broken = Some(why.clone());
         ring_err(why)
     }
 
-    fn forward_ring(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
-        if self.layout.workers_compute && self.links.is_none() {
-            return Err(ring_err(self.broken.as_deref().unwrap_or("the ring is not formed")));
-        }
-        self.step += 1;
-        let mut metas: Vec<TokenMeta> = batch.iter().map(|t| TokenMeta { seq: t.seq, pos: t.pos, wants_logits: t.logits }).collect();
-        // The hidden state so far; `None` until the tokens are embedded (by the head's
-        // first window, or by the embedding-only window of a head without layers).
-        let mut h = match self.layout.embed_window {
-            Some(w) => Some(Self::hidden(self.stage.forward(w, batch, StageInput::Tokens(tokens))?)?),
-            None => None,
-        };
-        // When the previous round's output left for the ring: the head's wait for its next
-        // window's input starts then.
-        let mut sent: Option<std::time::Instant> = None;
-        for round in 0..self.layout.own.len() {
-            if let Some(w) = self.layout.own[round] {
-                if let Some(p) = self.layout.pager.as_mut() {
-                    p.before(round, sent.map(|t| t.elapsed()));
-                }
-                let input = h.as_deref().map_or(StageInput::Tokens(tokens), StageInput::Hidden);
-                let out = self.stage.forward(w, batch, input);
-                if let Some(p) = self.layout.pager.as_mut() {
-                    p.after(round);
-                    let report = p.report(round);
-                    self.meter.head_step(&report);
-                    self.step_reads[0] += report.read_bytes;
-                }
-                h = Some(match out? {
-                    StageOutput::Hidden(h) => h,
-                    // Its window ends with the model's last layer (every worker relays): done.
-                    StageOutput::Logits(l) => return Ok(l),
-                });
-            }
-            sent = Some(std::time::Instant::now());
-            if self.layout.workers_compute {
-                let hidden = h.take().ok_or_else(|| ring_err("no hidden state to send round the ring"))?;
-                // The token list travels round and comes back: reuse it, no copy per round.
-                let a = Activations { step: self.step, round: round as u32, n_embd: self.n_embd as u32, dtype: self.dtype, tokens: std::mem::take(&mut metas), hidden, reports: Vec::new() };
-                h = Some(match self.round_trip(Frame::Activations(a))? {
-                    Frame::Activations(back) if back.step == self.step && back.round == round as u32 => {
-                        metas = back.tokens;
-                        back.hidden
-                    }
-                    other => return Err(ring_err(format!("out-of-order {} frame from the ring", other.kind_name()))),
-                });
-            }
-        }
-        let (Some(w), Some(h)) = (self.layout.output_window, h) else {
-            return Err(ring_err("the plan leaves the output layer unreached"));
-        };
-        match self.stage.forward(w, batch, StageInput::Hidden(&h))? {
-            StageOutput::Logits(l) => Ok(l),
-            StageOutput::Hidden(_) => Err(ring_err("the output window returned hidden states")),
+    /// The ring broke with micro-batches in it: every one of them fails.
+    fn broke(&mut self, why: String) {
+        let e = self.break_ring(why).to_string();
+        while let Some(f) = self.in_ring.pop_front() {
+            self.land(f, Err(ring_err(&e)));
         }
     }
 
@@ -551,6 +729,14 @@ impl RingPipeline {
     /// to a frozen one), so a look at that link, without waiting, tells.
     fn watch_links(&mut self) -> Result<()> {
         let Some(links) = self.links.as_mut() else { return Ok(()) };
+        if let Some(f) = self.early.pop_front() {
+            let why = match f {
+                Ok(Some(f)) => format!("an unexpected {} frame came round while idle", f.kind_name()),
+                Ok(None) => format!("{} closed the ring link", links.from_last.peer()),
+                Err(e) => e,
+            };
+            return Err(self.break_ring(format!("while idle: {why}")));
+        }
         let lost = self.rt.block_on(async {
             match tokio::time::timeout(Duration::ZERO, links.from_last.recv()).await {
                 Err(_) => None,
@@ -579,32 +765,44 @@ impl RingPipeline {
 
 impl crate::runtime::generation::Pipeline for RingPipeline {
     fn forward(&mut self, batch: &[BatchToken], tokens: &[i32]) -> Result<Logits> {
-        let started = Instant::now();
-        self.step_hops.clear();
-        self.step_reads.clear();
-        self.step_reads.resize(self.members.len() + 1, 0);
-        self.step_reads_known = true;
-        let result = self.forward_ring(batch, tokens);
-        // One token of one sequence: the step the cost model predicts.
-        if result.is_ok() && batch.len() == 1 {
-            let hop = (!self.step_hops.is_empty()).then(|| self.step_hops.iter().sum::<f64>() / self.step_hops.len() as f64);
-            // Without a pager the head does not count its reads: then nothing is known.
-            let known = self.step_reads_known && (self.layout.pager.is_some() || self.layout.own.iter().all(Option::is_none));
-            let reads = known.then_some(self.step_reads.as_slice());
-            self.board.decode_step(started.elapsed(), batch[0].pos as usize + 1, hop, reads);
-        }
-        if result.is_err() {
-            // Some windows may hold part of this batch: roll every sequence back.
-            let mut ops = Vec::new();
-            for t in batch {
-                let len = batch.iter().filter(|b| b.seq == t.seq).map(|b| b.pos).min().unwrap_or(0);
-                if !ops.contains(&KvOp::Truncate { seq: t.seq, len }) {
-                    ops.push(KvOp::Truncate { seq: t.seq, len });
-                }
+        self.launch(FORWARD_TICKET, batch, tokens);
+        loop {
+            let (ticket, result) = self.finish();
+            if ticket == FORWARD_TICKET {
+                return result;
             }
-            self.kv(ops);
         }
-        result
+    }
+
+    fn depth(&self) -> usize {
+        self.depth
+    }
+
+    fn prompt_chunk(&self, prompt: usize, max_batch: usize) -> usize {
+        if self.depth <= 1 {
+            return max_batch;
+        }
+        if let Some(chunk) = self.cfg.setup.prompt_chunk {
+            return chunk;
+        }
+        self.pipelining.as_ref().map_or(max_batch, |p| p.best_chunk(prompt, max_batch, self.depth))
+    }
+
+    fn start(&mut self, ticket: u64, batch: &[BatchToken], tokens: &[i32]) -> Result<()> {
+        self.launch(ticket, batch, tokens);
+        Ok(())
+    }
+
+    fn finish(&mut self) -> (u64, Result<Logits>) {
+        loop {
+            if let Some(done) = self.done.pop_front() {
+                return done;
+            }
+            if self.in_ring.is_empty() {
+                return (FORWARD_TICKET, Err(ring_err("no micro-batch is in flight")));
+            }
+            self.take_back();
+        }
     }
 
     fn clear_sequence(&mut self, seq: SeqId) {

@@ -47,6 +47,12 @@ pub struct RingSetup {
     pub hop_delay: Duration,
     /// `Some(true)`: every device releases its windows after use.
     pub release: Option<bool>,
+    /// Micro-batches in flight at once (`--micro-batches`); `None`: one per member that
+    /// computes, or one when windows are paged from disk.
+    pub micro_batches: Option<usize>,
+    /// Tokens per prompt chunk with micro-batches in flight, pinned (`--prompt-chunk`,
+    /// benchmarks only); `None`: planned per prompt.
+    pub prompt_chunk: Option<usize>,
 }
 
 /// What the head tells a worker at ring formation (control method `load_plan`).

@@ -15,6 +15,8 @@ use transport::{ClusterSecret, ControlClient, LinkConfig};
 use crate::error::{Error, Result};
 
 const GB: f64 = 1e9;
+/// The batch size a plan's forecast assumes for prompt chunks: `serve --max-batch`'s default.
+const FORECAST_MAX_BATCH: usize = 512;
 /// Round trips timed per worker; the fastest counts (the others met a busy machine).
 const LATENCY_PROBES: usize = 3;
 /// Pause between attempts to reach a worker that is still starting.
@@ -120,6 +122,14 @@ fn ms(s: f64) -> String {
 
 /// The plan as a table: per device its set, window, GPU layers, memory and time parts;
 /// then the predicted TPOT, the devices left out, and `others`' predictions.
+/// What a schedule sustains with several requests or a long prompt, with as many
+/// micro-batches in flight as `--micro-batches auto` keeps (see `scheduler::pipelining`).
+pub fn forecast(devices: &[DeviceProfile], s: &Schedule) -> scheduler::Forecast {
+    let profiles: Vec<DeviceProfile> = s.members.iter().map(|&m| devices[m].clone()).collect();
+    let depth = scheduler::pipelining::auto_depth(&s.plan, &s.prediction);
+    scheduler::Pipelining::of(&profiles, &s.prediction).forecast(depth, FORECAST_MAX_BATCH)
+}
+
 pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, others: &[(Strategy, Result<f64, String>)]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
@@ -170,6 +180,14 @@ pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, othe
         );
     }
     let _ = writeln!(out, "\npredicted TPOT: {} ms", ms(s.prediction.tpot_s));
+    let f = forecast(devices, s);
+    let _ = writeln!(out, "micro-batches in flight: {}", f.micro_batches);
+    for x in &f.streams {
+        let _ = writeln!(out, "  {} streams: {:.1} tokens/s ({:.1} one micro-batch at a time)", x.streams, x.pipelined_tokens_per_s, x.one_at_a_time_tokens_per_s);
+    }
+    for x in &f.prompts {
+        let _ = writeln!(out, "  a {}-token prompt: first token after {:.2} s in chunks of {} ({:.2} s one at a time)", x.tokens, x.pipelined_ttft_s, x.chunk, x.one_at_a_time_ttft_s);
+    }
     if !s.dropped.is_empty() {
         let names: Vec<&str> = s.dropped.iter().map(|&i| devices[i].name.as_str()).collect();
         let _ = writeln!(out, "left out (they would slow the ring down): {}", names.join(", "));

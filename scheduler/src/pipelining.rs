@@ -1,0 +1,229 @@
+//! What a ring sustains with several micro-batches in flight, beside the paper's latency
+//! model (`cost`), which is about one token of one sequence going round alone.
+//!
+//! Each member's time for a micro-batch of `b` tokens is linear in `b`: a fixed part (the
+//! weights streamed once, the graph, the hop) and a per-token part. Both come from the
+//! plan's predicted decode time of that member, `t₁`, split by the member's measured
+//! `prompt_token_share` σ: `t(b) = t₁·(1 − σ + σ·b) + hop`. With `m` micro-batches in flight
+//! a member works on one while the others travel, so:
+//!
+//! - a prompt of `n` tokens cut into `c` chunks of `b` reaches its first token after
+//!   `R(b) + (c − 1)·max(B(b), R(b)/m)`, where `R` is the sum of the members' times (one
+//!   chunk all the way round) and `B` the slowest member's (the pipeline's beat); one
+//!   micro-batch at a time it takes `c·R(b)`;
+//! - `s` decoding streams split into `m` groups of `g = ⌈s/m⌉` make `s` tokens every
+//!   `max(R(g), m·B(g))` seconds; one micro-batch at a time, every `R(s)`.
+//!
+//! Sampling on the head is left out: it is the same in every shape.
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::Prediction;
+use crate::plan::Plan;
+use crate::profile::DeviceProfile;
+
+/// σ for a device whose profile has none (an older profile): measured on this project's CI
+/// machine kind (2 cores, AVX2) for the default model's Q4_1 layers, where a token in a
+/// batch of 128 cost 0.11 of a decode step; larger models, whose decode step is mostly
+/// streaming weights, measure lower.
+pub const DEFAULT_PROMPT_TOKEN_SHARE: f64 = 0.11;
+
+/// One member's time for a micro-batch: `fixed_s + per_token_s·b`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageTime {
+    pub name: String,
+    pub fixed_s: f64,
+    pub per_token_s: f64,
+}
+
+impl StageTime {
+    fn at(&self, b: usize) -> f64 {
+        self.fixed_s + self.per_token_s * b as f64
+    }
+}
+
+/// The members of a running plan as stages of a pipeline.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pipelining {
+    pub stages: Vec<StageTime>,
+}
+
+/// Micro-batches a plan keeps in flight when hearth chooses: one per member that computes
+/// (the head always does: it holds the output layer), so every device has one to work on;
+/// one when a member is overloaded and pages its windows from disk, as prima.cpp runs
+/// (each micro-batch in flight would read the released windows again).
+pub fn auto_depth(plan: &Plan, prediction: &Prediction) -> usize {
+    if prediction.devices.iter().any(|d| d.overloaded) {
+        return 1;
+    }
+    1 + plan.devices.iter().skip(1).filter(|d| d.window > 0).count()
+}
+
+impl Pipelining {
+    /// From a plan's prediction and its members' profiles (in the same order). Members
+    /// without layers that only relay still count their hop.
+    pub fn of(devices: &[DeviceProfile], prediction: &Prediction) -> Pipelining {
+        let stages = devices
+            .iter()
+            .zip(&prediction.devices)
+            .map(|(dev, cost)| {
+                let b = &cost.breakdown;
+                let work = b.compute_s + b.memory_s + b.disk_s;
+                let sigma = if dev.prompt_token_share > 0.0 { dev.prompt_token_share.min(1.0) } else { DEFAULT_PROMPT_TOKEN_SHARE };
+                StageTime { name: cost.name.clone(), fixed_s: work * (1.0 - sigma) + b.network_s, per_token_s: work * sigma }
+            })
+            .collect();
+        Pipelining { stages }
+    }
+
+    /// One micro-batch of `b` tokens all the way round.
+    pub fn round_s(&self, b: usize) -> f64 {
+        self.stages.iter().map(|s| s.at(b)).sum()
+    }
+
+    /// The slowest member's time for `b` tokens: with enough in flight, one micro-batch
+    /// leaves the ring every beat.
+    pub fn beat_s(&self, b: usize) -> f64 {
+        self.stages.iter().map(|s| s.at(b)).fold(0.0, f64::max)
+    }
+
+    /// Time to first token of a prompt of `n` tokens in chunks of `chunk`, with up to
+    /// `depth` micro-batches in flight.
+    pub fn ttft_s(&self, n: usize, chunk: usize, depth: usize) -> f64 {
+        let n = n.max(1);
+        let chunks = n.div_ceil(chunk.max(1));
+        // Chunks of equal size: the batching loop's last one is smaller, the sum the same.
+        let b = n.div_ceil(chunks);
+        let round = self.round_s(b);
+        if depth <= 1 {
+            return chunks as f64 * round;
+        }
+        round + (chunks - 1) as f64 * self.beat_s(b).max(round / depth as f64)
+    }
+
+    /// The chunk (at most `max_batch`) that gives a prompt of `n` tokens its shortest time
+    /// to first token; of chunks within 1% of it, the largest (fewer, fuller batches).
+    pub fn best_chunk(&self, n: usize, max_batch: usize, depth: usize) -> usize {
+        let max_batch = max_batch.max(1);
+        if depth <= 1 || self.stages.is_empty() {
+            return max_batch;
+        }
+        let best = (1..=max_batch).map(|b| self.ttft_s(n, b, depth)).fold(f64::INFINITY, f64::min);
+        (1..=max_batch).rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
+    }
+
+    /// Aggregate decode tokens/s of `streams` sequences with up to `depth` micro-batches
+    /// in flight (one group of sequences each).
+    pub fn tokens_per_s(&self, streams: usize, depth: usize) -> f64 {
+        let streams = streams.max(1);
+        let m = depth.clamp(1, streams);
+        let g = streams.div_ceil(m);
+        let period = if m == 1 { self.round_s(streams) } else { self.round_s(g).max(m as f64 * self.beat_s(g)) };
+        streams as f64 / period
+    }
+
+    /// The forecast `hearth plan` and `/admin/plan` show: decode throughput for a few
+    /// stream counts and the time to first token for a few prompt lengths, one
+    /// micro-batch at a time and with `depth` in flight.
+    pub fn forecast(&self, depth: usize, max_batch: usize) -> Forecast {
+        let streams = FORECAST_STREAMS
+            .iter()
+            .map(|&s| StreamsForecast { streams: s, one_at_a_time_tokens_per_s: self.tokens_per_s(s, 1), pipelined_tokens_per_s: self.tokens_per_s(s, depth) })
+            .collect();
+        let prompts = FORECAST_PROMPTS
+            .iter()
+            .map(|&n| {
+                let chunk = self.best_chunk(n, max_batch, depth);
+                PromptForecast { tokens: n, chunk, one_at_a_time_ttft_s: self.ttft_s(n, max_batch, 1), pipelined_ttft_s: self.ttft_s(n, chunk, depth) }
+            })
+            .collect();
+        Forecast { micro_batches: depth, streams, prompts }
+    }
+}
+
+/// Stream counts and prompt lengths a forecast covers: one user, a family, a fan-out; a
+/// chat turn, a long document, a coding tool's context.
+const FORECAST_STREAMS: &[usize] = &[1, 4, 8];
+const FORECAST_PROMPTS: &[usize] = &[512, 2000, 8000];
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Forecast {
+    /// Micro-batches the ring holds in flight at once.
+    pub micro_batches: usize,
+    pub streams: Vec<StreamsForecast>,
+    pub prompts: Vec<PromptForecast>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StreamsForecast {
+    pub streams: usize,
+    pub one_at_a_time_tokens_per_s: f64,
+    pub pipelined_tokens_per_s: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptForecast {
+    pub tokens: usize,
+    /// Tokens per chunk with micro-batches in flight.
+    pub chunk: usize,
+    pub one_at_a_time_ttft_s: f64,
+    pub pipelined_ttft_s: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn even(members: usize, fixed: f64, per_token: f64) -> Pipelining {
+        Pipelining { stages: (0..members).map(|i| StageTime { name: format!("d{i}"), fixed_s: fixed, per_token_s: per_token }).collect() }
+    }
+
+    #[test]
+    fn one_micro_batch_at_a_time_is_the_sum_of_the_members() {
+        let p = even(3, 0.004, 0.001);
+        // 2,000 tokens in 4 chunks of 500: each goes round (3 × 0.504 s).
+        assert!((p.ttft_s(2000, 512, 1) - 4.0 * 3.0 * 0.504).abs() < 1e-9);
+        assert!((p.tokens_per_s(8, 1) - 8.0 / (3.0 * 0.012)).abs() < 1e-6);
+    }
+
+    #[test]
+    fn three_even_members_approach_three_times_the_throughput_of_one_at_a_time() {
+        // Compute-bound members (a token in a batch costs most of a step): nearly 3x.
+        let p = even(3, 0.001, 0.002);
+        let one = p.tokens_per_s(8, 1);
+        let three = p.tokens_per_s(8, 3);
+        assert!(three / one > 2.0 && three / one < 3.0, "{one} vs {three}");
+        // Members that mostly stream weights (a batch of 8 costs little more than one
+        // token) gain less: the batch of 8 already shared the weights.
+        let bandwidth_bound = even(3, 0.004, 0.0004);
+        let gain = bandwidth_bound.tokens_per_s(8, 3) / bandwidth_bound.tokens_per_s(8, 1);
+        assert!(gain > 1.2 && gain < three / one, "{gain}");
+        // More places in flight than streams: no better than one per stream.
+        assert_eq!(p.tokens_per_s(2, 3), p.tokens_per_s(2, 2));
+    }
+
+    #[test]
+    fn the_best_chunk_cuts_a_long_prompt_into_several_and_keeps_a_short_one_whole() {
+        let p = even(3, 0.004, 0.0005);
+        let n = 2000;
+        let chunk = p.best_chunk(n, 512, 3);
+        assert!(chunk < 512 && chunk > 16, "chunk {chunk}");
+        let pipelined = p.ttft_s(n, chunk, 3);
+        let today = p.ttft_s(n, 512, 1);
+        assert!(pipelined < 0.5 * today, "{pipelined} vs {today}");
+        // Nothing is gained by cutting when there is one stage.
+        assert_eq!(even(1, 0.004, 0.0005).best_chunk(n, 512, 3), 512);
+        // Depth 1: the batch size, whatever the prompt.
+        assert_eq!(p.best_chunk(n, 512, 1), 512);
+    }
+
+    #[test]
+    fn a_slow_member_sets_the_beat() {
+        let mut p = even(3, 0.004, 0.0005);
+        p.stages[1].per_token_s = 0.002;
+        let b = 100;
+        assert_eq!(p.beat_s(b), p.stages[1].at(b));
+        let chunks = 20;
+        assert!((p.ttft_s(b * chunks, b, 3) - (p.round_s(b) + (chunks - 1) as f64 * p.stages[1].at(b))).abs() < 1e-9);
+    }
+}

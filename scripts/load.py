@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Load on any OpenAI-compatible server (hearth, llama-server), as its users send it.
+
+    scripts/load.py URL tpot    [--max-tokens 128] [--reps 3]
+    scripts/load.py URL streams N [--max-tokens 128] [--reps 1]
+    scripts/load.py URL ttft    TOKENS [--reps 3]
+
+tpot:    one greedy stream at a time; prints the median time per output token (s).
+streams: N concurrent greedy streams, each its own prompt; prints the aggregate generated
+         tokens/s (every token of every stream over the wall time from the first request
+         to the last stream's end), the best of --reps rounds.
+ttft:    a prompt of about TOKENS tokens of real prose (from the prima.cpp paper), one token
+         asked for, a different part of the text each time so no prompt cache helps;
+         prints the median seconds to the answer and the prompt's token count.
+
+Standard library only; text from testdata/prima-cpp-excerpt.txt (or --text FILE).
+"""
+import argparse
+import http.client
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import urllib.parse
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Prose (the paper's tables and formulas tokenize unlike what users send).
+DEFAULT_TEXT = os.path.join(HERE, "..", "testdata", "prima-cpp-excerpt.txt")
+# Characters per token of English prose under the small models' tokenizers: where to cut
+# the text for a prompt of about N tokens (the server reports the exact count).
+CHARS_PER_TOKEN = 4.2
+
+
+def post(url, body, timeout, stream=False):
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        sys.exit(f"load.py: HTTP {resp.status}: {resp.read()[:500]!r}")
+    return conn, resp
+
+
+def stream(url, prompt, max_tokens, timeout, suppress):
+    """Streams one greedy completion: (token arrival times, start time)."""
+    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if suppress:
+        body["logit_bias"] = {str(t): -100 for t in suppress}
+    t0 = time.monotonic()
+    conn, resp = post(url, body, timeout)
+    times = []
+    for line in resp:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if "error" in event:
+            sys.exit(f"load.py: {event['error']}")
+        choice = (event.get("choices") or [{}])[0]
+        if choice.get("text") and choice.get("finish_reason") is None:
+            times.append(time.monotonic())
+    conn.close()
+    return times, t0
+
+
+def text(path):
+    for p in (path, DEFAULT_TEXT):
+        if p and os.path.exists(p):
+            with open(p, encoding="utf-8", errors="replace") as f:
+                return " ".join(f.read().split())
+    sys.exit("load.py: no text to make prompts from")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("url")
+    p.add_argument("mode", choices=["tpot", "streams", "ttft"])
+    p.add_argument("n", nargs="?", type=int, default=1, help="streams: how many; ttft: prompt tokens")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--timeout", type=float, default=1200)
+    p.add_argument("--text")
+    p.add_argument("--suppress", default="", help="comma-separated token ids never to sample (end-of-text)")
+    a = p.parse_args()
+    words = text(a.text)
+    suppress = [int(t) for t in a.suppress.split(",") if t]
+    questions = ["Explain in detail how a bicycle works.", "Write a short story about a lighthouse keeper.", "Describe how bread is made, step by step.",
+                 "What should a family consider when buying a used car?", "Explain how a refrigerator keeps food cold.", "Plan a three-day trip to the mountains.",
+                 "How do vaccines train the immune system?", "Summarise the history of the printing press."]
+
+    if a.mode == "tpot":
+        tpots = []
+        for r in range(a.reps):
+            times, _ = stream(a.url, questions[r % len(questions)], a.max_tokens, a.timeout, suppress)
+            if len(times) < 2:
+                sys.exit("load.py: fewer than 2 tokens streamed")
+            tpots.append((times[-1] - times[0]) / (len(times) - 1))
+        print(f"{statistics.median(tpots):.6f}")
+    elif a.mode == "streams":
+        best = 0.0
+        for r in range(a.reps):
+            results = [None] * a.n
+            def run(i):
+                q = f"{questions[i % len(questions)]} (Answer {r}-{i}.)"
+                results[i] = stream(a.url, q, a.max_tokens, a.timeout, suppress)
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(a.n)]
+            t0 = time.monotonic()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            end = max(times[-1] for times, _ in results if times)
+            tokens = sum(len(times) for times, _ in results)
+            best = max(best, tokens / (end - t0))
+        print(f"{best:.3f}")
+    else:
+        n_chars = int(a.n * CHARS_PER_TOKEN)
+        took, counts = [], []
+        for r in range(a.reps):
+            start = (r * 7919 * 13) % max(1, len(words) - n_chars)
+            prompt = words[start:start + n_chars]
+            t0 = time.monotonic()
+            conn, resp = post(a.url, {"model": "", "prompt": prompt, "max_tokens": 1, "temperature": 0}, a.timeout)
+            v = json.loads(resp.read())
+            conn.close()
+            took.append(time.monotonic() - t0)
+            counts.append(v.get("usage", {}).get("prompt_tokens", 0))
+        print(f"{statistics.median(took):.6f} {statistics.median(counts):.0f}")
+
+
+if __name__ == "__main__":
+    main()

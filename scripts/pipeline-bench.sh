@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Pipelined micro-batches side by side (docs/benchmarks.md, "Every device busy"): three
+# emulated devices on one machine — a head and two workers, each in a cpu cgroup of its own
+# with CORES cores (scripts/cpu-device.sh) and one thread — run
+#   hearth-1     the ring with one micro-batch at a time (--micro-batches 1: prima.cpp's way,
+#                and hearth's before pipelining); hearth-N: N in flight
+#   hearth       the ring with micro-batches in flight (--micro-batches auto)
+#   llama-rpc    llama.cpp's distributed mode: llama-server --rpc with two ggml-rpc-server
+#                processes (scripts/llama-upstream.sh), the same layers on each device
+# and measure, with scripts/load.py against each server's OpenAI API:
+#   TPOT of one stream, aggregate tokens/s of STREAMS concurrent streams, and the time to
+#   the first token of a PROMPT-token prompt of real text.
+# It prints one row per setup and the ratios against hearth-1 and llama-rpc.
+#
+#   scripts/pipeline-bench.sh [SETUP...]          (default: hearth-1 hearth llama-rpc)
+#
+# Settings (environment): MODEL (default: the default model), LAYERS (the model's layer
+# count; default 30), WINDOWS (head,worker,worker layers; default a third each), CORES (0.6), STREAMS (8), PROMPT (2000), TOKENS (128 per stream),
+# REPS (3), MEASURES (any of "tpot streams ttft"; default all three), HEARTH (the release
+# binary). Needs root (cgroups) and a release build.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
+MODEL="${MODEL:-$(scripts/fetch-model.sh)}"
+LAYERS="${LAYERS:-30}"
+CORES="${CORES:-0.6}"
+STREAMS="${STREAMS:-8}"
+PROMPT="${PROMPT:-2000}"
+TOKENS="${TOKENS:-128}"
+REPS="${REPS:-3}"
+MEASURES="${MEASURES:-tpot streams ttft}"
+SETUPS=("$@")
+[ ${#SETUPS[@]} -gt 0 ] || SETUPS=(hearth-1 hearth llama-rpc)
+# Windows of a third of the layers each (the head's first, as the ring's head runs them).
+W=$(( LAYERS / 3 ))
+WINDOWS="${WINDOWS:-$(( LAYERS - 2 * W )),$W,$W}"
+IFS=, read -r W0 W1 W2 <<<"$WINDOWS"
+# A context for a long prompt plus its answer per stream.
+CTX=$(( PROMPT + TOKENS + 512 ))
+# Profiles measured under this run's quotas, not taken from an earlier unthrottled run.
+export XDG_CACHE_HOME="$(mktemp -d)"
+PIDS=()
+LOGS="$(mktemp -d)"
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  PIDS=()
+  for n in head w1 w2; do scripts/cpu-device.sh --remove "$n"; done
+}
+trap 'cleanup; rm -rf "$XDG_CACHE_HOME"' EXIT
+
+# device NAME LOGFILE COMMAND...: starts COMMAND as an emulated device.
+device() {
+  local name="$1" log="$2"
+  shift 2
+  scripts/cpu-device.sh "$name" "$CORES" "$@" >"$log" 2>&1 &
+  PIDS+=($!)
+}
+
+# wait_for LOGFILE PATTERN: prints the first address the log announces.
+wait_for() {
+  for _ in $(seq 1 1200); do
+    local addr; addr="$(grep -oE "$2" "$1" | grep -oE '[0-9.]+:[0-9]+' | head -1 || true)"
+    if [ -n "$addr" ]; then echo "$addr"; return; fi
+    sleep 0.1
+  done
+  echo "$0: no address in $1:" >&2; tail -20 "$1" >&2; exit 1
+}
+
+wait_http() {
+  for _ in $(seq 1 1200); do
+    if curl -sf "http://$1/health" >/dev/null 2>&1; then return; fi
+    sleep 0.25
+  done
+  echo "$0: $1 never became healthy" >&2; exit 1
+}
+
+start_hearth() {
+  local mb="$1" w1 w2
+  device w1 "$LOGS/w1.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads 1 --model "$MODEL"
+  w1="$(wait_for "$LOGS/w1.log" 'listening on [0-9.]+:[0-9]+')"
+  device w2 "$LOGS/w2.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads 1 --model "$MODEL"
+  w2="$(wait_for "$LOGS/w2.log" 'listening on [0-9.]+:[0-9]+')"
+  device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads 1 --parallel "$STREAMS" --ctx-size "$CTX" \
+    --workers "$w1,$w2" --windows "$WINDOWS" --micro-batches "$mb" --model "$MODEL"
+  ADDR="$(wait_for "$LOGS/head.log" 'listening on http://[0-9.]+:[0-9]+')"
+  wait_http "$ADDR"
+}
+
+start_llama_rpc() {
+  local bin; bin="$(scripts/llama-upstream.sh)"
+  local p1=18311 p2=18312 port=18310
+  device w1 "$LOGS/w1.log" "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$p1" -t 1
+  device w2 "$LOGS/w2.log" "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$p2" -t 1
+  sleep 1
+  # llama.cpp puts the last -ngl layers (the output layer counted) on the devices, split by
+  # -ts: the head's CPU keeps the first third, each RPC server a third; the output layer is
+  # sent back to the head's CPU, where hearth's head runs it. Its context is shared by the
+  # slots: one sequence's worth each.
+  # Layer i of the W1+W2+1 offloaded goes to the first device whose cumulative split
+  # exceeds i/(W1+W2+1): a first split between (W1-1)/(W1+W2+1) and W1/(W1+W2+1) gives
+  # the first server W1 layers and the second the rest.
+  local split; split="$(python3 -c "a, b = $W1, $W2; s = (a - 0.5) / (a + b + 1); print(f'{s:.4f},{1 - s:.4f}')")"
+  device head "$LOGS/head.log" "$bin/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$port" \
+    --rpc "127.0.0.1:$p1,127.0.0.1:$p2" -ngl $(( W1 + W2 + 1 )) -ts "$split" -ot 'output\.weight=CPU,token_embd\.weight=CPU' \
+    -t 1 -tb 1 -np "$STREAMS" -c $(( CTX * STREAMS )) --no-warmup
+  ADDR="127.0.0.1:$port"
+  wait_http "$ADDR"
+}
+
+printf '%-10s %12s %14s %12s %8s\n' setup "TPOT ms" "${STREAMS} streams t/s" "TTFT ${PROMPT} s" tokens
+declare -A TPOT AGG TTFT
+for s in "${SETUPS[@]}"; do
+  case "$s" in
+    hearth) start_hearth auto ;;
+    hearth-[0-9]*) start_hearth "${s#hearth-}" ;;
+    llama-rpc) start_llama_rpc ;;
+    *) echo "$0: unknown setup $s" >&2; exit 2 ;;
+  esac
+  tpot=nan agg=nan ttft=nan count=-
+  case " $MEASURES " in *" tpot "*) tpot="$(scripts/load.py "http://$ADDR" tpot --max-tokens "$TOKENS" --reps "$REPS")" ;; esac
+  case " $MEASURES " in *" streams "*) agg="$(scripts/load.py "http://$ADDR" streams "$STREAMS" --max-tokens "$TOKENS" --reps 1)" ;; esac
+  case " $MEASURES " in *" ttft "*) read -r ttft count < <(scripts/load.py "http://$ADDR" ttft "$PROMPT" --reps "$REPS") ;; esac
+  TPOT[$s]="$tpot"; AGG[$s]="$agg"; TTFT[$s]="$ttft"
+  printf '%-10s %12.2f %14.2f %12.2f %8s\n' "$s" "$(echo "$tpot*1000" | bc -l)" "$agg" "$ttft" "$count"
+  if [ "$s" != llama-rpc ] && grep -q "micro-batches in flight" "$LOGS/head.log"; then
+    grep -m1 "micro-batches in flight" "$LOGS/head.log" | sed 's/^/    /'
+  fi
+  cleanup
+done
+# Ratios: TPOT and TTFT as a fraction of the other's (lower is better), throughput as a multiple.
+ratio() { python3 -c "a, b = $1, $2; print(f'{a / b:.2f}x')"; }
+for pair in "hearth hearth-1" "hearth llama-rpc" "hearth-1 llama-rpc"; do
+  set -- $pair
+  if [ -n "${TPOT[$1]:-}" ] && [ -n "${TPOT[$2]:-}" ] && [ "$MEASURES" = "tpot streams ttft" ]; then
+    echo "$1 vs $2: TPOT $(ratio "${TPOT[$1]}" "${TPOT[$2]}"), ${STREAMS} streams $(ratio "${AGG[$1]}" "${AGG[$2]}"), TTFT $(ratio "${TTFT[$1]}" "${TTFT[$2]}")"
+  fi
+done
