@@ -7,14 +7,17 @@
 #   scripts/cpu-device.sh NAME CORES COMMAND [ARGS...]
 #
 # NAME names the cgroup (hearth-device-NAME, made if missing, reused if present); CORES is
-# the quota in cores, fractional allowed (0.6 = 60 ms of CPU time every 100 ms). The command
+# the quota in cores, fractional allowed (0.6 = 6 ms of CPU time every 10 ms). The command
 # replaces this shell, so its PID is the one the caller started. `scripts/cpu-device.sh
 # --remove NAME` removes the cgroup once nothing runs in it.
 set -euo pipefail
 ROOT=/sys/fs/cgroup/cpu
-# The period of the quota: CFS's default. A shorter one throttles more smoothly but costs
-# more scheduler work; at 100 ms a member waits at most 100 - quota ms when throttled.
-PERIOD_US=100000
+# The period of the quota: short, so a device is as fast as its quota at the scale of one
+# step. With CFS's default 100 ms a member that computes 10 ms and then waits for the others
+# never reaches its quota and runs at a whole core's speed: a ring taking one micro-batch
+# at a time would look faster than on real devices of that speed, and pipelining (which
+# keeps every member busy) slower than it is.
+PERIOD_US=10000
 if [ "${1:-}" = --remove ]; then
   rmdir "$ROOT/hearth-device-$2" 2>/dev/null || true
   exit 0

@@ -36,8 +36,10 @@ SETUPS=("$@")
 W=$(( LAYERS / 3 ))
 WINDOWS="${WINDOWS:-$(( LAYERS - 2 * W )),$W,$W}"
 IFS=, read -r W0 W1 W2 <<<"$WINDOWS"
-# A context for a long prompt plus its answer per stream.
-CTX=$(( PROMPT + TOKENS + 512 ))
+# A context for a long prompt plus its answer per stream: load.py cuts the text at about
+# 4.2 characters a token, and some passages tokenize denser (the tokens column says how
+# many the prompts had; every setup gets the same prompts).
+CTX=$(( 2 * PROMPT + TOKENS + 512 ))
 # Profiles measured under this run's quotas, not taken from an earlier unthrottled run.
 export XDG_CACHE_HOME="$(mktemp -d)"
 PIDS=()
@@ -83,7 +85,7 @@ start_hearth() {
   device w2 "$LOGS/w2.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads 1 --model "$MODEL"
   w2="$(wait_for "$LOGS/w2.log" 'listening on [0-9.]+:[0-9]+')"
   device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads 1 --parallel "$STREAMS" --ctx-size "$CTX" \
-    --workers "$w1,$w2" --windows "$WINDOWS" --micro-batches "$mb" --model "$MODEL"
+    --workers "$w1,$w2" --windows "$WINDOWS" --micro-batches "$mb" --admin-key bench --model "$MODEL"
   ADDR="$(wait_for "$LOGS/head.log" 'listening on http://[0-9.]+:[0-9]+')"
   wait_http "$ADDR"
 }
@@ -123,9 +125,23 @@ for s in "${SETUPS[@]}"; do
   case " $MEASURES " in *" streams "*) agg="$(scripts/load.py "http://$ADDR" streams "$STREAMS" --max-tokens "$TOKENS" --reps 1)" ;; esac
   case " $MEASURES " in *" ttft "*) read -r ttft count < <(scripts/load.py "http://$ADDR" ttft "$PROMPT" --reps "$REPS") ;; esac
   TPOT[$s]="$tpot"; AGG[$s]="$agg"; TTFT[$s]="$ttft"
-  printf '%-10s %12.2f %14.2f %12.2f %8s\n' "$s" "$(echo "$tpot*1000" | bc -l)" "$agg" "$ttft" "$count"
-  if [ "$s" != llama-rpc ] && grep -q "micro-batches in flight" "$LOGS/head.log"; then
-    grep -m1 "micro-batches in flight" "$LOGS/head.log" | sed 's/^/    /'
+  printf '%-10s %12s %14s %12s %8s\n' "$s" "$(python3 -c "print(f'{$tpot * 1000:.2f}')")" "$agg" "$ttft" "$count"
+  if [ "$s" != llama-rpc ]; then
+    # What the scheduler predicted for this plan (GET /admin/plan's forecast).
+    curl -s -H "Authorization: Bearer bench" "http://$ADDR/admin/plan" | STREAMS="$STREAMS" PROMPT="$PROMPT" python3 -c '
+import json, os, sys
+v = json.load(sys.stdin)
+f = v.get("forecast") or {}
+m = v["micro_batches"]
+way = "pipelined" if m > 1 else "one_at_a_time"
+parts = ["%d micro-batches" % m, "TPOT %.2f ms" % v["predicted_tpot_ms"]]
+for x in f.get("streams", []):
+    if x["streams"] == int(os.environ["STREAMS"]):
+        parts.append("%d streams %.2f t/s" % (x["streams"], x[way + "_tokens_per_s"]))
+for x in f.get("prompts", []):
+    if x["tokens"] == int(os.environ["PROMPT"]):
+        parts.append("TTFT %.2f s" % x[way + "_ttft_s"] + (" (chunks of %d)" % x["chunk"] if m > 1 else ""))
+print("    predicted: " + ", ".join(parts))'
   fi
   cleanup
 done

@@ -23,10 +23,10 @@ use crate::plan::Plan;
 use crate::profile::DeviceProfile;
 
 /// σ for a device whose profile has none (an older profile): measured on this project's CI
-/// machine kind (2 cores, AVX2) for the default model's Q4_1 layers, where a token in a
-/// batch of 128 cost 0.11 of a decode step; larger models, whose decode step is mostly
-/// streaming weights, measure lower.
-pub const DEFAULT_PROMPT_TOKEN_SHARE: f64 = 0.11;
+/// machine kind (2 cores, AVX2, one thread) for the default model's Q4_1 layers, where a
+/// token in a batch of 64 cost 0.38–0.54 of a decode step; models whose decode step is
+/// mostly streaming weights measure lower.
+pub const DEFAULT_PROMPT_TOKEN_SHARE: f64 = 0.45;
 
 /// One member's time for a micro-batch: `fixed_s + per_token_s·b`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
