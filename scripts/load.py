@@ -45,10 +45,13 @@ def post(url, body, timeout, stream=False):
     return conn, resp
 
 
-def stream(url, prompt, max_tokens, timeout, suppress):
-    """Streams one greedy completion: (token arrival times, start time)."""
-    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+def stream(url, prompt, max_tokens, timeout, suppress, temperature=0.0, seed=None):
+    """Streams one completion (greedy by default): (token arrival times, start time)."""
+    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True}
+    if seed is not None:
+        body["seed"] = seed
     if suppress:
+        # Random-weight models may emit end-of-text at once; keep them generating.
         body["logit_bias"] = {str(t): -100 for t in suppress}
     t0 = time.monotonic()
     conn, resp = post(url, body, timeout)
@@ -61,7 +64,8 @@ def stream(url, prompt, max_tokens, timeout, suppress):
         if "error" in event:
             sys.exit(f"load.py: {event['error']}")
         choice = (event.get("choices") or [{}])[0]
-        if choice.get("text") and choice.get("finish_reason") is None:
+        # A token's chunk; the closing chunk (finish_reason set) carries no new token.
+        if choice.get("text") is not None and choice.get("finish_reason") is None:
             times.append(time.monotonic())
     conn.close()
     return times, t0

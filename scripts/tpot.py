@@ -9,41 +9,14 @@ Standard library only, so it runs wherever Python does.
     scripts/tpot.py http://127.0.0.1:8080 --max-tokens 128 --reps 3
 """
 import argparse
-import http.client
-import json
 import statistics
 import sys
-import time
-import urllib.parse
+
+from load import stream  # this folder's: the same streaming client
 
 
 def one(url, prompt, max_tokens, suppress, timeout, temperature=0.0, seed=None):
-    u = urllib.parse.urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    body = {"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature, "stream": True}
-    if seed is not None:
-        body["seed"] = seed
-    if suppress:
-        # Random-weight models may emit end-of-text at once; keep them generating.
-        body["logit_bias"] = {str(t): -100 for t in suppress}
-    t0 = time.monotonic()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        sys.exit(f"tpot.py: HTTP {resp.status}: {resp.read()[:500]!r}")
-    times = []
-    for line in resp:
-        line = line.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        event = json.loads(line[6:])
-        if "error" in event:
-            sys.exit(f"tpot.py: {event['error']}")
-        choice = (event.get("choices") or [{}])[0]
-        # A token's chunk; the closing chunk (finish_reason set) carries no new token.
-        if choice.get("text") is not None and choice.get("finish_reason") is None:
-            times.append(time.monotonic())
-    conn.close()
+    times, t0 = stream(url, prompt, max_tokens, timeout, suppress, temperature, seed)
     if len(times) < 2:
         sys.exit(f"tpot.py: only {len(times)} tokens streamed")
     return (times[-1] - times[0]) / (len(times) - 1), times[0] - t0, len(times)
