@@ -120,8 +120,17 @@ pub struct Response {
 /// ending in `\r\n`. Err when the connection fails (a server not up yet) or the answer is
 /// not HTTP.
 pub fn http(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> Result<Response, String> {
+    http_within(addr, method, path, headers, body, HTTP_READ_TIMEOUT)
+}
+
+/// How long `http` waits for the server to say anything: a stalled server fails the test
+/// instead of hanging it.
+const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// [`http`] with its own read timeout (a slow device answering a long request).
+pub fn http_within(addr: &str, method: &str, path: &str, headers: &str, body: &str, read_timeout: Duration) -> Result<Response, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(120))).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(read_timeout)).map_err(|e| e.to_string())?;
     write!(s, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).map_err(|e| e.to_string())?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).map_err(|e| e.to_string())?;
