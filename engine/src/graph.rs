@@ -5,7 +5,8 @@
 //! masks) so hearth's output equals llama.cpp's.
 //!
 //! Sequences are attended separately: the batch is reordered so each sequence's tokens
-//! are contiguous, and each sequence's queries attend only to its own slot of the cache.
+//! are contiguous, and each sequence's queries attend only to its own slot of the cache
+//! (sequences in neighbouring slots with as many rows each share one op, a slot each).
 
 use std::ops::Range;
 
@@ -19,14 +20,18 @@ use crate::weights::{DenseFfn, Ffn, MoeWeights, Weights};
 
 type T = *mut sys::ggml_tensor;
 
-/// One sequence's share of the (reordered) batch.
+/// The share of the (reordered) batch one attention op takes: `n_seqs` sequences in
+/// consecutive cache slots, `n_rows` rows each (llama.cpp's streams), usually one.
 #[derive(Debug, Clone)]
 pub struct GroupPlan {
     pub row0: usize,
+    /// Rows of each sequence.
     pub n_rows: usize,
-    /// First cell of the sequence's slot.
+    pub n_seqs: usize,
+    /// First cell of the first sequence's slot.
     pub cell0: usize,
-    /// Cells attended: the sequence length after this batch, padded like llama.cpp.
+    /// Cells attended in each slot: the longest sequence's length after this batch, padded
+    /// like llama.cpp (a shorter sequence's mask hides the cells past its own).
     pub n_kv: usize,
     /// Sliding-window layers attend only from this cell, `n_kv_swa` cells: the window's
     /// start (aligned down to the padding, so shapes change every 256 positions, not every
@@ -123,7 +128,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         if !wanted {
             return Vec::new();
         }
-        shape.groups.iter().map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, if swa { g.n_kv_swa } else { g.n_kv } as i64, g.n_rows as i64, 1, 1))).collect()
+        shape.groups.iter().map(|g| input(sys::ggml_new_tensor_4d(ctx, sys::GGML_TYPE_F16, if swa { g.n_kv_swa } else { g.n_kv } as i64, g.n_rows as i64, 1, g.n_seqs as i64))).collect()
     };
     let masks = new_masks(shape.layers.clone().any(|il| attending(il) && !spec.is_swa(il)), false);
     let swa_masks = new_masks(shape.layers.clone().any(|il| attending(il) && spec.is_swa(il)), true);
@@ -212,11 +217,12 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let kq_scale = if spec.q_scale.is_some() { 1.0 } else { spec.kq_scale };
         let mut attn: T = std::ptr::null_mut();
         for (g, mask) in shape.groups.iter().zip(layer_masks) {
-            let qg = sys::ggml_view_3d(ctx, q, hd, n_head, g.n_rows as i64, (*q).nb[1], (*q).nb[2], (*q).nb[2] * g.row0);
+            let (rows, seqs) = (g.n_rows as i64, g.n_seqs as i64);
+            let qg = sys::ggml_view_4d(ctx, q, hd, n_head, rows, seqs, (*q).nb[1], (*q).nb[2], (*q).nb[2] * g.n_rows, (*q).nb[2] * g.row0);
             let qg = sys::ggml_permute(ctx, qg, 0, 2, 1, 3);
             let (cell0, n_kv) = if swa { (g.cell0_swa, g.n_kv_swa) } else { (g.cell0, g.n_kv) };
             let cache_view = |c: T| {
-                let view = sys::ggml_view_3d(ctx, c, hd, n_head_kv, n_kv as i64, f16_row(hd), f16_row(n_embd_kv), f16_row(n_embd_kv) * cell0);
+                let view = sys::ggml_view_4d(ctx, c, hd, n_head_kv, n_kv as i64, seqs, f16_row(hd), f16_row(n_embd_kv), f16_row(n_embd_kv) * cache.slot_cells, f16_row(n_embd_kv) * cell0);
                 sys::ggml_permute(ctx, view, 0, 2, 1, 3)
             };
             let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k), cache_view(kv.v), *mask, kq_scale, 0.0, 0.0);
@@ -224,7 +230,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 sys::ggml_flash_attn_ext_add_sinks(fa, sinks);
             }
             sys::ggml_prec_set_acc(fa, sys::GGML_PREC_F32);
-            let out = sys::ggml_reshape_2d(ctx, fa, hd * n_head, g.n_rows as i64);
+            let out = sys::ggml_reshape_2d(ctx, fa, hd * n_head, rows * seqs);
             attn = if attn.is_null() { out } else { sys::ggml_concat(ctx, attn, out, 1) };
         }
         let mut cur = add_opt(sys::ggml_mul_mat(ctx, l.wo, attn), l.bo);

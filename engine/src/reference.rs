@@ -66,16 +66,35 @@ impl Drop for Context {
 
 impl Context {
     fn decode(&mut self, tokens: &[i32], start: usize, all_logits: bool) -> Result<()> {
+        let n = tokens.len();
+        self.decode_rows(tokens, |i| ((start + i) as i32, 0, all_logits || i + 1 == n))
+    }
+
+    /// A prompt for sequence `seq`, its last row's logits wanted.
+    fn decode_seq(&mut self, tokens: &[i32], start: usize, seq: i32) -> Result<()> {
+        let n = tokens.len();
+        self.decode_rows(tokens, |i| ((start + i) as i32, seq, i + 1 == n))
+    }
+
+    /// One (token, position) for each sequence 0..step.len(), every row's logits wanted.
+    fn decode_step(&mut self, step: &[(i32, usize)]) -> Result<()> {
+        let tokens: Vec<i32> = step.iter().map(|s| s.0).collect();
+        self.decode_rows(&tokens, |i| (step[i].1 as i32, i as i32, true))
+    }
+
+    /// Decodes `tokens`, row i at (position, sequence, logits wanted) = `row(i)`.
+    fn decode_rows(&mut self, tokens: &[i32], row: impl Fn(usize) -> (i32, i32, bool)) -> Result<()> {
         // SAFETY: the batch is sized for `tokens` with one sequence id per token; it is
         // filled within those bounds and freed after the call.
         unsafe {
             let mut batch = sys::llama_batch_init(tokens.len() as i32, 0, 1);
             for (i, &t) in tokens.iter().enumerate() {
+                let (pos, seq, logits) = row(i);
                 *batch.token.add(i) = t;
-                *batch.pos.add(i) = (start + i) as i32;
+                *batch.pos.add(i) = pos;
                 *batch.n_seq_id.add(i) = 1;
-                *(*batch.seq_id.add(i)) = 0;
-                *batch.logits.add(i) = i8::from(all_logits || i + 1 == tokens.len());
+                *(*batch.seq_id.add(i)) = seq;
+                *batch.logits.add(i) = i8::from(logits);
             }
             batch.n_tokens = tokens.len() as i32;
             let status = sys::llama_decode(self.ctx, batch);
@@ -178,9 +197,16 @@ impl Reference {
     /// A context; `swa_full: false` keeps sliding-window layers' K/V in a cache of
     /// `window + batch` cells (llama-server's default) instead of the whole context.
     fn context_with(&self, n_ctx: usize, n_batch: usize, swa_full: bool) -> Result<Context> {
+        self.context_seqs(n_ctx, n_batch, swa_full, 1)
+    }
+
+    /// A context of `n_seq` sequences, each with its own stream of `n_ctx / n_seq` cells
+    /// (llama.cpp's default, non-unified cache: what llama-server gives its slots).
+    fn context_seqs(&self, n_ctx: usize, n_batch: usize, swa_full: bool, n_seq: usize) -> Result<Context> {
         // SAFETY: default params from llama.cpp, on a loaded model.
         let ctx = unsafe {
             let mut p = sys::llama_context_default_params();
+            p.n_seq_max = n_seq as u32;
             p.swa_full = swa_full;
             p.n_ctx = n_ctx as u32;
             p.n_batch = n_batch as u32;
@@ -236,6 +262,33 @@ impl Reference {
             tok = argmax(ctx.logits(0));
         }
         Ok(Timing { prompt_tokens: prompt.len(), prompt_secs, gen_tokens: n_gen, gen_secs: t1.elapsed().as_secs_f64() })
+    }
+
+    /// Sequences decoding together, as llama-server's slots do: each prompt is fed alone
+    /// (one batch, sequence i), then `n_gen` greedy steps of one batch holding every
+    /// sequence's next token. Returns each sequence's tokens and the timing (`gen_tokens`
+    /// counts every sequence's tokens).
+    pub fn decode_together(&self, prompts: &[Vec<i32>], n_gen: usize) -> Result<(Vec<Vec<i32>>, Timing)> {
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let per_seq = (longest + n_gen + 1).div_ceil(256) * 256;
+        let mut ctx = self.context_seqs(per_seq * prompts.len(), longest.max(prompts.len()).max(1), false, prompts.len())?;
+        let t0 = Instant::now();
+        let mut out: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
+        for (s, p) in prompts.iter().enumerate() {
+            ctx.decode_seq(p, 0, s as i32)?;
+            out.push(vec![argmax(ctx.logits(p.len() - 1))]);
+        }
+        let prompt_secs = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for i in 1..n_gen {
+            let step: Vec<(i32, usize)> = out.iter().zip(prompts).map(|(o, p)| (o[i - 1], p.len() + i - 1)).collect();
+            ctx.decode_step(&step)?;
+            for (s, o) in out.iter_mut().enumerate() {
+                o.push(argmax(ctx.logits(s)));
+            }
+        }
+        let timing = Timing { prompt_tokens: prompts.iter().map(Vec::len).sum(), prompt_secs, gen_tokens: n_gen.saturating_sub(1) * prompts.len(), gen_secs: t1.elapsed().as_secs_f64() };
+        Ok((out, timing))
     }
 }
 

@@ -156,8 +156,9 @@ struct ShapeKey {
     window: usize,
     embed: bool,
     n_tokens: usize,
-    /// (rows, first cell, attended cells, and the same for sliding layers) per sequence.
-    groups: Vec<(usize, usize, usize, usize, usize)>,
+    /// (rows per sequence, sequences, first cell, attended cells, and the same for sliding
+    /// layers) per attention op.
+    groups: Vec<(usize, usize, usize, usize, usize, usize)>,
     n_out: usize,
 }
 
@@ -345,7 +346,7 @@ impl Stage {
             _ => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
         };
         let n_swa = spec.swa.as_ref().filter(|_| layers.clone().any(|il| spec.is_swa(il))).map(|s| s.n_swa);
-        let plan = plan_batch(&win.cache, batch, n_swa)?;
+        let plan = plan_batch(&win.cache, batch, n_swa, self.accel.is_none())?;
         let last = self.owns_output && layers.end == spec.n_layer;
         let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
         if last && out_rows.is_empty() && layers.is_empty() {
@@ -357,7 +358,7 @@ impl Stage {
             return Ok(StageOutput::Logits(Logits { rows: Vec::new(), n_vocab: spec.n_vocab, data: Vec::new() }));
         }
 
-        let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(), n_out: out_rows.len() };
+        let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.n_seqs, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(), n_out: out_rows.len() };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
         // tensor the graph references is owned by this stage; input sizes match the
         // tensors `graph::build` created for this shape.
@@ -429,7 +430,7 @@ impl Stage {
         let spec = self.file.spec.clone();
         let Some(widx) = (0..self.windows.len()).max_by_key(|&i| self.windows[i].layers.len()) else { return Ok(()) };
         let w = &self.windows[widx];
-        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, cell0: 0, n_kv: w.cache.slot_cells, cell0_swa: 0, n_kv_swa: w.cache.slot_cells }];
+        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, n_seqs: 1, cell0: 0, n_kv: w.cache.slot_cells, cell0_swa: 0, n_kv_swa: w.cache.slot_cells }];
         let shape = GraphShape {
             layers: w.layers.clone(),
             embed: w.layers.start == 0,
@@ -542,15 +543,33 @@ struct BatchPlan {
     seqs: Vec<SeqPlan>,
 }
 
+/// Sequences attended by one attention op at most rows each: ggml's CPU flash attention
+/// switches to its tiled kernel at 64 queries per sequence (`GGML_FA_TILE_Q`), whose
+/// result could depend on masked cells a shared op adds; below it each query row is
+/// computed by the same loop over the cells it sees, alone or beside other sequences.
+const SHARED_ATTENTION_ROWS: usize = 64;
+
+/// One sequence of a batch, checked against the cache.
+struct SeqRows {
+    seq: SeqId,
+    rows: Vec<usize>,
+    slot: usize,
+    new_len: usize,
+}
+
 /// `n_swa`: the sliding window, when the batch's window has sliding layers.
-fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>) -> Result<BatchPlan> {
+/// `share`: sequences in consecutive cache slots with the same number of rows (every
+/// sequence of a decode step) are attended by one attention op, as llama.cpp attends its
+/// streams: one op per layer instead of one per sequence (and a concatenation each),
+/// which on a CPU is a thread barrier per op and heads split unevenly across threads.
+fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>, share: bool) -> Result<BatchPlan> {
     let mut seq_order: Vec<SeqId> = Vec::new();
     for t in batch {
         if !seq_order.contains(&t.seq) {
             seq_order.push(t.seq);
         }
     }
-    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), swa_masks: Vec::new(), seqs: Vec::new() };
+    let mut seqs: Vec<SeqRows> = Vec::with_capacity(seq_order.len());
     let mut taken: Vec<usize> = Vec::new();
     for seq in seq_order {
         let rows: Vec<usize> = (0..batch.len()).filter(|&i| batch[i].seq == seq).collect();
@@ -567,33 +586,56 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>) -> Re
             }
         }
         let new_len = len + rows.len();
-        let cell0 = slot * cache.slot_cells;
-        let n_kv = cache.slot_cells.min(new_len.div_ceil(KV_PAD).max(1) * KV_PAD);
-        let mut mask = vec![F16_NEG_INF; n_kv * rows.len()];
-        for (j, &r) in rows.iter().enumerate() {
-            let pos = batch[r].pos as usize;
-            mask[j * n_kv..j * n_kv + pos + 1].fill(F16_ZERO);
-            plan.cells.push((cell0 + pos) as i64);
+        seqs.push(SeqRows { seq, rows, slot, new_len });
+    }
+    if share {
+        // Neighbouring slots next to each other in the batch, so they can share an op.
+        seqs.sort_by_key(|s| s.slot);
+    }
+    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), swa_masks: Vec::new(), seqs: Vec::new() };
+    let padded = |len: usize| cache.slot_cells.min(len.div_ceil(KV_PAD).max(1) * KV_PAD);
+    // llama.cpp's standard window: key p0 is hidden from query p1 when p1 - p0 >= n_swa.
+    // A sequence's first query sees nothing before `swa_start`.
+    let swa_start = |s: &SeqRows, n_swa: usize| (s.new_len - s.rows.len() + 1).saturating_sub(n_swa) / KV_PAD * KV_PAD;
+    let mut i = 0;
+    while i < seqs.len() {
+        let n_rows = seqs[i].rows.len();
+        let mut end = i + 1;
+        while share && n_rows < SHARED_ATTENTION_ROWS && end < seqs.len() && seqs[end].slot == seqs[end - 1].slot + 1 && seqs[end].rows.len() == n_rows {
+            end += 1;
         }
-        let (mut cell0_swa, mut n_kv_swa) = (cell0, n_kv);
-        if let Some(n_swa) = n_swa {
-            // llama.cpp's standard window: key p0 is hidden from query p1 when
-            // p1 - p0 >= n_swa. The batch's first query sees nothing before `lo`.
-            let lo = (len + 1).saturating_sub(n_swa) / KV_PAD * KV_PAD;
-            cell0_swa = cell0 + lo;
-            n_kv_swa = n_kv - lo;
-            let mut swa = vec![F16_NEG_INF; n_kv_swa * rows.len()];
-            for (j, &r) in rows.iter().enumerate() {
+        let run = &seqs[i..end];
+        // Every sequence of the op attends the same number of cells; the cells past a
+        // sequence's own length are masked, and the kernel skips masked cells.
+        let n_kv = run.iter().map(|s| padded(s.new_len)).max().expect("a run has a sequence");
+        let cell0 = run[0].slot * cache.slot_cells;
+        let mut mask = vec![F16_NEG_INF; n_kv * n_rows * run.len()];
+        let lo = n_swa.map(|n| run.iter().map(|s| swa_start(s, n)).min().expect("a run has a sequence"));
+        let n_kv_swa = n_kv - lo.unwrap_or(0);
+        let mut swa = vec![F16_NEG_INF; if n_swa.is_some() { n_kv_swa * n_rows * run.len() } else { 0 }];
+        let row0 = plan.order.len();
+        for (k, s) in run.iter().enumerate() {
+            let s_cell0 = s.slot * cache.slot_cells;
+            for (j, &r) in s.rows.iter().enumerate() {
                 let pos = batch[r].pos as usize;
-                let first = (pos + 1).saturating_sub(n_swa).max(lo);
-                swa[j * n_kv_swa + (first - lo)..j * n_kv_swa + (pos + 1 - lo)].fill(F16_ZERO);
+                let at = (k * n_rows + j) * n_kv;
+                mask[at..at + pos + 1].fill(F16_ZERO);
+                if let (Some(n_swa), Some(lo)) = (n_swa, lo) {
+                    let first = (pos + 1).saturating_sub(n_swa).max(lo);
+                    let at = (k * n_rows + j) * n_kv_swa;
+                    swa[at + (first - lo)..at + (pos + 1 - lo)].fill(F16_ZERO);
+                }
+                plan.cells.push((s_cell0 + pos) as i64);
             }
+            plan.order.extend_from_slice(&s.rows);
+            plan.seqs.push(SeqPlan { seq: s.seq, slot: s.slot, new_len: s.new_len });
+        }
+        if n_swa.is_some() {
             plan.swa_masks.push(swa);
         }
-        plan.groups.push(GroupPlan { row0: plan.order.len(), n_rows: rows.len(), cell0, n_kv, cell0_swa, n_kv_swa });
+        plan.groups.push(GroupPlan { row0, n_rows, n_seqs: run.len(), cell0, n_kv, cell0_swa: cell0 + lo.unwrap_or(0), n_kv_swa });
         plan.masks.push(mask);
-        plan.order.extend_from_slice(&rows);
-        plan.seqs.push(SeqPlan { seq, slot, new_len });
+        i = end;
     }
     Ok(plan)
 }

@@ -101,6 +101,42 @@ fn interleaved_sequences_give_the_same_tokens_as_each_alone() {
     assert_eq!(got[1], expected[1], "sequence b differs when batched with a");
 }
 
+/// Sequences decoding together, one token each per step as llama-server's slots decode:
+/// hearth attends them with one op per layer (a cache slot each) as llama.cpp attends its
+/// streams, and every sequence's greedy tokens equal llama.cpp's — whole and cut into two
+/// stages. The prompts differ in length, and one crosses 256 cells while decoding, so the
+/// sequences sharing an op attend different lengths (the shorter ones' masks hide the rest).
+#[test]
+fn sequences_decoding_together_match_llama_cpps_streams() {
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let passage: String = text.chars().take(800).collect();
+    let mut prompts: Vec<Vec<i32>> = PROMPTS.iter().map(|t| chat_prompt(&tok, t)).collect();
+    prompts.push(chat_prompt(&tok, &format!("Summarise this:\n\n{passage}")));
+    // One batch each (the stages hold 256 tokens a batch), as llama.cpp feeds them.
+    assert!(prompts[3].len() <= 256 && prompts[3].len() + 48 > 256, "{:?}", prompts.iter().map(Vec::len).collect::<Vec<_>>());
+    let (expected, _) = Reference::load(&path, THREADS).unwrap().decode_together(&prompts, 48).unwrap();
+    for stages in [windows(&[0..30]), windows(&[0..12, 12..30])] {
+        let mut p = pipeline(&path, &stages, prompts.len());
+        let mut got: Vec<Vec<i32>> = Vec::new();
+        for (s, pr) in prompts.iter().enumerate() {
+            got.push(vec![argmax(&p.prefill(s as u64, pr, 256).unwrap())]);
+        }
+        for i in 1..48 {
+            let batch: Vec<BatchToken> = prompts.iter().enumerate().map(|(s, pr)| BatchToken { seq: s as u64, pos: (pr.len() + i - 1) as u32, logits: true }).collect();
+            let ids: Vec<i32> = got.iter().map(|g| g[i - 1]).collect();
+            let l = p.forward(&batch, &ids).unwrap();
+            for (s, g) in got.iter_mut().enumerate() {
+                g.push(argmax(l.row(s)));
+            }
+        }
+        for (s, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, e, "sequence {s} ({} prompt tokens) differs from llama.cpp's stream, {} stages", prompts[s].len(), stages.len());
+        }
+    }
+}
+
 /// A tiny model of `m`'s architecture against llama.cpp: logits at every position of
 /// a prompt longer than the sliding window where there is one, greedy tokens whole and
 /// cut into three windows and into disjoint windows on two stages.

@@ -11,6 +11,10 @@ use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
 
 use crate::cli::BenchArgs;
 
+/// Each sequence's prompt in the batched decode test: about a chat turn (the streams of
+/// `scripts/load.py` ask to continue a 300-character passage).
+const BATCHED_PROMPT_TOKENS: usize = 64;
+
 /// Text repeated to build a prompt of the requested length from real tokens.
 const FILLER: &str = "The quick brown fox jumps over the lazy dog while the old clock in the hall counts the hours of a quiet afternoon. ";
 
@@ -30,7 +34,16 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (n, e) = gpu.resolve(0, 0);
     let (accel_layers, experts_in_ram) = (n.min(spec.n_layer), e.min(spec.n_layer));
     let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, ..StageConfig::whole(&spec) };
-    let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
+    let mut hearth = LocalPipeline::new(vec![Stage::new(file.clone(), cfg.clone())?])?;
+    // The batched test: its own pipeline with a KV slot per sequence, sized as llama.cpp's streams.
+    let n_seq = args.sequences;
+    let short = &prompt[..prompt.len().min(BATCHED_PROMPT_TOKENS)];
+    let mut batched = if n_seq > 1 {
+        let n_ctx_seq = (short.len() + args.gen_tokens + 1).min(spec.n_ctx_train);
+        Some(LocalPipeline::new(vec![Stage::new(file, StageConfig { n_seq, n_ctx_seq, max_batch: short.len().max(n_seq), ..cfg })?])?)
+    } else {
+        None
+    };
     // llama.cpp offloads the last N layers: the experts kept in RAM are the first of those.
     let first_gpu = spec.n_layer - accel_layers;
     let reference = Reference::load_offloaded_moe(&path, args.threads, accel_layers, first_gpu..first_gpu + experts_in_ram)?;
@@ -43,7 +56,8 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     let mut best_ref: Option<Timing> = None;
     let mut best_hearth: Option<Timing> = None;
-    let (mut pp_ratios, mut tg_ratios) = (Vec::new(), Vec::new());
+    let (mut pp_ratios, mut tg_ratios, mut batched_ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut best_ref_batched, mut best_hearth_batched): (Option<Timing>, Option<Timing>) = (None, None);
     for round in 0..args.reps.max(1) {
         // Alternate who goes first, so neither always runs on a warmer (or busier) machine.
         let (r, h) = if round % 2 == 0 {
@@ -65,6 +79,19 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         );
         best_ref = Some(best(best_ref, r));
         best_hearth = Some(best(best_hearth, h));
+        if let Some(p) = batched.as_mut() {
+            let (r, h) = if round % 2 == 0 {
+                let r = reference.decode_together(&vec![short.to_vec(); n_seq], args.gen_tokens + 1)?.1;
+                (r, bench_hearth_batched(p, short, n_seq, args.gen_tokens)?)
+            } else {
+                let h = bench_hearth_batched(p, short, n_seq, args.gen_tokens)?;
+                (reference.decode_together(&vec![short.to_vec(); n_seq], args.gen_tokens + 1)?.1, h)
+            };
+            batched_ratios.push(h.gen_tps() / r.gen_tps());
+            println!("round {}: {n_seq} sequences decoding together: llama.cpp {:.1} tok/s | hearth {:.1} tok/s", round + 1, r.gen_tps(), h.gen_tps());
+            best_ref_batched = Some(best(best_ref_batched, r));
+            best_hearth_batched = Some(best(best_hearth_batched, h));
+        }
     }
     let (r, h) = (best_ref.expect("one round"), best_hearth.expect("one round"));
     println!();
@@ -73,6 +100,10 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     println!("|-----------------|-----------------|--------------|-------------|--------------|");
     println!("| prompt (pp{:<4}) | {:>15.1} | {:>12.1} | {:>10.3}x | {:>11.3}x |", r.prompt_tokens, r.prompt_tps(), h.prompt_tps(), h.prompt_tps() / r.prompt_tps(), median(&mut pp_ratios));
     println!("| decode (tg{:<4}) | {:>15.1} | {:>12.1} | {:>10.3}x | {:>11.3}x |", r.gen_tokens, r.gen_tps(), h.gen_tps(), h.gen_tps() / r.gen_tps(), median(&mut tg_ratios));
+    if let (Some(r), Some(h)) = (best_ref_batched, best_hearth_batched) {
+        let label = format!("decode x{n_seq} seqs");
+        println!("| {label:<15} | {:>15.1} | {:>12.1} | {:>10.3}x | {:>11.3}x |", r.gen_tps(), h.gen_tps(), h.gen_tps() / r.gen_tps(), median(&mut batched_ratios));
+    }
     Ok(())
 }
 
@@ -107,4 +138,24 @@ fn bench_hearth(p: &mut LocalPipeline, prompt: &[i32], n_gen: usize) -> Result<T
         tok = argmax(l.row(0));
     }
     Ok(Timing { prompt_tokens: prompt.len(), prompt_secs, gen_tokens: n_gen, gen_secs: t1.elapsed().as_secs_f64() })
+}
+
+/// `n_seq` sequences given `prompt`, then `n_gen` steps of one batch holding every
+/// sequence's next token (greedy): what [`engine::reference::Reference::decode_together`]
+/// times in llama.cpp.
+fn bench_hearth_batched(p: &mut LocalPipeline, prompt: &[i32], n_seq: usize, n_gen: usize) -> Result<Timing, engine::Error> {
+    let t0 = Instant::now();
+    let mut toks = Vec::with_capacity(n_seq);
+    for s in 0..n_seq as u64 {
+        p.clear_sequence(s);
+        toks.push(argmax(&p.prefill(s, prompt, prompt.len())?));
+    }
+    let prompt_secs = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    for i in 0..n_gen {
+        let batch: Vec<BatchToken> = (0..n_seq as u64).map(|s| BatchToken { seq: s, pos: (prompt.len() + i) as u32, logits: true }).collect();
+        let l = p.forward(&batch, &toks)?;
+        toks = (0..n_seq).map(|k| argmax(l.row(k))).collect();
+    }
+    Ok(Timing { prompt_tokens: prompt.len() * n_seq, prompt_secs, gen_tokens: n_gen * n_seq, gen_secs: t1.elapsed().as_secs_f64() })
 }

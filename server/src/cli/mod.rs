@@ -453,6 +453,10 @@ pub struct BenchArgs {
     /// engines (llama.cpp's `--n-cpu-moe` for the same layers).
     #[arg(long, default_value_t = 0)]
     pub experts_in_ram: usize,
+    /// Sequences decoding together in the batched decode test (llama-server's slots with
+    /// as many streams; 0 or 1 leaves the test out).
+    #[arg(long, default_value_t = 8)]
+    pub sequences: usize,
 }
 
 #[derive(Args, Debug, Clone)]
