@@ -5,7 +5,7 @@
 //! implements too.)
 
 use crate::kv_cache::SeqId;
-use crate::reference::argmax;
+use crate::reference::{argmax, Timing};
 use crate::stage::{BatchToken, Logits, Stage, StageInput, StageOutput};
 use crate::{Error, Result};
 
@@ -96,6 +96,38 @@ impl LocalPipeline {
             last = logits.row(0).to_vec();
         }
         Ok(last)
+    }
+
+    /// Sequences decoding together, as a server's slots do — what
+    /// [`crate::reference::Reference::decode_together`] runs in llama.cpp: prompt i goes
+    /// alone into a fresh sequence i (chunks of at most `chunk`), then `n_gen - 1` greedy
+    /// steps of one batch holding every sequence's next token. Returns each sequence's
+    /// `n_gen` tokens and the timing (`gen_tokens` counts every sequence's decoded tokens).
+    pub fn decode_together(&mut self, prompts: &[Vec<i32>], n_gen: usize, chunk: usize) -> Result<(Vec<Vec<i32>>, Timing)> {
+        let t0 = std::time::Instant::now();
+        let mut out: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
+        for (s, p) in prompts.iter().enumerate() {
+            self.clear_sequence(s as SeqId);
+            out.push(vec![argmax(&self.prefill(s as SeqId, p, chunk)?)]);
+        }
+        let prompt_secs = t0.elapsed().as_secs_f64();
+        let t1 = std::time::Instant::now();
+        let mut batch = Vec::with_capacity(prompts.len());
+        let mut ids = Vec::with_capacity(prompts.len());
+        for i in 1..n_gen {
+            batch.clear();
+            ids.clear();
+            for (s, (o, p)) in out.iter().zip(prompts).enumerate() {
+                batch.push(BatchToken { seq: s as SeqId, pos: (p.len() + i - 1) as u32, logits: true });
+                ids.push(o[i - 1]);
+            }
+            let l = self.forward(&batch, &ids)?;
+            for (s, o) in out.iter_mut().enumerate() {
+                o.push(argmax(l.row(s)));
+            }
+        }
+        let timing = Timing { prompt_tokens: prompts.iter().map(Vec::len).sum(), prompt_secs, gen_tokens: n_gen.saturating_sub(1) * prompts.len(), gen_secs: t1.elapsed().as_secs_f64() };
+        Ok((out, timing))
     }
 
     /// Greedy continuation of `prompt` in a fresh sequence `seq`: `n` tokens.

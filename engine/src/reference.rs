@@ -265,13 +265,15 @@ impl Reference {
     }
 
     /// Sequences decoding together, as llama-server's slots do: each prompt is fed alone
-    /// (one batch, sequence i), then `n_gen` greedy steps of one batch holding every
-    /// sequence's next token. Returns each sequence's tokens and the timing (`gen_tokens`
-    /// counts every sequence's tokens).
-    pub fn decode_together(&self, prompts: &[Vec<i32>], n_gen: usize) -> Result<(Vec<Vec<i32>>, Timing)> {
+    /// (one batch, sequence i), then `n_gen - 1` greedy steps of one batch holding every
+    /// sequence's next token. Returns each sequence's `n_gen` tokens and the timing
+    /// (`gen_tokens` counts every sequence's decoded tokens). `swa_full`: as in
+    /// `context_with` (off is llama-server's default; the oracle tests keep it on, so the
+    /// sliding layers' cells line up with hearth's).
+    pub fn decode_together(&self, prompts: &[Vec<i32>], n_gen: usize, swa_full: bool) -> Result<(Vec<Vec<i32>>, Timing)> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let per_seq = (longest + n_gen + 1).div_ceil(256) * 256;
-        let mut ctx = self.context_seqs(per_seq * prompts.len(), longest.max(prompts.len()).max(1), false, prompts.len())?;
+        let mut ctx = self.context_seqs(per_seq * prompts.len(), longest.max(prompts.len()).max(1), swa_full, prompts.len())?;
         let t0 = Instant::now();
         let mut out: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
         for (s, p) in prompts.iter().enumerate() {

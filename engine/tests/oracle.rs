@@ -116,25 +116,54 @@ fn sequences_decoding_together_match_llama_cpps_streams() {
     prompts.push(chat_prompt(&tok, &format!("Summarise this:\n\n{passage}")));
     // One batch each (the stages hold 256 tokens a batch), as llama.cpp feeds them.
     assert!(prompts[3].len() <= 256 && prompts[3].len() + 48 > 256, "{:?}", prompts.iter().map(Vec::len).collect::<Vec<_>>());
-    let (expected, _) = Reference::load(&path, THREADS).unwrap().decode_together(&prompts, 48).unwrap();
+    let (expected, _) = Reference::load(&path, THREADS).unwrap().decode_together(&prompts, 48, true).unwrap();
     for stages in [windows(&[0..30]), windows(&[0..12, 12..30])] {
-        let mut p = pipeline(&path, &stages, prompts.len());
-        let mut got: Vec<Vec<i32>> = Vec::new();
-        for (s, pr) in prompts.iter().enumerate() {
-            got.push(vec![argmax(&p.prefill(s as u64, pr, 256).unwrap())]);
-        }
-        for i in 1..48 {
-            let batch: Vec<BatchToken> = prompts.iter().enumerate().map(|(s, pr)| BatchToken { seq: s as u64, pos: (pr.len() + i - 1) as u32, logits: true }).collect();
-            let ids: Vec<i32> = got.iter().map(|g| g[i - 1]).collect();
-            let l = p.forward(&batch, &ids).unwrap();
-            for (s, g) in got.iter_mut().enumerate() {
-                g.push(argmax(l.row(s)));
-            }
-        }
+        let (got, _) = pipeline(&path, &stages, prompts.len()).decode_together(&prompts, 48, 256).unwrap();
         for (s, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert_eq!(g, e, "sequence {s} ({} prompt tokens) differs from llama.cpp's stream, {} stages", prompts[s].len(), stages.len());
         }
     }
+}
+
+/// Sliding-window layers with sequences sharing their attention op: three sequences of
+/// 20, ~90 and ~300 prompt tokens decode together on a tiny model whose window is 8, so
+/// the longest one's window starts past the first 256 cells while the others' start at 0
+/// (the shared op attends from the earliest start; each mask hides the rest). Greedy
+/// tokens equal llama.cpp's streams (its sliding cache full-size, cells as hearth's).
+fn tiny_together(mut m: RandomModel) {
+    let arch = m.arch.clone();
+    m.n_swa = 8;
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-together-{}-{arch}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&m, &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let all = tok.tokenize(&text.chars().take(2_000).collect::<String>(), false);
+    assert!(all.len() > 300, "{} tokens", all.len());
+    let prompts: Vec<Vec<i32>> = [20, 90, 300].iter().map(|&n| all[..n].to_vec()).collect();
+    let (expected, _) = Reference::load(&path, THREADS).unwrap().decode_together(&prompts, 32, true).unwrap();
+    let file = std::sync::Arc::new(engine::ModelFile::open(&path).unwrap());
+    // Each prompt in one batch, as llama.cpp feeds it.
+    let cfg = engine::StageConfig { max_batch: 512, ..common::stage_config(vec![0..3], prompts.len()) };
+    let mut p = engine::LocalPipeline::new(vec![engine::Stage::new(file, cfg).unwrap()]).unwrap();
+    let (got, _) = p.decode_together(&prompts, 32, 512).unwrap();
+    for (s, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert_eq!(g, e, "{arch}: sequence {s} ({} prompt tokens) differs from llama.cpp's stream", prompts[s].len());
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn tiny_gemma3_sequences_decoding_together_match_llama_cpps_streams() {
+    let mut m = common::tiny::model("gemma3");
+    m.head_dim = Some(32);
+    m.extra = vec![("attention.sliding_window_pattern".into(), Value::U32(2)), ("rope.freq_base_swa".into(), Value::F32(10_000.0))];
+    tiny_together(m);
+}
+
+#[test]
+fn tiny_gpt_oss_sequences_decoding_together_match_llama_cpps_streams() {
+    tiny_together(common::tiny::model("gpt-oss"));
 }
 
 /// A tiny model of `m`'s architecture against llama.cpp: logits at every position of

@@ -80,12 +80,14 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         best_ref = Some(best(best_ref, r));
         best_hearth = Some(best(best_hearth, h));
         if let Some(p) = batched.as_mut() {
+            // The first token comes from the prompt: gen_tokens decode steps follow it.
+            let prompts = vec![short.to_vec(); n_seq];
             let (r, h) = if round % 2 == 0 {
-                let r = reference.decode_together(&vec![short.to_vec(); n_seq], args.gen_tokens + 1)?.1;
-                (r, bench_hearth_batched(p, short, n_seq, args.gen_tokens)?)
+                let r = reference.decode_together(&prompts, args.gen_tokens + 1, false)?.1;
+                (r, p.decode_together(&prompts, args.gen_tokens + 1, short.len())?.1)
             } else {
-                let h = bench_hearth_batched(p, short, n_seq, args.gen_tokens)?;
-                (reference.decode_together(&vec![short.to_vec(); n_seq], args.gen_tokens + 1)?.1, h)
+                let h = p.decode_together(&prompts, args.gen_tokens + 1, short.len())?.1;
+                (reference.decode_together(&prompts, args.gen_tokens + 1, false)?.1, h)
             };
             batched_ratios.push(h.gen_tps() / r.gen_tps());
             println!("round {}: {n_seq} sequences decoding together: llama.cpp {:.1} tok/s | hearth {:.1} tok/s", round + 1, r.gen_tps(), h.gen_tps());
@@ -138,24 +140,4 @@ fn bench_hearth(p: &mut LocalPipeline, prompt: &[i32], n_gen: usize) -> Result<T
         tok = argmax(l.row(0));
     }
     Ok(Timing { prompt_tokens: prompt.len(), prompt_secs, gen_tokens: n_gen, gen_secs: t1.elapsed().as_secs_f64() })
-}
-
-/// `n_seq` sequences given `prompt`, then `n_gen` steps of one batch holding every
-/// sequence's next token (greedy): what [`engine::reference::Reference::decode_together`]
-/// times in llama.cpp.
-fn bench_hearth_batched(p: &mut LocalPipeline, prompt: &[i32], n_seq: usize, n_gen: usize) -> Result<Timing, engine::Error> {
-    let t0 = Instant::now();
-    let mut toks = Vec::with_capacity(n_seq);
-    for s in 0..n_seq as u64 {
-        p.clear_sequence(s);
-        toks.push(argmax(&p.prefill(s, prompt, prompt.len())?));
-    }
-    let prompt_secs = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    for i in 0..n_gen {
-        let batch: Vec<BatchToken> = (0..n_seq as u64).map(|s| BatchToken { seq: s, pos: (prompt.len() + i) as u32, logits: true }).collect();
-        let l = p.forward(&batch, &toks)?;
-        toks = (0..n_seq).map(|k| argmax(l.row(k))).collect();
-    }
-    Ok(Timing { prompt_tokens: prompt.len() * n_seq, prompt_secs, gen_tokens: n_gen * n_seq, gen_secs: t1.elapsed().as_secs_f64() })
 }

@@ -6,8 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engine::reference::argmax;
-use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
+use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 use futures::StreamExt;
 use serde_json::{json, Value};
 
@@ -140,21 +139,11 @@ fn engine_decode_rate(path: &std::path::Path, threads: usize, n: usize, n_seq: u
     let file = Arc::new(ModelFile::open(path)?);
     let cfg = StageConfig { n_seq, n_ctx_seq: 1024, threads, ..StageConfig::whole(&file.spec) };
     let mut p = LocalPipeline::new(vec![Stage::new(file, cfg)?])?;
-    let prompt: Vec<i32> = (0..40).map(|i| 100 + i).collect();
+    let prompts = vec![(0..40).map(|i| 100 + i).collect::<Vec<i32>>(); n_seq];
     let mut best = 0f64;
     for _ in 0..3 {
-        let mut toks = Vec::new();
-        for s in 0..n_seq as u64 {
-            p.clear_sequence(s);
-            toks.push(argmax(&p.prefill(s, &prompt, 512)?));
-        }
-        let t0 = Instant::now();
-        for i in 0..n {
-            let batch: Vec<BatchToken> = (0..n_seq as u64).map(|s| BatchToken { seq: s, pos: (prompt.len() + i) as u32, logits: true }).collect();
-            let l = p.forward(&batch, &toks)?;
-            toks = (0..n_seq).map(|k| argmax(l.row(k))).collect();
-        }
-        best = best.max((n * n_seq) as f64 / t0.elapsed().as_secs_f64());
+        // n decode steps after the token the prompt gives.
+        best = best.max(p.decode_together(&prompts, n + 1, 512)?.1.gen_tps());
     }
     Ok(best)
 }
