@@ -20,10 +20,9 @@
 //! to its own request.
 
 use std::future::Future;
-use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hmac::Mac;
@@ -40,6 +39,8 @@ use tracing::warn;
 
 use crate::auth::{random, ClusterSecret, HmacSha256, PeerId};
 use crate::error::{Error, Result};
+use crate::freshness::{hex, stale, unhex, unix_ms, Fresh, Replays, RequestNonce};
+pub use crate::freshness::REQUEST_NONCE_LEN;
 use crate::link::{open_h2, ConnGuard, LinkConfig};
 
 pub const PATH_PREFIX: &str = "/control/";
@@ -52,18 +53,9 @@ pub mod methods {
     pub const PROFILE: &str = "profile";
 }
 
-/// Home devices' clocks drift and phones sync rarely; a minute tolerates that while a
-/// captured request soon goes stale.
-const MAX_CLOCK_SKEW_MS: u64 = 60_000;
 /// Plans and profiles are kilobytes; this bounds what a signed call can make a node buffer.
 const MAX_BODY_BYTES: usize = 4 << 20;
 const MAX_METHOD_LEN: usize = 64;
-/// 128 random bits: a nonce repeats by chance never, so a repeat is a replay.
-pub const REQUEST_NONCE_LEN: usize = 16;
-/// Nonces remembered at once. Only calls with a valid MAC add one, so only a member of
-/// the cluster can fill it (about 2 000 calls a second for the whole window, 3 MB); when it
-/// is full, new calls are refused (503) rather than let a replay through.
-const MAX_REMEMBERED_NONCES: usize = 1 << 16;
 const REQUEST_LABEL: &[u8] = b"hearth control request v2";
 const RESPONSE_LABEL: &[u8] = b"hearth control response v2";
 const JSON: &str = "application/json";
@@ -119,11 +111,6 @@ fn valid_method(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-type RequestNonce = [u8; REQUEST_NONCE_LEN];
 type BodyDigest = [u8; 32];
 
 /// What `x-hearth-auth` carries besides the MAC.
@@ -198,46 +185,6 @@ fn parse_auth(value: &str) -> Option<(Signed, Vec<u8>)> {
     Some((Signed { receiver, unix_ms, nonce, digest }, tag))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len()).step_by(2).map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok()).collect()
-}
-
-/// The nonces of accepted calls, each with the time after which its timestamp is refused
-/// anyway (so it need not be remembered past then).
-#[derive(Default)]
-struct Replays {
-    seen: HashMap<RequestNonce, u64>,
-}
-
-enum Fresh {
-    Yes,
-    Replayed,
-    Full,
-}
-
-impl Replays {
-    fn check_and_remember(&mut self, nonce: RequestNonce, unix_ms: u64, now: u64) -> Fresh {
-        if self.seen.contains_key(&nonce) {
-            return Fresh::Replayed;
-        }
-        if self.seen.len() >= MAX_REMEMBERED_NONCES {
-            self.seen.retain(|_, forget_at| *forget_at >= now);
-            if self.seen.len() >= MAX_REMEMBERED_NONCES {
-                return Fresh::Full;
-            }
-        }
-        self.seen.insert(nonce, unix_ms.saturating_add(MAX_CLOCK_SKEW_MS));
-        Fresh::Yes
-    }
-}
-
 fn envelope_bytes(envelope: &Envelope) -> Bytes {
     // Serialising a Value-bearing enum cannot fail (no non-string map keys exist in Value).
     Bytes::from(serde_json::to_vec(envelope).unwrap_or_default())
@@ -295,12 +242,8 @@ impl Receiver {
             ));
         }
         let now = unix_ms();
-        let skew = now.abs_diff(signed.unix_ms);
-        if skew > MAX_CLOCK_SKEW_MS {
-            return refuse(format!(
-                "timestamp is {} s off this node's clock (stale request, or clocks out of sync)",
-                skew / 1000
-            ));
+        if let Some(why) = stale(signed.unix_ms, now) {
+            return refuse(why);
         }
         let path = req.uri().path().to_owned();
         if request_mac(&self.secret, &signed, req.method().as_str(), &path).verify_slice(&tag).is_err() {
@@ -486,25 +429,6 @@ mod tests {
         assert_ne!(value, sign_request(&s, &[1; PEER_ID_LEN], 7, "POST", "/control/health", b"{}"));
         assert!(parse_auth("1.abcd").is_none());
         assert!(parse_auth(&format!("{value}.00")).is_none());
-    }
-
-    #[test]
-    fn a_nonce_is_accepted_once_and_the_memory_is_bounded() {
-        let mut replays = Replays::default();
-        assert!(matches!(replays.check_and_remember([1; REQUEST_NONCE_LEN], 1_000, 1_000), Fresh::Yes));
-        assert!(matches!(replays.check_and_remember([1; REQUEST_NONCE_LEN], 1_000, 1_000), Fresh::Replayed));
-        for i in 0..MAX_REMEMBERED_NONCES as u32 - 1 {
-            let mut nonce = [0; REQUEST_NONCE_LEN];
-            nonce[..4].copy_from_slice(&i.to_le_bytes());
-            nonce[15] = 2;
-            assert!(matches!(replays.check_and_remember(nonce, 1_000, 1_000), Fresh::Yes));
-        }
-        // Full of nonces whose timestamps are still acceptable: refused, not forgotten.
-        assert!(matches!(replays.check_and_remember([3; REQUEST_NONCE_LEN], 1_000, 1_000), Fresh::Full));
-        // Once they are past the window they make room.
-        let later = 1_000 + MAX_CLOCK_SKEW_MS + 1;
-        assert!(matches!(replays.check_and_remember([3; REQUEST_NONCE_LEN], later, later), Fresh::Yes));
-        assert_eq!(replays.seen.len(), 1);
     }
 
     #[test]

@@ -12,11 +12,14 @@
 //! - [`auth`]: the cluster secret and the HMAC challenge-response every connection starts with.
 //! - [`link`]: the persistent HTTP/2 link, client ([`Link::connect`]) and server ([`LinkServer`]).
 //! - [`control`]: signed JSON control calls ([`ControlClient`], [`ControlHandler`]).
+//! - [`discovery`]: signed UDP datagrams by which workers find a head on the LAN.
 
 pub mod auth;
 pub mod control;
+pub mod discovery;
 pub mod error;
 pub mod frame;
+mod freshness;
 pub mod link;
 
 pub use auth::{ClusterSecret, PeerId};
