@@ -233,7 +233,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             let out = sys::ggml_reshape_2d(ctx, fa, hd * n_head, rows * seqs);
             attn = if attn.is_null() { out } else { sys::ggml_concat(ctx, attn, out, 1) };
         }
-        let mut cur = add_opt(sys::ggml_mul_mat(ctx, l.wo, attn), l.bo);
+        let mut cur = add_opt(mul_mat_acc(ctx, l.wo, attn, spec.arch.f32_accumulators()), l.bo);
         let mut residual = inp_sa;
         if is_model_last && !trim_after_layers {
             let ids = out_ids.expect("checked above");
@@ -246,8 +246,8 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let ffn_inp = sys::ggml_add(ctx, cur, residual);
         let cur = norm(ffn_inp, l.ffn_norm);
         let mut cur = match &l.ffn {
-            Ffn::Dense(f) => dense_ffn(ctx, f, cur, spec.arch == Arch::Gemma3),
-            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur, &mut expert_choices),
+            Ffn::Dense(f) => dense_ffn(ctx, f, cur, spec.arch == Arch::Gemma3, spec.arch.f32_accumulators()),
+            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur, &mut expert_choices, spec.arch.f32_accumulators()),
         };
         if let Some(n) = l.ffn_post_norm {
             cur = norm(cur, n);
@@ -283,7 +283,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
 /// per token through `ggml_mul_mat_id`, weighted sum of the chosen experts' outputs.
 ///
 /// SAFETY: as `build`.
-unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T, choices: &mut Vec<ExpertChoice>) -> T {
+unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T, choices: &mut Vec<ExpertChoice>, f32_acc: bool) -> T {
     // Clamp of the weights' sum, as llama.cpp: the smallest normal F16.
     const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
     // gpt-oss's clamped SwiGLU, constants as llama.cpp hard-codes them.
@@ -356,7 +356,7 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     }
     match &m.shared {
         // Shared experts on the same input, a dense SwiGLU FFN (llama.cpp's build_ffn).
-        Some(f) => sys::ggml_add(ctx, out, dense_ffn(ctx, f, input, false)),
+        Some(f) => sys::ggml_add(ctx, out, dense_ffn(ctx, f, input, false, f32_acc)),
         None => out,
     }
 }
@@ -364,7 +364,7 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
 /// llama.cpp's `build_ffn` with parallel gate: up, gate, GELU or SiLU gating, down.
 ///
 /// SAFETY: as `build`.
-unsafe fn dense_ffn(ctx: *mut sys::ggml_context, f: &DenseFfn, x: T, gelu: bool) -> T {
+unsafe fn dense_ffn(ctx: *mut sys::ggml_context, f: &DenseFfn, x: T, gelu: bool, f32_acc: bool) -> T {
     let add_opt = |t: T, b: Option<T>| match b {
         Some(b) => sys::ggml_add(ctx, t, b),
         None => t,
@@ -372,5 +372,17 @@ unsafe fn dense_ffn(ctx: *mut sys::ggml_context, f: &DenseFfn, x: T, gelu: bool)
     let up = add_opt(sys::ggml_mul_mat(ctx, f.up, x), f.up_b);
     let gate = add_opt(sys::ggml_mul_mat(ctx, f.gate, x), f.gate_b);
     let act = if gelu { sys::ggml_geglu_split(ctx, gate, up) } else { sys::ggml_swiglu_split(ctx, gate, up) };
-    add_opt(sys::ggml_mul_mat(ctx, f.down, act), f.down_b)
+    add_opt(mul_mat_acc(ctx, f.down, act, f32_acc), f.down_b)
+}
+
+/// `ggml_mul_mat`, accumulating in f32 on backends that would use f16 when `f32_acc`
+/// (see `Arch::f32_accumulators`).
+///
+/// SAFETY: as `build`.
+unsafe fn mul_mat_acc(ctx: *mut sys::ggml_context, w: T, x: T, f32_acc: bool) -> T {
+    let mm = sys::ggml_mul_mat(ctx, w, x);
+    if f32_acc {
+        sys::ggml_prec_set_acc(mm, sys::GGML_PREC_F32);
+    }
+    mm
 }

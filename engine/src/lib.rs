@@ -18,6 +18,7 @@ mod graph;
 pub mod kv_cache;
 pub mod model;
 pub mod model_file;
+pub mod op_profile;
 pub mod pipeline;
 pub mod profiler;
 pub mod random_model;

@@ -61,6 +61,14 @@ impl Arch {
         }
     }
 
+    /// The attention output and FFN down projections accumulate in f32, as llama.cpp asks
+    /// for GLM-4 ("numerical issues with half-precision accumulators"). CPU kernels
+    /// accumulate in f32 anyway; GPU backends (Vulkan, CUDA) otherwise use f16, so this is
+    /// what keeps hearth's GPU numbers equal to llama.cpp's.
+    pub fn f32_accumulators(self) -> bool {
+        self == Arch::Glm4Moe
+    }
+
     /// Per-head RMSNorm on Q and K before RoPE.
     pub fn qk_norm(self) -> bool {
         matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)

@@ -5,6 +5,7 @@
 //! implements too.)
 
 use crate::kv_cache::SeqId;
+use crate::op_profile::OpProfile;
 use crate::reference::{argmax, Timing};
 use crate::stage::{BatchToken, Logits, Stage, StageInput, StageOutput};
 use crate::{Error, Result};
@@ -104,6 +105,21 @@ impl LocalPipeline {
     /// steps of one batch holding every sequence's next token. Returns each sequence's
     /// `n_gen` tokens and the timing (`gen_tokens` counts every sequence's decoded tokens).
     pub fn decode_together(&mut self, prompts: &[Vec<i32>], n_gen: usize, chunk: usize) -> Result<(Vec<Vec<i32>>, Timing)> {
+        self.decode_together_with(prompts, n_gen, chunk, None)
+    }
+
+    /// [`Self::decode_together`], the decode steps' ops timed in `ops` (the prompts' not).
+    pub fn decode_together_with(&mut self, prompts: &[Vec<i32>], n_gen: usize, chunk: usize, ops: Option<&mut OpProfile>) -> Result<(Vec<Vec<i32>>, Timing)> {
+        let ops: Option<*mut OpProfile> = ops.map(|p| {
+            p.record(true);
+            p as *mut OpProfile
+        });
+        let result = self.decode_together_inner(prompts, n_gen, chunk, ops);
+        self.stages.iter_mut().for_each(|s| s.set_op_profile(None));
+        result
+    }
+
+    fn decode_together_inner(&mut self, prompts: &[Vec<i32>], n_gen: usize, chunk: usize, ops: Option<*mut OpProfile>) -> Result<(Vec<Vec<i32>>, Timing)> {
         let t0 = std::time::Instant::now();
         let mut out: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
         for (s, p) in prompts.iter().enumerate() {
@@ -111,6 +127,9 @@ impl LocalPipeline {
             out.push(vec![argmax(&self.prefill(s as SeqId, p, chunk)?)]);
         }
         let prompt_secs = t0.elapsed().as_secs_f64();
+        if ops.is_some() {
+            self.stages.iter_mut().for_each(|s| s.set_op_profile(ops));
+        }
         let t1 = std::time::Instant::now();
         let mut batch = Vec::with_capacity(prompts.len());
         let mut ids = Vec::with_capacity(prompts.len());

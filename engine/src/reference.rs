@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use llama_cpp_sys_2 as sys;
 
+use crate::op_profile::OpProfile;
 use crate::{Error, Result};
 
 /// A llama.cpp model, loaded through its C API (not `llama-cpp-2`'s wrapper, which has no
@@ -203,6 +204,12 @@ impl Reference {
     /// A context of `n_seq` sequences, each with its own stream of `n_ctx / n_seq` cells
     /// (llama.cpp's default, non-unified cache: what llama-server gives its slots).
     fn context_seqs(&self, n_ctx: usize, n_batch: usize, swa_full: bool, n_seq: usize) -> Result<Context> {
+        self.context_profiled(n_ctx, n_batch, swa_full, n_seq, None)
+    }
+
+    /// [`Self::context_seqs`] with every op timed in `ops` while it records (which must
+    /// outlive the context).
+    fn context_profiled(&self, n_ctx: usize, n_batch: usize, swa_full: bool, n_seq: usize, ops: Option<*mut OpProfile>) -> Result<Context> {
         // SAFETY: default params from llama.cpp, on a loaded model.
         let ctx = unsafe {
             let mut p = sys::llama_context_default_params();
@@ -214,6 +221,10 @@ impl Reference {
             p.n_threads = self.threads;
             p.n_threads_batch = self.threads;
             p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            if let Some(ops) = ops {
+                p.cb_eval = Some(crate::op_profile::on_node);
+                p.cb_eval_user_data = ops.cast();
+            }
             sys::llama_init_from_model(self.model, p)
         };
         if ctx.is_null() {
@@ -271,9 +282,18 @@ impl Reference {
     /// `context_with` (off is llama-server's default; the oracle tests keep it on, so the
     /// sliding layers' cells line up with hearth's).
     pub fn decode_together(&self, prompts: &[Vec<i32>], n_gen: usize, swa_full: bool) -> Result<(Vec<Vec<i32>>, Timing)> {
+        self.decode_together_with(prompts, n_gen, swa_full, None)
+    }
+
+    /// [`Self::decode_together`], the decode steps' ops timed in `ops` (the prompts' not).
+    pub fn decode_together_with(&self, prompts: &[Vec<i32>], n_gen: usize, swa_full: bool, ops: Option<&mut OpProfile>) -> Result<(Vec<Vec<i32>>, Timing)> {
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
         let per_seq = (longest + n_gen + 1).div_ceil(256) * 256;
-        let mut ctx = self.context_seqs(per_seq * prompts.len(), longest.max(prompts.len()).max(1), swa_full, prompts.len())?;
+        let ops: Option<*mut OpProfile> = ops.map(|p| p as *mut OpProfile);
+        // SAFETY (both `record` calls): the context reads the profile only inside decode
+        // calls, none of which runs at the same time.
+        ops.inspect(|&p| unsafe { (*p).record(false) });
+        let mut ctx = self.context_profiled(per_seq * prompts.len(), longest.max(prompts.len()).max(1), swa_full, prompts.len(), ops)?;
         let t0 = Instant::now();
         let mut out: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
         for (s, p) in prompts.iter().enumerate() {
@@ -281,6 +301,7 @@ impl Reference {
             out.push(vec![argmax(ctx.logits(p.len() - 1))]);
         }
         let prompt_secs = t0.elapsed().as_secs_f64();
+        ops.inspect(|&p| unsafe { (*p).record(true) });
         let t1 = Instant::now();
         for i in 1..n_gen {
             let step: Vec<(i32, usize)> = out.iter().zip(prompts).map(|(o, p)| (o[i - 1], p.len() + i - 1)).collect();

@@ -13,6 +13,7 @@ use crate::graph::{self, GraphShape, GroupPlan};
 use crate::kv_cache::{KvCache, SeqId, KV_PAD};
 use crate::model::ModelSpec;
 use crate::model_file::ModelFile;
+use crate::op_profile::{self, OpProfile};
 use crate::weights::{Ffn, LayerPlacement, WeightPlan, Weights};
 use crate::{Error, Result};
 
@@ -260,6 +261,21 @@ impl Stage {
         let mut stage = Stage { file, weights, windows, cpu, accel, on_accelerator, sched, meta: vec![0u8; meta_size], cached: None, graph_size, max_batch: cfg.max_batch, owns_output: cfg.owns_output, expert_reads };
         stage.reserve()?;
         Ok(stage)
+    }
+
+    /// Times every op of this stage's forwards in `profile` (`None`: stop, giving MoE
+    /// expert reads their hook back). The caller keeps `profile` alive and untouched while
+    /// it is set.
+    pub(crate) fn set_op_profile(&mut self, profile: Option<*mut OpProfile>) {
+        // SAFETY: both states outlive their use: the profile by the caller's promise, the
+        // expert reads' box for the stage's life.
+        unsafe {
+            match (profile, self.expert_reads.as_mut()) {
+                (Some(p), _) => sys::ggml_backend_sched_set_eval_callback(self.sched, Some(op_profile::on_node), p.cast()),
+                (None, Some(reads)) => sys::ggml_backend_sched_set_eval_callback(self.sched, Some(expert_reads::on_node), (&mut **reads as *mut ExpertReads).cast()),
+                (None, None) => sys::ggml_backend_sched_set_eval_callback(self.sched, None, std::ptr::null_mut()),
+            }
+        }
     }
 
     pub fn spec(&self) -> &ModelSpec {

@@ -117,19 +117,21 @@ fn llama_cpp_on_the_accelerator_computes_exactly_what_hearth_does() {
 /// MoE with one GPU: every layer on the device with its routed experts in host memory
 /// (computed by the CPU), against llama.cpp with the same layers offloaded and
 /// `--n-cpu-moe` (tensor overrides of those experts to the CPU): the same logits to the bit
-/// and the same greedy text, on tiny models of two MoE architectures (plain routed
-/// experts; expert biases and MXFP4 experts). Not here, found on Mesa 22.3's lavapipe:
-/// ggml's expert kernels on the device (`MUL_MAT_ID` below 32 tokens) crash inside the
-/// driver, in llama.cpp as in hearth, so no layer keeps its experts on the device; and a
-/// tiny glm4moe (sigmoid router with a selection bias, shared expert, dense lead layer)
-/// differs from llama.cpp by ~3e-3 relative RMS with the scheduler's assignment of every
-/// op identical (compared with GGML_SCHED_DEBUG), cause not yet found.
+/// and the same greedy text, on tiny models of three MoE architectures (plain routed
+/// experts; expert biases and MXFP4 experts; glm4moe's sigmoid router with a selection
+/// bias, shared expert and dense lead layer). glm4moe is the one whose attention output
+/// and FFN down projections must accumulate in f32 on a GPU, as llama.cpp asks: without
+/// that, ~3e-3 relative RMS everywhere and, where two experts nearly tie, another expert
+/// chosen (6.7e-1 at one position of this prompt) — invisible on the CPU, whose kernels
+/// accumulate in f32 anyway. Not here, found on Mesa 22.3's lavapipe: ggml's expert
+/// kernels on the device (`MUL_MAT_ID` below 32 tokens) crash inside the driver, in
+/// llama.cpp as in hearth, so no layer keeps its experts on the device.
 #[test]
 fn experts_in_ram_compute_what_llama_cpp_computes_with_n_cpu_moe() {
     let Some(info) = accelerator() else { return };
     let dir = std::env::temp_dir().join(format!("hearth-accel-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for arch in ["qwen3moe", "gpt-oss"] {
+    for arch in ["qwen3moe", "gpt-oss", "glm4moe"] {
         let path = common::tiny::write(&common::tiny::model(arch), &dir);
         let file = Arc::new(ModelFile::open(&path).unwrap());
         let n = file.spec.n_layer;

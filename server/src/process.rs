@@ -58,6 +58,11 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
 }
 
 
+/// This machine's host name (Linux), for naming devices in profiles and discovery.
+pub fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+}
+
 /// Seconds since the Unix epoch (OpenAI's `created` fields, plan and cluster views).
 pub fn now_secs() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())

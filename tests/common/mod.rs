@@ -61,11 +61,27 @@ impl Served {
     }
 
     fn spawn_env(role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_hearth-under-test"))
+        Served::spawn_in(Command::new(env!("CARGO_BIN_EXE_hearth-under-test")), role, args, model, marker, env)
+    }
+
+    /// `hearth ROLE ARGS --model MODEL` in the network namespace `ns` (see [`netns`]),
+    /// waiting for `marker` in its log.
+    pub fn spawn_in_netns(ns: &str, role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_hearth-under-test")]);
+        Served::spawn_in(cmd, role, args, model, marker, env)
+    }
+
+    fn spawn_in(mut cmd: Command, role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
+        let mut child = cmd
             .args(role)
             .args(args)
             .arg("--model")
             .arg(model)
+            // Tests run side by side with the same secrets: a head announcing itself on the
+            // machine's network would gather other tests' workers (and that traffic must stay
+            // inside what a test made). Discovery's own test turns it on in namespaces.
+            .env("HEARTH_NO_DISCOVERY", "true")
             .envs(env.iter().copied())
             .env("HEARTH_LOG", "info")
             .stderr(Stdio::piped())
@@ -162,4 +178,86 @@ pub const SIGCONT: i32 = 18;
 
 extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
+}
+
+/// Network namespaces for tests of what a LAN carries (multicast, broadcast) that loopback
+/// does not: each test makes its own and removes them, so its traffic stays inside.
+pub mod netns {
+    use std::process::Command;
+
+    /// Linux's `CLONE_NEWNET`, for setns(2).
+    const CLONE_NEWNET: i32 = 0x4000_0000;
+
+    extern "C" {
+        fn setns(fd: i32, nstype: i32) -> i32;
+    }
+
+    fn ip(args: &[&str]) -> Result<(), String> {
+        let out = Command::new("ip").args(args).output().map_err(|e| format!("ip {}: {e}", args.join(" ")))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+        }
+    }
+
+    /// Whether this machine lets the test make namespaces (root and iproute2).
+    pub fn available() -> Result<(), String> {
+        let probe = format!("hearth-probe-{}", std::process::id());
+        ip(&["netns", "add", &probe])?;
+        ip(&["netns", "del", &probe])
+    }
+
+    /// Two namespaces joined by a veth pair, as two devices on one LAN segment: `a` at
+    /// `10.<x>.<y>.1/24`, `b` at `.2`, loopback up in both, multicast routed onto the link.
+    pub struct Lan {
+        pub a: String,
+        pub b: String,
+        pub a_ip: String,
+        pub b_ip: String,
+    }
+
+    impl Lan {
+        pub fn new(tag: &str) -> Result<Lan, String> {
+            let id = std::process::id();
+            let (a, b) = (format!("hearth-{tag}-a-{id}"), format!("hearth-{tag}-b-{id}"));
+            // Interface names are at most 15 bytes.
+            let t = tag.chars().next().unwrap_or('x');
+            let (va, vb) = (format!("hv{t}a{}", id % 1_000_000), format!("hv{t}b{}", id % 1_000_000));
+            let net = format!("10.{}.{}", 100 + (id / 256) % 100, id % 256);
+            let lan = Lan { a, b, a_ip: format!("{net}.1"), b_ip: format!("{net}.2") };
+            ip(&["netns", "add", &lan.a])?;
+            ip(&["netns", "add", &lan.b])?;
+            ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+            for (ns, dev, addr) in [(&lan.a, &va, &lan.a_ip), (&lan.b, &vb, &lan.b_ip)] {
+                ip(&["link", "set", dev, "netns", ns])?;
+                ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "broadcast", &format!("{net}.255"), "dev", dev])?;
+                ip(&["-n", ns, "link", "set", dev, "up"])?;
+                ip(&["-n", ns, "link", "set", "lo", "up"])?;
+                ip(&["-n", ns, "route", "add", "224.0.0.0/4", "dev", dev])?;
+            }
+            Ok(lan)
+        }
+    }
+
+    impl Drop for Lan {
+        fn drop(&mut self) {
+            // Deleting a namespace deletes its end of the veth pair, and with it the other.
+            let _ = ip(&["netns", "del", &self.a]);
+            let _ = ip(&["netns", "del", &self.b]);
+        }
+    }
+
+    /// Runs `f` on a thread inside namespace `ns` (its sockets are that namespace's).
+    pub fn run_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+        let file = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap_or_else(|e| panic!("namespace {ns}: {e}"));
+        std::thread::spawn(move || {
+            use std::os::fd::AsRawFd;
+            // SAFETY: setns(2) on an open namespace file, for this thread only.
+            assert_eq!(unsafe { setns(file.as_raw_fd(), CLONE_NEWNET) }, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap()
+    }
 }

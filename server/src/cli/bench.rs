@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use engine::op_profile::{OpProfile, OpTime};
 use engine::reference::{argmax, Reference, Timing};
 use engine::tokenizer::Tokenizer;
 use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
@@ -95,6 +96,13 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
             best_hearth_batched = Some(best(best_hearth_batched, h));
         }
     }
+    if let (true, Some(p)) = (args.ops, batched.as_mut()) {
+        let prompts = vec![short.to_vec(); n_seq];
+        let (mut r, mut h) = (OpProfile::default(), OpProfile::default());
+        reference.decode_together_with(&prompts, args.gen_tokens + 1, false, Some(&mut r))?;
+        p.decode_together_with(&prompts, args.gen_tokens + 1, short.len(), Some(&mut h))?;
+        print_ops(n_seq, args.gen_tokens, &r, &h);
+    }
     let (r, h) = (best_ref.expect("one round"), best_hearth.expect("one round"));
     println!();
     println!("best round of each, and the median of the per-round ratios (each round runs both back to back):");
@@ -107,6 +115,36 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("| {label:<15} | {:>15.1} | {:>12.1} | {:>10.3}x | {:>11.3}x |", r.gen_tps(), h.gen_tps(), h.gen_tps() / r.gen_tps(), median(&mut batched_ratios));
     }
     Ok(())
+}
+
+/// Slowest shapes listed per engine: enough to see where the time goes.
+const OPS_SHAPES_LISTED: usize = 12;
+
+/// Both engines' op times side by side (per op and weight type), then each engine's
+/// slowest node shapes: the table that says which ops a batched step loses in.
+fn print_ops(n_seq: usize, n_gen: usize, r: &OpProfile, h: &OpProfile) {
+    let (rt, ht) = (r.by_op(), h.by_op());
+    let mut keys: Vec<&String> = rt.iter().chain(&ht).map(|(k, _)| k).collect();
+    let mut seen = std::collections::HashSet::new();
+    keys.retain(|k| seen.insert(*k));
+    let find = |v: &[(String, OpTime)], k: &str| v.iter().find(|(x, _)| x == k).map(|(_, t)| *t).unwrap_or_default();
+    let per_step = |t: OpTime| t.secs * 1e3 / n_gen as f64;
+    println!();
+    println!("{n_seq} sequences decoding together, every op computed alone ({n_gen} steps), ms per step:");
+    println!("| op                   | llama.cpp ms | nodes | hearth ms | nodes | hearth / llama.cpp |");
+    println!("|----------------------|--------------|-------|-----------|-------|--------------------|");
+    for k in keys {
+        let (a, b) = (find(&rt, k), find(&ht, k));
+        println!("| {k:<20} | {:>12.3} | {:>5} | {:>9.3} | {:>5} | {:>17.3}x |", per_step(a), a.count / n_gen as u64, per_step(b), b.count / n_gen as u64, b.secs / a.secs);
+    }
+    println!("| total                | {:>12.3} |       | {:>9.3} |       | {:>17.3}x |", r.total_secs() * 1e3 / n_gen as f64, h.total_secs() * 1e3 / n_gen as f64, h.total_secs() / r.total_secs());
+    for (name, p) in [("llama.cpp", r), ("hearth", h)] {
+        println!();
+        println!("{name}'s slowest node shapes (ms per step, nodes per step):");
+        for (k, t) in p.by_shape().into_iter().take(OPS_SHAPES_LISTED) {
+            println!("  {:>8.3} {:>4}  {k}", per_step(t), t.count / n_gen as u64);
+        }
+    }
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -241,6 +241,14 @@ impl ModelArg {
     }
 }
 
+/// `worker --listen`'s default: loopback (a head on this machine); with discovery on,
+/// every interface at the same port.
+pub const DEFAULT_WORKER_LISTEN: &str = "127.0.0.1:9090";
+
+/// `serve --ring-listen`'s default: loopback, for workers on this machine; with discovery
+/// on, every interface instead (workers that join are on the LAN).
+pub const DEFAULT_RING_LISTEN: &str = "127.0.0.1:0";
+
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
@@ -284,9 +292,12 @@ pub struct ServeArgs {
     /// Name clients use for the model (default: the file name without .gguf).
     #[arg(long, env = "HEARTH_MODEL_ALIAS")]
     pub model_alias: Option<String>,
-    /// Ring workers, in ring order (host:port of each `hearth worker --listen`).
+    /// Ring workers, in ring order (host:port of each `hearth worker --listen`). With a
+    /// cluster secret, workers that find this head on the LAN join as well.
     #[arg(long, env = "HEARTH_WORKERS", value_delimiter = ',')]
     pub workers: Vec<String>,
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
     /// Shared secret of the ring; required unless every address is loopback.
     #[arg(long, env = "HEARTH_CLUSTER_SECRET")]
     pub cluster_secret: Option<String>,
@@ -347,7 +358,7 @@ pub struct ServeArgs {
     #[arg(long, env = "HEARTH_EXPERTS_IN_RAM", default_value = "auto", alias = "n-cpu-moe")]
     pub experts_in_ram: crate::runtime::GpuLayers,
     /// Where the head listens for the last worker's link back (bind address).
-    #[arg(long, env = "HEARTH_RING_LISTEN", default_value = "127.0.0.1:0")]
+    #[arg(long, env = "HEARTH_RING_LISTEN", default_value = DEFAULT_RING_LISTEN)]
     pub ring_listen: String,
     /// The address the last worker dials to reach --ring-listen, when that is not it: a
     /// head bound to 0.0.0.0, or behind Docker's port publishing, gives its LAN address.
@@ -388,12 +399,33 @@ pub struct ServeArgs {
     pub release_windows: bool,
 }
 
+/// Finding each other on the LAN (`serve` and `worker`): on whenever a cluster secret is
+/// set, since every datagram is signed with it.
+#[derive(Args, Debug, Clone)]
+pub struct DiscoveryArgs {
+    /// Neither announce nor look for a head on the LAN.
+    #[arg(long, env = "HEARTH_NO_DISCOVERY")]
+    pub no_discovery: bool,
+    /// UDP port of the head's announcements and the workers' joins.
+    #[arg(long, env = "HEARTH_DISCOVERY_PORT", default_value_t = transport::discovery::DEFAULT_PORT)]
+    pub discovery_port: u16,
+}
+
+impl DiscoveryArgs {
+    /// The discovery port, when discovery is on: a real cluster secret and no
+    /// `--no-discovery` (the insecure mode's well-known secret would let anyone join).
+    pub fn port(&self, secret: Option<&str>) -> Option<u16> {
+        (!self.no_discovery && secret.is_some_and(|s| !s.is_empty())).then_some(self.discovery_port)
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
     #[command(flatten)]
     pub model: ModelArg,
     /// Address to listen on for the head and the previous ring member.
-    #[arg(long, env = "HEARTH_LISTEN", default_value = "127.0.0.1:9090")]
+    /// With discovery on, the default is every interface (the head is on the LAN).
+    #[arg(long, env = "HEARTH_LISTEN", default_value = DEFAULT_WORKER_LISTEN)]
     pub listen: String,
     /// Shared secret of the ring; required on non-loopback addresses.
     #[arg(long, env = "HEARTH_CLUSTER_SECRET")]
@@ -401,6 +433,16 @@ pub struct WorkerArgs {
     /// Accept unauthenticated heads on a non-loopback address.
     #[arg(long, env = "HEARTH_INSECURE")]
     pub insecure: bool,
+    /// The head to join, host[:port] of its discovery port, for networks that drop
+    /// multicast and broadcast. Without it, a worker with a cluster secret finds the head
+    /// by its announcements on the LAN.
+    #[arg(long, env = "HEARTH_HEAD")]
+    pub head: Option<String>,
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
+    /// This device's name in the head's plans and dashboards (default: the host name).
+    #[arg(long, env = "HEARTH_NAME")]
+    pub name: Option<String>,
     /// Compute threads (default: all cores).
     #[arg(long, env = "HEARTH_THREADS")]
     pub threads: Option<usize>,
@@ -457,6 +499,11 @@ pub struct BenchArgs {
     /// as many streams; 0 or 1 leaves the test out).
     #[arg(long, default_value_t = 8)]
     pub sequences: usize,
+    /// After the rounds, one more batched decode of each engine with every ggml op timed
+    /// alone (ggml's eval callback; times are inflated by a wake-up per op, alike for
+    /// both): where the two engines' steps differ.
+    #[arg(long)]
+    pub ops: bool,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -15,7 +15,7 @@ pub fn run(args: ProfileArgs) -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let (mut profile, took, disk_dir) = device_profile(threads, model.as_ref().map(|(p, f)| (*p, f)), args.fresh)?;
-    profile.name = args.name.clone().unwrap_or_else(|| hostname().unwrap_or_else(|| "this device".into()));
+    profile.name = args.name.clone().unwrap_or_else(|| crate::process::hostname().unwrap_or_else(|| "this device".into()));
     profile.head = args.head;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&profile)?);
@@ -23,10 +23,6 @@ pub fn run(args: ProfileArgs) -> Result<(), Box<dyn std::error::Error>> {
         print!("{}", table(&profile, threads, &disk_dir, took));
     }
     Ok(())
-}
-
-fn hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
 }
 
 fn table(p: &DeviceProfile, threads: usize, disk_dir: &std::path::Path, took: Option<Duration>) -> String {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 
-use crate::cli::ServeArgs;
+use crate::cli::{ServeArgs, DEFAULT_RING_LISTEN};
 use crate::http::server::{serve_api, ConnectionLimits};
 use crate::http::{self, AppState};
 use crate::process::{http_runtime, now_secs, shutdown_signal};
@@ -100,23 +100,27 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
 }
 
 fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error::Error>> {
-    if args.workers.is_empty() {
+    let discovery = args.discovery.port(args.cluster_secret.as_deref());
+    if args.workers.is_empty() && discovery.is_none() {
         return Ok(None);
     }
+    // Workers that join by discovery are on the LAN: the last one must reach the head.
+    let ring_listen = match discovery {
+        Some(_) if args.ring_listen == DEFAULT_RING_LISTEN => "0.0.0.0:0",
+        _ => args.ring_listen.as_str(),
+    };
     // A ring's secret, or loopback-only without one: every address must allow it.
     let mut secret = None;
-    for w in args.workers.iter().chain(std::iter::once(&args.ring_listen)) {
+    for w in args.workers.iter().map(String::as_str).chain(std::iter::once(ring_listen)) {
         secret = Some(cluster_secret(args.cluster_secret.as_deref(), w, SecretUser::Head)?);
     }
-    let listen: SocketAddr = args.ring_listen.parse().map_err(|e| format!("invalid --ring-listen {}: {e}", args.ring_listen))?;
-    let advertise = match args.ring_advertise.as_deref().filter(|a| !a.is_empty()) {
-        Some(a) => Some(a.to_string()),
-        None if listen.ip().is_unspecified() => return Err(format!("--ring-listen {listen} is every interface: say with --ring-advertise HOST:PORT which address the last worker dials").into()),
-        None => None,
-    };
+    let listen: SocketAddr = ring_listen.parse().map_err(|e| format!("invalid --ring-listen {ring_listen}: {e}"))?;
+    // Without it, a head listening on every interface tells the last worker its address on
+    // the route to that worker.
+    let advertise = args.ring_advertise.as_deref().filter(|a| !a.is_empty()).map(str::to_string);
     Ok(Some(RingSetup {
         workers: args.workers.clone(),
-        secret: secret.expect("at least one worker"),
+        secret: secret.expect("the ring listener's address at least"),
         listen,
         advertise,
         windows: (!args.windows.is_empty()).then(|| args.windows.clone()),
@@ -130,5 +134,6 @@ fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error:
         release: args.release_windows.then_some(true),
         micro_batches: args.micro_batches.count(),
         prompt_chunk: args.prompt_chunk,
+        discovery,
     }))
 }

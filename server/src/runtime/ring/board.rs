@@ -4,7 +4,7 @@
 //! read it and leave requests the pipeline picks up the next time the queue is idle.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use scheduler::{Breakdown, DeviceProfile, DeviceSet, ModelProfile, Plan, Prediction, Strategy};
@@ -119,6 +119,9 @@ pub struct ClusterView {
     pub devices: Vec<DeviceProfile>,
     /// Unix seconds of that gathering.
     pub gathered_at: Option<u64>,
+    /// Every candidate worker, configured or joined by discovery, live (the plan decides
+    /// which it uses: `/admin/plan`).
+    pub candidates: Vec<super::membership::CandidateView>,
 }
 
 /// A request to solve again now (when idle), optionally with another strategy.
@@ -177,6 +180,7 @@ pub struct PlanBoard {
     measured: Mutex<VecDeque<Measured>>,
     judge: Mutex<Option<Judge>>,
     requests: Mutex<Vec<ReplanRequest>>,
+    membership: Mutex<Option<Arc<super::membership::Membership>>>,
     /// Whether anything can be re-planned (a ring head with a scheduler).
     plannable: bool,
 }
@@ -196,7 +200,7 @@ impl PlanBoard {
     }
 
     fn new(view: PlanView, plannable: bool) -> PlanBoard {
-        PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), plannable }
+        PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), membership: Mutex::default(), plannable }
     }
 
     pub fn view(&self) -> PlanView {
@@ -244,7 +248,16 @@ impl PlanBoard {
     }
 
     pub fn cluster(&self) -> ClusterView {
-        self.cluster.lock().expect("cluster view").clone()
+        let mut view = self.cluster.lock().expect("cluster view").clone();
+        if let Some(m) = self.membership.lock().expect("membership").as_ref() {
+            view.candidates = m.view();
+        }
+        view
+    }
+
+    /// Where `/admin/cluster` reads the candidates from.
+    pub fn set_membership(&self, m: Arc<super::membership::Membership>) {
+        *self.membership.lock().expect("membership") = Some(m);
     }
 
     /// A new plan is running: its view replaces the old one and the measurements start over.
@@ -284,7 +297,7 @@ impl PlanBoard {
     }
 
     pub fn gathered(&self, devices: Vec<DeviceProfile>) {
-        *self.cluster.lock().expect("cluster view") = ClusterView { devices, gathered_at: Some(crate::process::now_secs()) };
+        *self.cluster.lock().expect("cluster view") = ClusterView { devices, gathered_at: Some(crate::process::now_secs()), candidates: Vec::new() };
     }
 
     /// The time of one decode step of a single token, with `context` tokens in its cache,

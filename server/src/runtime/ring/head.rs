@@ -225,7 +225,7 @@ impl RingPipeline {
         let rt = crate::process::ring_runtime()?;
         let devices = planner.gather(&rt, cfg.setup.startup_wait, None)?;
         board.gathered(devices.clone());
-        let candidates = planner.workers.len();
+        let candidates = devices.len() - 1;
         let (plan, members, prediction, source) = match cfg.pinned.clone() {
             Some(plan) => {
                 if plan.devices.len() != candidates + 1 {
@@ -243,6 +243,13 @@ impl RingPipeline {
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
         let link_config = LinkConfig { send_delay: cfg.setup.hop_delay, ..LinkConfig::default() };
         let server = rt.block_on(LinkServer::bind(cfg.setup.listen, cfg.setup.secret.clone(), link_config.clone(), None))?;
+        if let Some(port) = cfg.setup.discovery {
+            let discovery = rt.block_on(async { transport::discovery::Discovery::bind(port, &cfg.setup.secret) })?;
+            let name = crate::process::hostname().unwrap_or_else(|| HEAD_NAME.into());
+            tracing::info!(port = discovery.port(), "announcing this head on the LAN: workers started without --head join it");
+            rt.spawn(super::membership::serve_head(discovery, planner.membership.clone(), name));
+        }
+        board.set_membership(planner.membership.clone());
         let workers = super::planning::addresses(&devices, &members);
         let strategy = (source != "windows").then_some(planner.options.strategy);
         let n_embd = file.spec.n_embd;
@@ -319,7 +326,7 @@ impl RingPipeline {
     fn publish(&self, source: &str, prediction: Option<&Prediction>, replan: bool) {
         let r = &self.replan;
         let names: Vec<String> = std::iter::once(HEAD_NAME.to_string()).chain(self.members.iter().cloned()).collect();
-        let dropped = r.planner.workers.iter().filter(|w| !self.members.contains(w)).cloned().collect();
+        let dropped = r.planner.membership.candidates().into_iter().filter(|w| !self.members.contains(w)).collect();
         let judge = board::Judge {
             members: r.members.iter().map(|&m| r.devices[m].clone()).collect(),
             model: r.planner.model.clone(),
@@ -438,7 +445,10 @@ impl RingPipeline {
                 }
                 clients.push(client);
             }
-            let back = cfg.setup.advertise.clone().unwrap_or_else(|| server.local_addr().to_string());
+            let back = match &cfg.setup.advertise {
+                Some(a) => a.clone(),
+                None => super::reachable_at(server.local_addr(), &workers[workers.len() - 1]).await,
+            };
             for (i, (w, client)) in workers.iter().zip(&clients).enumerate() {
                 let next = workers.get(i + 1).cloned().unwrap_or_else(|| back.clone());
                 let wp = WorkerPlan {
@@ -828,10 +838,14 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         let requests = self.board.take_requests();
         let r = &self.replan;
         let due = r.idle_after.is_some_and(|after| idle_for >= after && r.last_check.elapsed() >= after);
-        if requests.is_empty() && !due {
+        let broken = self.layout.workers_compute && self.links.is_none();
+        // A worker that joined is judged at once (a plan the user pinned stays pinned); a
+        // broken ring keeps the news for when it is whole.
+        let joined = r.strategy.is_some() && !broken && r.planner.membership.take_changed();
+        if requests.is_empty() && !due && !joined {
             return Ok(false);
         }
-        if self.layout.workers_compute && self.links.is_none() {
+        if broken {
             let why = self.broken.clone().unwrap_or_else(|| "the ring is not formed".into());
             for req in requests {
                 let _ = req.reply.send(Err(ReplanError::Broken(why.clone())));
@@ -839,7 +853,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
             return Ok(false);
         }
         let strategy = requests.iter().find_map(|q| q.strategy);
-        let forced = !requests.is_empty();
+        let forced = !requests.is_empty() || joined;
         let result = self.check_plan(forced, strategy);
         if let Err(e) = &result {
             tracing::warn!("re-planning failed: {e}");

@@ -6,12 +6,13 @@
 
 pub mod board;
 pub mod head;
+pub mod membership;
 pub mod paging;
 pub mod planning;
 mod worker;
 
 pub use head::RingPipeline;
-pub use worker::{run as run_worker, WorkerConfig};
+pub use worker::{run as run_worker, WorkerConfig, WorkerDiscovery};
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub struct RingSetup {
     /// Tokens per prompt chunk with micro-batches in flight, pinned (`--prompt-chunk`,
     /// benchmarks only); `None`: planned per prompt.
     pub prompt_chunk: Option<usize>,
+    /// Announce the head on the LAN and take workers that join, on this UDP port
+    /// (`None`: `--no-discovery`, or no cluster secret).
+    pub discovery: Option<u16>,
 }
 
 /// What the head tells a worker at ring formation (control method `load_plan`).
@@ -96,6 +100,25 @@ pub(crate) fn connecting(worker: &str, e: transport::Error) -> Error {
         transport::Error::Auth { .. } | transport::Error::Secret(_) | transport::Error::Address { .. } => Error::RingRefused(format!("worker {worker} refused the head: {e}")),
         transport::Error::Control { status: 400..=499, .. } => Error::RingRefused(format!("worker {worker} refused the head: {e}")),
         e => Error::RingBroken(format!("worker {worker} is unreachable: {e}")),
+    }
+}
+
+/// The address `peer` reaches a server listening at `listen` on: `listen` itself, or,
+/// when that is every interface (`0.0.0.0`), this machine's address on the route to
+/// `peer` (asked of the kernel by connecting a UDP socket: nothing is sent).
+pub(crate) async fn reachable_at(listen: SocketAddr, peer: &str) -> String {
+    if !listen.ip().is_unspecified() {
+        return listen.to_string();
+    }
+    let route = async {
+        let to = tokio::net::lookup_host(peer).await.ok()?.next()?;
+        let probe = tokio::net::UdpSocket::bind(SocketAddr::new(listen.ip(), 0)).await.ok()?;
+        probe.connect(to).await.ok()?;
+        Some(probe.local_addr().ok()?.ip())
+    };
+    match route.await {
+        Some(ip) => SocketAddr::new(ip, listen.port()).to_string(),
+        None => listen.to_string(),
     }
 }
 

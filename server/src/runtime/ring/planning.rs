@@ -12,6 +12,7 @@ use engine::ModelFile;
 use scheduler::{DeviceProfile, ModelProfile, Options, Schedule, Strategy};
 use transport::{ClusterSecret, ControlClient, LinkConfig};
 
+use super::membership::Membership;
 use crate::error::{Error, Result};
 
 const GB: f64 = 1e9;
@@ -24,10 +25,10 @@ const RETRY: Duration = Duration::from_secs(1);
 /// The name the head's own profile goes by in plans and `/admin/cluster`.
 pub const HEAD_NAME: &str = "head";
 
-/// Everything needed to plan the ring again: the candidates (every configured worker, in
+/// Everything needed to plan the ring again: the candidates (every configured or joined worker, in
 /// ring order, whether or not the current plan keeps them) and the model's profile.
 pub struct Planner {
-    pub workers: Vec<String>,
+    pub membership: Arc<Membership>,
     pub model: ModelProfile,
     /// The scheduler's options; `options.strategy` is the one asked for at start.
     pub options: Options,
@@ -38,10 +39,10 @@ pub struct Planner {
 }
 
 impl Planner {
-    pub fn new(file: Arc<ModelFile>, path: PathBuf, workers: Vec<String>, secret: ClusterSecret, threads: usize, ctx: usize, strategy: Strategy) -> Planner {
+    pub fn new(file: Arc<ModelFile>, path: PathBuf, membership: Arc<Membership>, secret: ClusterSecret, threads: usize, ctx: usize, strategy: Strategy) -> Planner {
         let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let model = crate::runtime::profiling::model::from_gguf(&file, &name, ctx);
-        Planner { workers, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
+        Planner { membership, model, options: Options { strategy, ..Options::default() }, secret, file, path, threads }
     }
 
     /// Fresh profiles of the head and every candidate worker, in that order; a device's
@@ -59,7 +60,7 @@ impl Planner {
         let deadline = Instant::now() + wait;
         let config = LinkConfig::default();
         let mut devices = vec![head];
-        for w in &self.workers {
+        for w in &self.membership.candidates() {
             let device = loop {
                 match rt.block_on(worker_profile(w, &self.secret, &config)) {
                     Ok(d) => break Some(d),

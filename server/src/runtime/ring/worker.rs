@@ -38,6 +38,19 @@ pub struct WorkerConfig {
     pub hop_delay: Duration,
     /// GPU layers per window: the head's plan, or the user's count.
     pub gpu_layers: crate::runtime::GpuPlacement,
+    /// Find the head on the LAN and join it (`None`: wait to be named in `--workers`).
+    pub discovery: Option<WorkerDiscovery>,
+}
+
+/// How a worker finds its head.
+#[derive(Debug, Clone)]
+pub struct WorkerDiscovery {
+    /// The UDP port heads announce on.
+    pub port: u16,
+    /// `--head`: join this one directly (host[:port]), without waiting for announcements.
+    pub head: Option<String>,
+    /// The name this worker gives.
+    pub name: String,
 }
 
 /// A worker's state, under two locks: `compute` is held for a whole step by the ring
@@ -137,7 +150,7 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 
 /// Serves as a ring member until SIGTERM or Ctrl-C.
 pub fn run(cfg: WorkerConfig) -> Result<()> {
-    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers } = cfg;
+    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers, discovery } = cfg;
     let file = Arc::new(ModelFile::open(&path)?);
     gpu_layers.check(file.spec.moe.is_some()).map_err(Error::Config)?;
     let fingerprint = file.fingerprint();
@@ -153,16 +166,25 @@ pub fn run(cfg: WorkerConfig) -> Result<()> {
             let state = handler_state.clone();
             async move { control(&state, &method, body, threads).await }
         };
+        let secret_for_discovery = secret.clone();
         let mut server = LinkServer::bind(addr, secret, config, Some(Arc::new(handler))).await?;
         // As a container's first process a worker gets no default action for SIGTERM:
         // without a handler `docker stop` would wait out its grace period and kill it.
         let stop = crate::process::shutdown_signal()?;
         tokio::pin!(stop);
         tracing::info!("hearth worker listening on {}", server.local_addr());
+        let heads = match discovery {
+            Some(d) => Some(super::membership::serve_worker(d, server.local_addr().port(), secret_for_discovery).await?),
+            None => None,
+        };
         loop {
             tokio::select! {
                 _ = &mut stop => {
-                    // Nothing to drain: the head sees its links close and reports the ring broken.
+                    // The heads that know this worker hear it is going; otherwise nothing
+                    // to drain: a head sees its links close and reports the ring broken.
+                    if let Some(heads) = &heads {
+                        heads.leave().await;
+                    }
                     tracing::info!("worker stopping");
                     return Ok(());
                 }

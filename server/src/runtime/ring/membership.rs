@@ -1,0 +1,253 @@
+//! Who may be in the ring, both sides of it. On the head: the workers named with
+//! `--workers` and those that joined by discovery; the head's discovery task writes them
+//! (announcing the head on the LAN and hearing joins), the planner reads the candidates at
+//! every gathering, and the ring re-plans at its next idle moment when they changed.
+//! Whether a candidate is used stays the plan's decision (the gain rule), as for a worker
+//! named on the command line. On a worker: answering each head's announcement with a join
+//! (or joining `--head` directly), and saying it leaves when it stops.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use transport::discovery::{Discovery, Heard, Message};
+use transport::ClusterSecret;
+
+use super::WorkerDiscovery;
+use crate::error::{Error, Result};
+
+/// How often the head announces itself: a worker started after the head finds it within
+/// this long, and the joins it answers with keep the head's view of it fresh.
+pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+
+/// A worker that joined by discovery.
+#[derive(Debug, Clone)]
+struct Joined {
+    addr: String,
+    name: String,
+    since: SystemTime,
+    last_heard: Instant,
+}
+
+#[derive(Default)]
+struct Inner {
+    configured: Vec<String>,
+    joined: Vec<Joined>,
+    /// A candidate came since the ring last looked.
+    changed: bool,
+}
+
+/// The candidates, shared by the discovery task and the ring.
+#[derive(Default)]
+pub struct Membership {
+    inner: Mutex<Inner>,
+}
+
+/// A candidate as `/admin/cluster` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CandidateView {
+    /// The worker's ring address (what the head dials).
+    pub addr: String,
+    /// The name it gave (`hearth worker --name`, default its host name); the address for a
+    /// worker from `--workers`.
+    pub name: String,
+    /// `workers` (named on the command line) or `discovery`.
+    pub origin: &'static str,
+    /// Unix seconds of its first join (discovered workers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub joined_at: Option<u64>,
+    /// Seconds since the head last heard it (discovered workers answer every announcement).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_heard_s: Option<f64>,
+}
+
+impl Membership {
+    pub fn new(configured: Vec<String>) -> Arc<Membership> {
+        Arc::new(Membership { inner: Mutex::new(Inner { configured, ..Inner::default() }) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every candidate, in ring order: the configured workers, then the joined ones in
+    /// the order they came.
+    pub fn candidates(&self) -> Vec<String> {
+        let inner = self.lock();
+        inner.configured.iter().cloned().chain(inner.joined.iter().map(|j| j.addr.clone())).collect()
+    }
+
+    /// A worker said it serves the ring at `addr`. True when it is new.
+    pub fn joined(&self, addr: SocketAddr, name: &str) -> bool {
+        let addr = addr.to_string();
+        let mut inner = self.lock();
+        if inner.configured.contains(&addr) {
+            return false;
+        }
+        if let Some(j) = inner.joined.iter_mut().find(|j| j.addr == addr) {
+            j.last_heard = Instant::now();
+            j.name = name.to_string();
+            return false;
+        }
+        inner.joined.push(Joined { addr, name: name.to_string(), since: SystemTime::now(), last_heard: Instant::now() });
+        inner.changed = true;
+        true
+    }
+
+    /// Whether candidates came since the last call.
+    pub fn take_changed(&self) -> bool {
+        std::mem::take(&mut self.lock().changed)
+    }
+
+    pub fn view(&self) -> Vec<CandidateView> {
+        let inner = self.lock();
+        let configured = inner.configured.iter().map(|a| CandidateView { addr: a.clone(), name: a.clone(), origin: "workers", joined_at: None, last_heard_s: None });
+        let joined = inner.joined.iter().map(|j| CandidateView {
+            addr: j.addr.clone(),
+            name: j.name.clone(),
+            origin: "discovery",
+            joined_at: j.since.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs()),
+            last_heard_s: Some(j.last_heard.elapsed().as_secs_f64()),
+        });
+        configured.chain(joined).collect()
+    }
+}
+
+/// The head's side of discovery: announces itself every [`ANNOUNCE_EVERY`] and records the
+/// workers that join. Runs until the runtime stops.
+pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name: String) {
+    let port = discovery.port();
+    let announce = Message::Announce { port, name };
+    let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
+    let mut warned = false;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match discovery.broadcast(&announce, port).await {
+                    Ok(()) => warned = false,
+                    Err(e) if !warned => {
+                        tracing::warn!("announcing this head on the LAN failed (workers can still join with --head): {e}");
+                        warned = true;
+                    }
+                    Err(_) => {}
+                }
+            }
+            heard = discovery.recv() => match heard {
+                Ok(h) => on_heard(&membership, h),
+                Err(e) => {
+                    tracing::warn!("discovery socket failed: {e}");
+                    tokio::time::sleep(ANNOUNCE_EVERY).await;
+                }
+            },
+        }
+    }
+}
+
+fn on_heard(membership: &Membership, heard: Heard) {
+    let addr = heard.addr();
+    match heard.message {
+        Message::Join { name, .. } => {
+            if membership.joined(addr, &name) {
+                tracing::info!(worker = %addr, %name, "a worker joined by discovery: it is a candidate at the next plan");
+            }
+        }
+        Message::Leave { name, .. } => tracing::info!(worker = %addr, %name, "a worker announced it is leaving"),
+        // Another head on the same LAN and secret: two heads would fight over workers.
+        Message::Announce { name, .. } => tracing::warn!(head = %addr, %name, "another head announces itself with this cluster secret"),
+    }
+}
+
+/// A worker's joining, running in the background: what it needs to say it leaves.
+pub struct Joining {
+    discovery: Arc<Discovery>,
+    heads: Arc<Mutex<Vec<SocketAddr>>>,
+    leave: Message,
+}
+
+impl Joining {
+    /// Tells every head this worker joined that it is leaving (best effort: one datagram
+    /// each; a head that misses it sees the links close).
+    pub async fn leave(&self) {
+        let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for head in heads {
+            if let Err(e) = self.discovery.send_to(&self.leave, head).await {
+                tracing::warn!(%head, "could not tell the head this worker leaves: {e}");
+            }
+        }
+    }
+}
+
+/// Starts a worker's joining: with `--head`, a join to it every [`ANNOUNCE_EVERY`];
+/// otherwise (and as well) a join in answer to every head's announcement heard on the
+/// LAN. `ring_port` is where this worker's ring server listens.
+pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSecret) -> Result<Joining> {
+    let direct = match &d.head {
+        Some(h) => {
+            let with_port = if h.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) { h.clone() } else { format!("{h}:{}", d.port) };
+            let addr = tokio::net::lookup_host(&with_port).await.ok().and_then(|mut a| a.next()).ok_or_else(|| Error::Config(format!("--head {h}: not an address this machine can resolve")))?;
+            Some(addr)
+        }
+        None => None,
+    };
+    // With a head named, this worker need not hear the LAN's announcements on the shared port.
+    let discovery = Arc::new(Discovery::bind(if direct.is_some() { 0 } else { d.port }, &secret)?);
+    let join = Message::Join { port: ring_port, name: d.name.clone() };
+    let heads: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
+    let (task_discovery, task_heads) = (discovery.clone(), heads.clone());
+    match direct {
+        Some(head) => tracing::info!(%head, "joining the head named with --head"),
+        None => tracing::info!(port = d.port, "looking for a head on the LAN"),
+    }
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
+        loop {
+            let head = tokio::select! {
+                _ = tick.tick(), if direct.is_some() => direct,
+                heard = task_discovery.recv() => match heard {
+                    Ok(h @ Heard { message: Message::Announce { .. }, .. }) => Some(h.addr()),
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::warn!("discovery socket failed: {e}");
+                        tokio::time::sleep(ANNOUNCE_EVERY).await;
+                        None
+                    }
+                },
+            };
+            let Some(head) = head else { continue };
+            let new = {
+                let mut known = task_heads.lock().unwrap_or_else(|e| e.into_inner());
+                let new = !known.contains(&head);
+                if new {
+                    known.push(head);
+                }
+                new
+            };
+            match task_discovery.send_to(&join, head).await {
+                Ok(()) if new => tracing::info!(%head, "found a head: joined it"),
+                Ok(()) => {}
+                Err(e) => tracing::warn!(%head, "could not send a join: {e}"),
+            }
+        }
+    });
+    Ok(Joining { discovery, heads, leave: Message::Leave { port: ring_port, name: d.name } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_add_candidates_once_after_the_configured_workers() {
+        let m = Membership::new(vec!["10.0.0.5:9000".into()]);
+        assert!(!m.take_changed());
+        assert!(m.joined("10.0.0.7:9001".parse().unwrap(), "desktop"));
+        assert!(!m.joined("10.0.0.7:9001".parse().unwrap(), "desktop"), "a repeated join is a keep-alive");
+        assert!(!m.joined("10.0.0.5:9000".parse().unwrap(), "laptop"), "already configured");
+        assert_eq!(m.candidates(), vec!["10.0.0.5:9000".to_string(), "10.0.0.7:9001".to_string()]);
+        assert!(m.take_changed());
+        assert!(!m.take_changed());
+        let v = m.view();
+        assert_eq!((v[0].origin, v[1].origin, v[1].name.as_str()), ("workers", "discovery", "desktop"));
+    }
+}
