@@ -18,11 +18,64 @@ const ADMIN: &str = "admin-key";
 const PROMPT: &str = "Explain in detail how a bicycle works.";
 
 fn chat(addr: &str) -> String {
-    let body = format!(r#"{{"model":"","messages":[{{"role":"user","content":"{PROMPT}"}}],"max_tokens":32,"temperature":0}}"#);
-    let r = common::http(addr, "POST", "/v1/chat/completions", "", &body).unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v: Value = serde_json::from_str(&r.body).unwrap();
-    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+    chat_n(addr, 32, false).unwrap()
+}
+
+/// A greedy answer of `max_tokens` (streamed or not); the status and body when not 200.
+fn chat_n(addr: &str, max_tokens: usize, stream: bool) -> Result<String, (u16, String)> {
+    let body = format!(r#"{{"model":"","messages":[{{"role":"user","content":"{PROMPT}"}}],"max_tokens":{max_tokens},"temperature":0,"stream":{stream}}}"#);
+    let r = common::http(addr, "POST", "/v1/chat/completions", "", &body).map_err(|e| (0, e))?;
+    if r.status != 200 {
+        return Err((r.status, r.body));
+    }
+    if !stream {
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        return Ok(v["choices"][0]["message"]["content"].as_str().unwrap().to_string());
+    }
+    assert!(r.body.contains("data: [DONE]"), "the stream did not finish: {}", r.body);
+    Ok(r.body
+        .split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect())
+}
+
+fn skip_without_netns() -> bool {
+    match netns::available() {
+        Ok(()) => false,
+        Err(e) => {
+            assert!(std::env::var("HEARTH_REQUIRE_NETNS").as_deref() != Ok("1"), "network namespaces are required here: {e}");
+            eprintln!("skipped: no network namespaces here ({e})");
+            true
+        }
+    }
+}
+
+/// The plan's members by name, the head first.
+fn members(plan: &Value) -> Vec<String> {
+    plan["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
+}
+
+/// A head in `lan.a` with a worker in `lan.b` joined by discovery and planned with
+/// (`even`): the head's address, the worker, and the worker's ring address.
+fn ring_over_the_lan(lan: &Lan, model: &std::path::Path, head_args: &[&str]) -> (Served, Served, String) {
+    let on = on("false");
+    let args = [&["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN][..], head_args].concat();
+    let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &args, model, "listening on http://", &on).unwrap();
+    let worker = start_worker(lan, model);
+    let (h, w) = (head.addr.clone(), format!("{}:9090", lan.b_ip));
+    let plan = netns::run_in(&lan.a, move || {
+        common::wait_for("the worker to join", Duration::from_secs(30), || discovered(&h).into_iter().find(|c| c["addr"] == w.as_str()));
+        admin(&h, "POST", "/admin/replan", r#"{"strategy":"even"}"#)
+    });
+    let w = format!("{}:9090", lan.b_ip);
+    assert_eq!(members(&plan), vec!["head".to_string(), w.clone()], "{plan}");
+    (head, worker, w)
+}
+
+fn start_worker(lan: &Lan, model: &std::path::Path) -> Served {
+    Served::spawn_in_netns(&lan.b, &["worker", "--listen", "0.0.0.0:9090"], &["--threads", "1", "--cluster-secret", SECRET, "--name", "desktop"], model, "worker listening on ", &on("false")).unwrap()
 }
 
 fn admin(addr: &str, method: &str, path: &str, body: &str) -> Value {
@@ -42,9 +95,7 @@ fn on(env: &str) -> [(&'static str, &std::ffi::OsStr); 1] {
 
 #[test]
 fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
-    if let Err(e) = netns::available() {
-        assert!(std::env::var("HEARTH_REQUIRE_NETNS").as_deref() != Ok("1"), "network namespaces are required here: {e}");
-        eprintln!("skipped: no network namespaces here ({e})");
+    if skip_without_netns() {
         return;
     }
     let model = common::default_model();
@@ -93,9 +144,7 @@ fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
 
 #[test]
 fn a_worker_named_with_head_joins_without_announcements() {
-    if let Err(e) = netns::available() {
-        assert!(std::env::var("HEARTH_REQUIRE_NETNS").as_deref() != Ok("1"), "network namespaces are required here: {e}");
-        eprintln!("skipped: no network namespaces here ({e})");
+    if skip_without_netns() {
         return;
     }
     let model = common::default_model();
@@ -109,4 +158,82 @@ fn a_worker_named_with_head_joins_without_announcements() {
     netns::run_in(&lan.a, move || {
         common::wait_for("the worker to join the head it was named", Duration::from_secs(30), || discovered(&h).into_iter().find(|c| c["addr"] == w.as_str()));
     });
+}
+
+#[test]
+fn a_member_told_to_stop_leaves_after_the_stream_it_carries_completes() {
+    if skip_without_netns() {
+        return;
+    }
+    let model = common::default_model();
+    let single = Served::start(&["--threads", "1"]);
+    let expected = chat_n(&single.addr, 160, true).unwrap();
+    drop(single);
+    let lan = Lan::new("leave").unwrap();
+    let (head, mut worker, w) = ring_over_the_lan(&lan, &model, &[]);
+    let h = head.addr.clone();
+    let ns = lan.a.clone();
+    let stream = std::thread::spawn(move || netns::run_in(&ns, move || chat_n(&h, 160, true)));
+    // SIGTERM while the stream runs through the worker.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!stream.is_finished(), "the stream ended before the worker was told to stop: make it longer");
+    worker.terminate();
+    assert_eq!(stream.join().unwrap(), Ok(expected), "the stream through a leaving worker completes");
+    let status = common::wait_for("the worker to exit once the head planned without it", Duration::from_secs(30), || worker.child.try_wait().unwrap());
+    assert!(status.success(), "{status}");
+    let h = head.addr.clone();
+    // The worker goes when its ring links close, which the head does first when it adopts
+    // the plan without it; the plan shows a moment later.
+    let (plan, candidates, metrics) = netns::run_in(&lan.a, move || {
+        let plan = common::wait_for("the plan without the worker", Duration::from_secs(10), || Some(admin(&h, "GET", "/admin/plan", "")).filter(|p| members(p).len() == 1));
+        (plan, discovered(&h), common::http(&h, "GET", "/metrics", "", "").unwrap().body)
+    });
+    for line in [r#"hearth_cluster_membership_changes_total{event="left"} 1"#, r#"hearth_cluster_candidates{origin="discovery",state="left"} 1"#] {
+        assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
+    }
+    assert!(plan["last_check"]["reason"].as_str().unwrap().contains(&format!("{w} left")), "{plan}");
+    assert_eq!(candidates[0]["state"], "left", "{candidates:?}");
+}
+
+#[test]
+fn a_member_that_vanishes_is_planned_without_after_the_grace_period_and_rejoins() {
+    if skip_without_netns() {
+        return;
+    }
+    let model = common::default_model();
+    let single = Served::start(&["--threads", "1"]);
+    let expected = chat(&single.addr);
+    drop(single);
+    let lan = Lan::new("vanish").unwrap();
+    let (head, mut worker, w) = ring_over_the_lan(&lan, &model, &["--member-grace", "3"]);
+    worker.child.kill().unwrap();
+    worker.child.wait().unwrap();
+    let h = head.addr.clone();
+    let (first, recovered, plan) = netns::run_in(&lan.a, move || {
+        // Lost: the request that finds it gone fails with 503.
+        let first = chat_n(&h, 32, false);
+        // Past the grace period the head serves with what it has.
+        let recovered = common::wait_for("serving without the lost worker", Duration::from_secs(60), || chat_n(&h, 32, false).ok());
+        (first, recovered, admin(&h, "GET", "/admin/plan", ""))
+    });
+    assert!(matches!(&first, Err((503, _))), "{first:?}");
+    assert_eq!(recovered, expected);
+    assert_eq!(members(&plan), vec!["head".to_string()], "{plan}");
+    assert!(plan["last_check"]["reason"].as_str().unwrap().contains("unreachable"), "{plan}");
+    let h = head.addr.clone();
+    let metrics = netns::run_in(&lan.a, move || common::http(&h, "GET", "/metrics", "", "").unwrap().body);
+    assert!(metrics.lines().any(|l| l == r#"hearth_cluster_membership_changes_total{event="lost"} 1"#), "{metrics}");
+    // It comes back: a candidate again at its next join, and a plan may use it again.
+    let _back = start_worker(&lan, &model);
+    let h = head.addr.clone();
+    let (plan, answer) = netns::run_in(&lan.a, move || {
+        common::wait_for("the worker to be a candidate again", Duration::from_secs(30), || discovered(&h).into_iter().find(|c| c["state"] == "candidate"));
+        // The head judges it when idle; then a plan with both forms the ring again.
+        std::thread::sleep(Duration::from_secs(1));
+        // (Another strategy than the running one, so it is adopted whatever the gain.)
+        let plan = admin(&h, "POST", "/admin/replan", r#"{"strategy":"memory"}"#);
+        (plan, chat(&h))
+    });
+    assert_eq!(members(&plan), vec!["head".to_string(), w], "{plan}");
+    assert_eq!(answer, expected);
 }

@@ -77,6 +77,8 @@ fn describe() {
     describe_gauge!("hearth_ring_up", "1 while the ring is whole, 0 while a member is lost (requests get 503)");
     describe_counter!("hearth_ring_breaks_total", "Times the ring broke (a member died, froze or failed a step)");
     describe_counter!("hearth_ring_recoveries_total", "Times a broken ring was formed again");
+    describe_gauge!("hearth_cluster_candidates", "Workers the head may plan with, by origin (workers: named with --workers; discovery: joined) and state (candidate, or left: it said it leaves, or was lost past --member-grace)");
+    describe_counter!("hearth_cluster_membership_changes_total", "Workers that joined by discovery (event joined), said they leave (left), or were planned without after --member-grace (lost)");
     describe_counter!("hearth_decode_sequence_steps_total", "Steps in which a sequence generated (one trip through the pipeline each); hearth_generated_tokens_total over this is the tokens per ring traversal");
     describe_counter!("hearth_spec_draft_tokens_total", "Draft tokens proposed by speculative decoding (--spec-mode)");
     describe_counter!("hearth_spec_accepted_tokens_total", "Draft tokens the model's own samples confirmed");
@@ -196,6 +198,14 @@ pub fn ring_formed() {
 pub fn ring_broke() {
     gauge!("hearth_ring_up").set(0.0);
     counter!("hearth_ring_breaks_total").increment(1);
+}
+
+/// A worker joined, left or was lost (`event`), and the candidates by origin and state now.
+pub fn cluster_membership(event: &'static str, candidates: &[(&'static str, &'static str, usize)]) {
+    counter!("hearth_cluster_membership_changes_total", "event" => event).increment(1);
+    for &(origin, state, n) in candidates {
+        gauge!("hearth_cluster_candidates", "origin" => origin, "state" => state).set(n as f64);
+    }
 }
 
 pub fn ring_recovered() {

@@ -203,7 +203,8 @@ pub mod netns {
 
     /// Whether this machine lets the test make namespaces (root and iproute2).
     pub fn available() -> Result<(), String> {
-        let probe = format!("hearth-probe-{}", std::process::id());
+        static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let probe = format!("hearth-probe-{}-{}", std::process::id(), PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         ip(&["netns", "add", &probe])?;
         ip(&["netns", "del", &probe])
     }

@@ -225,12 +225,14 @@ impl Discovery {
     /// Sends `message` to every node listening on `port` of the LAN: the multicast group
     /// and each interface's broadcast address. Fails only if no copy could be sent.
     pub async fn broadcast(&self, message: &Message, port: u16) -> Result<()> {
-        let datagram = seal(&self.secret, &self.id, unix_ms(), message);
         let mut targets = vec![SocketAddrV4::new(MULTICAST_GROUP, port)];
         targets.extend(interfaces().into_iter().filter_map(|i| i.broadcast).map(|b| SocketAddrV4::new(b, port)));
         let mut last_error = None;
         let mut sent = 0;
         for to in targets {
+            // A copy per target, each with its own nonce: a node that hears both the
+            // multicast and the broadcast copy hears two messages, not a replay.
+            let datagram = seal(&self.secret, &self.id, unix_ms(), message);
             match self.socket.send_to(&datagram, to).await {
                 Ok(_) => sent += 1,
                 Err(e) => last_error = Some(e),

@@ -372,6 +372,12 @@ pub struct ServeArgs {
     /// this catches one that is alive but stuck. Allow for long prompt chunks on slow devices.
     #[arg(long, env = "HEARTH_RING_TIMEOUT", default_value_t = 120)]
     pub ring_timeout: u64,
+    /// Seconds a broken ring waits for a lost member to come back before the head plans
+    /// without it and serves with the devices it has (never with --windows: a pinned plan
+    /// waits for its members). The lost device stays a candidate and is judged again when
+    /// it returns.
+    #[arg(long, env = "HEARTH_MEMBER_GRACE", default_value_t = 30)]
+    pub member_grace: u64,
     /// Seconds to wait at start for workers that cannot be reached yet (started in any
     /// order); a worker that refuses (wrong secret, other model) fails the start at once.
     #[arg(long, env = "HEARTH_RING_WAIT", default_value_t = 60)]

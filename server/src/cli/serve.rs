@@ -127,6 +127,7 @@ fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error:
         strategy: args.plan_strategy.parse()?,
         f16: args.f16_activations,
         step_timeout: Duration::from_secs(args.ring_timeout.max(1)),
+        member_grace: Duration::from_secs(args.member_grace),
         prefetch: !args.no_prefetch,
         startup_wait: Duration::from_secs(args.ring_wait),
         replan_idle: (args.replan_idle > 0).then(|| Duration::from_secs(args.replan_idle)),

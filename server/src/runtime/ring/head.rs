@@ -37,6 +37,8 @@ pub struct RingPipeline {
     links: Option<Links>,
     /// Why the ring is broken.
     broken: Option<String>,
+    /// Since when (the first failed attempt to form it again).
+    broken_since: Option<Instant>,
     server: LinkServer,
     cfg: RingConfig,
     /// The running plan, and its members after the head in ring order (a subset of the
@@ -260,6 +262,7 @@ impl RingPipeline {
             layout,
             links: None,
             broken: None,
+            broken_since: None,
             server,
             fingerprint: file.fingerprint(),
             file,
@@ -383,8 +386,14 @@ impl RingPipeline {
         let r = &mut self.replan;
         r.last_check = Instant::now();
         let mut devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.members))?;
-        // The running members in the fresh list (workers outside the ring may have come or gone).
-        let running: Vec<usize> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect::<Option<_>>().ok_or_else(|| Error::RingBroken("a member of the ring did not answer".into()))?;
+        // The running members in the fresh list (workers outside the ring may have come or
+        // gone); a member missing from it said it leaves: it is no candidate any more.
+        let found: Vec<Option<usize>> = r.members.iter().map(|&m| devices.iter().position(|d| d.name == r.devices[m].name)).collect();
+        let left: Vec<String> = r.members.iter().zip(&found).filter(|(_, f)| f.is_none()).map(|(&m, _)| r.devices[m].name.clone()).collect();
+        if !left.is_empty() {
+            return self.replan_without(devices, format!("{} left", left.join(", ")), forced);
+        }
+        let running: Vec<usize> = found.into_iter().flatten().collect();
         // Hops as the ring's traffic measured them, where it has run under this plan, and
         // how much of a MoE model's experts it read from disk: what the next plan is judged on.
         if let Some(hop) = self.board.measured_hop() {
@@ -424,6 +433,44 @@ impl RingPipeline {
         tracing::info!("{}", super::planning::table(&self.replan.devices, &self.replan.planner.model, &candidate, &[]));
         self.adopt(candidate.plan, candidate.members, strategy_now.as_str(), &candidate.prediction)?;
         Ok(true)
+    }
+
+    /// A member is gone (it said it leaves, or stayed lost past the grace period): plans
+    /// on `devices`, which lack it, with the running strategy and adopts that plan whatever
+    /// the gain — the running plan cannot stay.
+    fn replan_without(&mut self, devices: Vec<DeviceProfile>, reason: String, forced: bool) -> Result<bool> {
+        let r = &mut self.replan;
+        let strategy = r.strategy.unwrap_or(r.planner.options.strategy);
+        let candidate = r.planner.schedule(&devices, strategy)?;
+        self.board.gathered(devices.clone());
+        let mut check = CheckView::new(forced, vec![reason.clone()], format!("{reason}: planning with the devices there are"));
+        check.applied = true;
+        check.candidate_tpot_ms = Some(candidate.prediction.tpot_s * 1e3);
+        self.board.checked(check);
+        tracing::warn!("{reason}: planning with the devices there are");
+        r.devices = devices;
+        r.strategy = Some(strategy);
+        tracing::info!("{}", super::planning::table(&self.replan.devices, &self.replan.planner.model, &candidate, &[]));
+        self.adopt(candidate.plan, candidate.members, strategy.as_str(), &candidate.prediction)?;
+        Ok(true)
+    }
+
+    /// The ring stayed broken past the grace period: the members that cannot be reached
+    /// are planned without (and a discovered one must join again to be judged again).
+    /// `Ok(false)`: every member answers, so there is nobody to plan without.
+    fn replan_after_loss(&mut self) -> Result<bool> {
+        let devices = self.replan.planner.gather(&self.rt, Duration::ZERO, Some(&[] as &[String]))?;
+        let lost: Vec<String> = self.members.iter().filter(|m| !devices.iter().any(|d| d.name == **m)).cloned().collect();
+        if lost.is_empty() {
+            return Ok(false);
+        }
+        for m in &lost {
+            if let Ok(addr) = m.parse() {
+                self.replan.planner.membership.lost(addr);
+            }
+        }
+        let grace = self.cfg.setup.member_grace.as_secs();
+        self.replan_without(devices, format!("{} unreachable for over {grace} s", lost.join(", ")), false)
     }
 
     /// Sends every worker its plan, links head -> first worker, waits for the last worker
@@ -839,10 +886,10 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         let r = &self.replan;
         let due = r.idle_after.is_some_and(|after| idle_for >= after && r.last_check.elapsed() >= after);
         let broken = self.layout.workers_compute && self.links.is_none();
-        // A worker that joined is judged at once (a plan the user pinned stays pinned); a
-        // broken ring keeps the news for when it is whole.
-        let joined = r.strategy.is_some() && !broken && r.planner.membership.take_changed();
-        if requests.is_empty() && !due && !joined {
+        // A worker that joined or leaves is judged at once (a plan the user pinned stays
+        // pinned); a broken ring keeps the news for when it is whole.
+        let members_changed = r.strategy.is_some() && !broken && r.planner.membership.take_changed();
+        if requests.is_empty() && !due && !members_changed {
             return Ok(false);
         }
         if broken {
@@ -853,7 +900,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
             return Ok(false);
         }
         let strategy = requests.iter().find_map(|q| q.strategy);
-        let forced = !requests.is_empty() || joined;
+        let forced = !requests.is_empty() || members_changed;
         let result = self.check_plan(forced, strategy);
         if let Err(e) = &result {
             tracing::warn!("re-planning failed: {e}");
@@ -876,6 +923,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         if self.links.is_some() || !self.layout.workers_compute {
             return Ok(false);
         }
+        let since = *self.broken_since.get_or_insert_with(Instant::now);
         match self.form() {
             Ok(links) => {
                 for seq in 0..self.cfg.n_seq as SeqId {
@@ -884,10 +932,28 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
                 self.pending_kv.clear();
                 self.links = Some(links);
                 self.broken = None;
+                self.broken_since = None;
                 tracing::info!(workers = ?self.members, "ring whole again");
                 crate::metrics::ring_recovered();
                 Ok(true)
             }
+            // Past the grace period a plan the scheduler made goes on without the lost.
+            Err(e) if since.elapsed() >= self.cfg.setup.member_grace && self.replan.strategy.is_some() => match self.replan_after_loss() {
+                Ok(true) => {
+                    self.broken_since = None;
+                    crate::metrics::ring_recovered();
+                    Ok(true)
+                }
+                Ok(false) => {
+                    self.broken = Some(e.to_string());
+                    Err(e)
+                }
+                Err(again) => {
+                    tracing::warn!("planning without the lost members failed: {again}");
+                    self.broken = Some(again.to_string());
+                    Err(again)
+                }
+            },
             Err(e) => {
                 tracing::debug!("ring not whole yet: {e}");
                 self.broken = Some(e.to_string());

@@ -7,6 +7,7 @@
 //! (or joining `--head` directly), and saying it leaves when it stops.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,7 +35,9 @@ struct Joined {
 struct Inner {
     configured: Vec<String>,
     joined: Vec<Joined>,
-    /// A candidate came since the ring last looked.
+    /// Candidates that said they leave: no longer planned with until they join again.
+    away: Vec<String>,
+    /// A candidate came or went since the ring last looked.
     changed: bool,
 }
 
@@ -54,6 +57,8 @@ pub struct CandidateView {
     pub name: String,
     /// `workers` (named on the command line) or `discovery`.
     pub origin: &'static str,
+    /// `candidate`, or `left` (it said it leaves; planned with again once it joins again).
+    pub state: &'static str,
     /// Unix seconds of its first join (discovered workers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub joined_at: Option<u64>,
@@ -75,13 +80,22 @@ impl Membership {
     /// the order they came.
     pub fn candidates(&self) -> Vec<String> {
         let inner = self.lock();
-        inner.configured.iter().cloned().chain(inner.joined.iter().map(|j| j.addr.clone())).collect()
+        inner.configured.iter().cloned().chain(inner.joined.iter().map(|j| j.addr.clone())).filter(|a| !inner.away.contains(a)).collect()
     }
 
-    /// A worker said it serves the ring at `addr`. True when it is new.
+    /// A worker said it serves the ring at `addr`. True when it is new, or back after
+    /// leaving.
     pub fn joined(&self, addr: SocketAddr, name: &str) -> bool {
         let addr = addr.to_string();
         let mut inner = self.lock();
+        if let Some(i) = inner.away.iter().position(|a| *a == addr) {
+            inner.away.remove(i);
+            Membership::changed(&mut inner, "joined");
+            if let Some(j) = inner.joined.iter_mut().find(|j| j.addr == addr) {
+                j.last_heard = Instant::now();
+            }
+            return true;
+        }
         if inner.configured.contains(&addr) {
             return false;
         }
@@ -91,22 +105,67 @@ impl Membership {
             return false;
         }
         inner.joined.push(Joined { addr, name: name.to_string(), since: SystemTime::now(), last_heard: Instant::now() });
-        inner.changed = true;
+        Membership::changed(&mut inner, "joined");
         true
     }
 
-    /// Whether candidates came since the last call.
+    /// A worker said it leaves: planned without from the next plan check on. True when
+    /// it was a candidate.
+    pub fn left(&self, addr: SocketAddr) -> bool {
+        let addr = addr.to_string();
+        let mut inner = self.lock();
+        let known = inner.configured.contains(&addr) || inner.joined.iter().any(|j| j.addr == addr);
+        if !known || inner.away.contains(&addr) {
+            return false;
+        }
+        inner.away.push(addr);
+        Membership::changed(&mut inner, "left");
+        true
+    }
+
+    /// The ring planned without `addr` after losing it: a discovered worker must join
+    /// again (it does within an announcement of coming back) to be judged again. A worker
+    /// from `--workers` stays a candidate (nothing else would bring it back).
+    pub fn lost(&self, addr: SocketAddr) {
+        let addr = addr.to_string();
+        let mut inner = self.lock();
+        if inner.joined.iter().any(|j| j.addr == addr) && !inner.away.contains(&addr) {
+            inner.away.push(addr);
+        }
+        crate::metrics::cluster_membership("lost", &Membership::counts(&inner));
+    }
+
+    /// Whether candidates came or went since the last call.
     pub fn take_changed(&self) -> bool {
         std::mem::take(&mut self.lock().changed)
     }
 
+    /// Candidates by origin and state, every combination (zeros too), for the metrics.
+    fn counts(inner: &Inner) -> Vec<(&'static str, &'static str, usize)> {
+        let away = |a: &String| inner.away.contains(a);
+        let (c_away, j_away) = (inner.configured.iter().filter(|a| away(a)).count(), inner.joined.iter().filter(|j| away(&j.addr)).count());
+        vec![
+            ("workers", "candidate", inner.configured.len() - c_away),
+            ("workers", "left", c_away),
+            ("discovery", "candidate", inner.joined.len() - j_away),
+            ("discovery", "left", j_away),
+        ]
+    }
+
+    fn changed(inner: &mut Inner, event: &'static str) {
+        inner.changed = true;
+        crate::metrics::cluster_membership(event, &Membership::counts(inner));
+    }
+
     pub fn view(&self) -> Vec<CandidateView> {
         let inner = self.lock();
-        let configured = inner.configured.iter().map(|a| CandidateView { addr: a.clone(), name: a.clone(), origin: "workers", joined_at: None, last_heard_s: None });
+        let state = |a: &String| if inner.away.contains(a) { "left" } else { "candidate" };
+        let configured = inner.configured.iter().map(|a| CandidateView { addr: a.clone(), name: a.clone(), origin: "workers", state: state(a), joined_at: None, last_heard_s: None });
         let joined = inner.joined.iter().map(|j| CandidateView {
             addr: j.addr.clone(),
             name: j.name.clone(),
             origin: "discovery",
+            state: state(&j.addr),
             joined_at: j.since.duration_since(UNIX_EPOCH).ok().map(|d| d.as_secs()),
             last_heard_s: Some(j.last_heard.elapsed().as_secs_f64()),
         });
@@ -152,7 +211,11 @@ fn on_heard(membership: &Membership, heard: Heard) {
                 tracing::info!(worker = %addr, %name, "a worker joined by discovery: it is a candidate at the next plan");
             }
         }
-        Message::Leave { name, .. } => tracing::info!(worker = %addr, %name, "a worker announced it is leaving"),
+        Message::Leave { name, .. } => {
+            if membership.left(addr) {
+                tracing::info!(worker = %addr, %name, "a worker is leaving: the next plan goes without it");
+            }
+        }
         // Another head on the same LAN and secret: two heads would fight over workers.
         Message::Announce { name, .. } => tracing::warn!(head = %addr, %name, "another head announces itself with this cluster secret"),
     }
@@ -163,12 +226,15 @@ pub struct Joining {
     discovery: Arc<Discovery>,
     heads: Arc<Mutex<Vec<SocketAddr>>>,
     leave: Message,
+    /// Set once leaving: no more joins (they would undo the leave).
+    leaving: Arc<AtomicBool>,
 }
 
 impl Joining {
     /// Tells every head this worker joined that it is leaving (best effort: one datagram
-    /// each; a head that misses it sees the links close).
+    /// each; a head that misses it sees the links close), and stops joining.
     pub async fn leave(&self) {
+        self.leaving.store(true, Ordering::Release);
         let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner()).clone();
         for head in heads {
             if let Err(e) = self.discovery.send_to(&self.leave, head).await {
@@ -194,7 +260,8 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
     let discovery = Arc::new(Discovery::bind(if direct.is_some() { 0 } else { d.port }, &secret)?);
     let join = Message::Join { port: ring_port, name: d.name.clone() };
     let heads: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
-    let (task_discovery, task_heads) = (discovery.clone(), heads.clone());
+    let leaving = Arc::new(AtomicBool::new(false));
+    let (task_discovery, task_heads, task_leaving) = (discovery.clone(), heads.clone(), leaving.clone());
     match direct {
         Some(head) => tracing::info!(%head, "joining the head named with --head"),
         None => tracing::info!(port = d.port, "looking for a head on the LAN"),
@@ -214,7 +281,7 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
                     }
                 },
             };
-            let Some(head) = head else { continue };
+            let Some(head) = head.filter(|_| !task_leaving.load(Ordering::Acquire)) else { continue };
             let new = {
                 let mut known = task_heads.lock().unwrap_or_else(|e| e.into_inner());
                 let new = !known.contains(&head);
@@ -230,7 +297,7 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
             }
         }
     });
-    Ok(Joining { discovery, heads, leave: Message::Leave { port: ring_port, name: d.name } })
+    Ok(Joining { discovery, heads, leave: Message::Leave { port: ring_port, name: d.name }, leaving })
 }
 
 #[cfg(test)]
@@ -249,5 +316,22 @@ mod tests {
         assert!(!m.take_changed());
         let v = m.view();
         assert_eq!((v[0].origin, v[1].origin, v[1].name.as_str()), ("workers", "discovery", "desktop"));
+    }
+
+    #[test]
+    fn a_worker_that_leaves_is_no_candidate_until_it_joins_again() {
+        let m = Membership::new(vec!["10.0.0.5:9000".into()]);
+        let (configured, joined) = ("10.0.0.5:9000".parse().unwrap(), "10.0.0.7:9001".parse().unwrap());
+        m.joined(joined, "desktop");
+        m.take_changed();
+        assert!(m.left(configured) && m.left(joined));
+        assert!(!m.left(joined), "said twice");
+        assert!(!m.left("10.0.0.9:1".parse().unwrap()), "never a candidate");
+        assert!(m.candidates().is_empty());
+        assert!(m.take_changed());
+        assert_eq!(m.view().iter().map(|c| c.state).collect::<Vec<_>>(), vec!["left", "left"]);
+        assert!(m.joined(configured, "laptop"), "back");
+        assert_eq!(m.candidates(), vec!["10.0.0.5:9000".to_string()]);
+        assert!(m.take_changed());
     }
 }

@@ -39,6 +39,8 @@ pub struct RingSetup {
     /// Send hidden states as f16.
     pub f16: bool,
     pub step_timeout: Duration,
+    /// How long a broken ring waits for a lost member before planning without it.
+    pub member_grace: Duration,
     pub prefetch: bool,
     pub startup_wait: Duration,
     /// Re-plan by itself after the queue has been idle this long (never with pinned

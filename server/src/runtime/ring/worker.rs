@@ -177,16 +177,34 @@ pub fn run(cfg: WorkerConfig) -> Result<()> {
             Some(d) => Some(super::membership::serve_worker(d, server.local_addr().port(), secret_for_discovery).await?),
             None => None,
         };
+        // Set on SIGTERM while in a ring that a head can re-plan: serve on until the head
+        // has planned without this worker (its ring links closed), or this long.
+        let mut leaving: Option<Instant> = None;
+        let mut poll = tokio::time::interval(LEAVE_POLL);
         loop {
             tokio::select! {
-                _ = &mut stop => {
-                    // The heads that know this worker hear it is going; otherwise nothing
-                    // to drain: a head sees its links close and reports the ring broken.
+                _ = &mut stop, if leaving.is_none() => {
+                    // The heads that know this worker hear it is going and plan without it
+                    // at their next idle moment: a stream running through it completes.
+                    // Otherwise nothing to drain: a head sees its links close and reports
+                    // the ring broken.
                     if let Some(heads) = &heads {
                         heads.leave().await;
+                        if state.meta().live_links > 0 {
+                            tracing::info!("leaving: serving until the head plans without this worker (at most {} s)", LEAVE_WAIT.as_secs());
+                            leaving = Some(Instant::now());
+                            continue;
+                        }
                     }
                     tracing::info!("worker stopping");
                     return Ok(());
+                }
+                _ = poll.tick(), if leaving.is_some() => {
+                    let since = leaving.expect("checked");
+                    if state.meta().live_links == 0 || since.elapsed() >= LEAVE_WAIT {
+                        tracing::info!("worker stopping");
+                        return Ok(());
+                    }
                 }
                 link = server.accept() => {
                     let Some(link) = link else { return Ok(()) };
@@ -309,6 +327,12 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
         other => Err(ControlFailure::unknown_method(other)),
     }
 }
+
+/// How long a worker that was told to stop waits for its head to plan without it: a
+/// stream of a few hundred tokens on a slow ring finishes well within it.
+const LEAVE_WAIT: Duration = Duration::from_secs(60);
+/// How often a leaving worker looks whether its ring links have closed.
+const LEAVE_POLL: Duration = Duration::from_millis(100);
 
 /// Why a link ends when the head sent another plan meanwhile.
 const REPLACED: &str = "a newer plan replaced this link";
