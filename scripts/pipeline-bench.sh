@@ -135,6 +135,11 @@ f = v.get("forecast") or {}
 m = v["micro_batches"]
 way = "pipelined" if m > 1 else "one_at_a_time"
 parts = ["%d micro-batches" % m, "TPOT %.2f ms" % v["predicted_tpot_ms"]]
+# The plan is judged at the full context; the TPOT measured here ran at a short one: the
+# cost model at the context the steps had (with the hop they measured) is the figure to
+# compare the measured TPOT with.
+if v.get("predicted_tpot_ms_at_measured_context"):
+    parts.append("TPOT %.2f ms at the measured context of %.0f tokens (measured %.2f ms)" % (v["predicted_tpot_ms_at_measured_context"], v["measured_context"], v["measured_tpot_ms"]))
 for x in f.get("streams", []):
     if x["streams"] == int(os.environ["STREAMS"]):
         parts.append("%d streams %.2f t/s" % (x["streams"], x[way + "_tokens_per_s"]))

@@ -41,6 +41,12 @@ fn chat_n(addr: &str, max_tokens: usize, stream: bool) -> Result<String, (u16, S
         .collect())
 }
 
+/// The single node's greedy answer, what every ring must give.
+fn single_node(max_tokens: usize, stream: bool) -> String {
+    let single = Served::start(&["--threads", "1"]);
+    chat_n(&single.addr, max_tokens, stream).unwrap()
+}
+
 fn skip_without_netns() -> bool {
     match netns::available() {
         Ok(()) => false,
@@ -99,15 +105,13 @@ fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
         return;
     }
     let model = common::default_model();
-    let single = Served::start(&["--threads", "1"]);
-    let expected = chat(&single.addr);
-    drop(single);
+    let expected = single_node(32, false);
 
     let lan = Lan::new("disc").unwrap();
     let discovery_on = on("false");
     let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], &model, "listening on http://", &discovery_on).unwrap();
     let head_addr = head.addr.clone();
-    let _worker = Served::spawn_in_netns(&lan.b, &["worker", "--listen", "0.0.0.0:9090"], &["--threads", "1", "--cluster-secret", SECRET, "--name", "desktop"], &model, "worker listening on ", &discovery_on).unwrap();
+    let _worker = start_worker(&lan, &model);
     // A stranger on the same LAN: another secret, so its joins do not verify.
     let _stranger = Served::spawn_in_netns(&lan.b, &["worker", "--listen", "0.0.0.0:9092"], &["--threads", "1", "--cluster-secret", "another-secret"], &model, "worker listening on ", &discovery_on).unwrap();
 
@@ -166,9 +170,7 @@ fn a_member_told_to_stop_leaves_after_the_stream_it_carries_completes() {
         return;
     }
     let model = common::default_model();
-    let single = Served::start(&["--threads", "1"]);
-    let expected = chat_n(&single.addr, 160, true).unwrap();
-    drop(single);
+    let expected = single_node(160, true);
     let lan = Lan::new("leave").unwrap();
     let (head, mut worker, w) = ring_over_the_lan(&lan, &model, &[]);
     let h = head.addr.clone();
@@ -201,9 +203,7 @@ fn a_member_that_vanishes_is_planned_without_after_the_grace_period_and_rejoins(
         return;
     }
     let model = common::default_model();
-    let single = Served::start(&["--threads", "1"]);
-    let expected = chat(&single.addr);
-    drop(single);
+    let expected = single_node(32, false);
     let lan = Lan::new("vanish").unwrap();
     let (head, mut worker, w) = ring_over_the_lan(&lan, &model, &["--member-grace", "3"]);
     worker.child.kill().unwrap();
