@@ -165,6 +165,26 @@ fn a_worker_named_with_head_joins_without_announcements() {
 }
 
 #[test]
+fn workers_on_the_heads_own_machine_join_it_promptly() {
+    if skip_without_netns() {
+        return;
+    }
+    // Every process on one machine binds the discovery port; the kernel spreads unicast
+    // datagrams to a shared port over all of them, so joins sent there would mostly reach
+    // the workers' sockets. Joins go to the head's own port instead: all arrive.
+    let model = common::default_model();
+    let lan = Lan::new("same").unwrap();
+    let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], &model, "listening on http://", &on("false")).unwrap();
+    let ports = ["9101", "9102", "9103"];
+    let _workers: Vec<Served> = ports.iter().map(|p| Served::spawn_in_netns(&lan.a, &["worker", "--listen", &format!("0.0.0.0:{p}")], &["--threads", "1", "--cluster-secret", SECRET], &model, "worker listening on ", &on("false")).unwrap()).collect();
+    let h = head.addr.clone();
+    netns::run_in(&lan.a, move || {
+        // Four announcements' time.
+        common::wait_for("every worker on the head's machine to join", Duration::from_secs(8), || (discovered(&h).len() == 3).then_some(()));
+    });
+}
+
+#[test]
 fn a_member_told_to_stop_leaves_after_the_stream_it_carries_completes() {
     if skip_without_netns() {
         return;

@@ -180,13 +180,21 @@ impl Opener {
     }
 }
 
-/// A node's discovery socket: sends its own signed messages, hears the others'.
+/// A node's discovery sockets: sends its own signed messages, hears the others'.
+///
+/// Two sockets: the shared port (every hearth process on the machine binds it, so each
+/// hears the LAN's announcements), and a port of this process alone that its messages leave
+/// from and answers come back to. The kernel spreads unicast datagrams to a shared port
+/// over every socket bound to it, so a join sent there could reach a worker's socket on the
+/// head's machine instead of the head's: a head announces its own port for joins.
 pub struct Discovery {
     socket: UdpSocket,
+    direct: UdpSocket,
     secret: ClusterSecret,
     id: PeerId,
     opener: Opener,
     port: u16,
+    direct_port: u16,
 }
 
 impl Discovery {
@@ -214,12 +222,24 @@ impl Discovery {
         }
         let socket = UdpSocket::from_std(socket.into()).map_err(io("registering with tokio"))?;
         let port = socket.local_addr().map_err(io("local address"))?.port();
+        let direct = std::net::UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)).map_err(io("binding this node's own port"))?;
+        direct.set_broadcast(true).map_err(io("SO_BROADCAST"))?;
+        direct.set_nonblocking(true).map_err(io("non-blocking"))?;
+        let direct = UdpSocket::from_std(direct).map_err(io("registering with tokio"))?;
+        let direct_port = direct.local_addr().map_err(io("local address"))?.port();
         let id = random();
-        Ok(Discovery { socket, secret: secret.clone(), id, opener: Opener::new(secret, id), port })
+        Ok(Discovery { socket, direct, secret: secret.clone(), id, opener: Opener::new(secret, id), port, direct_port })
     }
 
+    /// The shared port (where announcements and `--head` joins arrive).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// This process's own port: its messages leave from it, and answers sent to it reach
+    /// this process and no other.
+    pub fn direct_port(&self) -> u16 {
+        self.direct_port
     }
 
     /// Sends `message` to every node listening on `port` of the LAN: the multicast group
@@ -233,7 +253,7 @@ impl Discovery {
             // A copy per target, each with its own nonce: a node that hears both the
             // multicast and the broadcast copy hears two messages, not a replay.
             let datagram = seal(&self.secret, &self.id, unix_ms(), message);
-            match self.socket.send_to(&datagram, to).await {
+            match self.direct.send_to(&datagram, to).await {
                 Ok(_) => sent += 1,
                 Err(e) => last_error = Some(e),
             }
@@ -247,17 +267,22 @@ impl Discovery {
     /// Sends `message` to one node.
     pub async fn send_to(&self, message: &Message, to: SocketAddr) -> Result<()> {
         let datagram = seal(&self.secret, &self.id, unix_ms(), message);
-        self.socket.send_to(&datagram, to).await.map_err(|error| Error::Io { peer: to.to_string(), what: "sending a discovery datagram", error })?;
+        self.direct.send_to(&datagram, to).await.map_err(|error| Error::Io { peer: to.to_string(), what: "sending a discovery datagram", error })?;
         Ok(())
     }
 
     /// The next datagram that verifies; the others are dropped (logged as warnings, except
     /// this node's own).
     pub async fn recv(&self) -> Result<Heard> {
-        let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+        let (mut shared, mut own) = (vec![0u8; MAX_DATAGRAM + 1], vec![0u8; MAX_DATAGRAM + 1]);
+        let io = |error| Error::Io { peer: format!("discovery port {}", self.port), what: "receiving", error };
         loop {
-            let (n, from) = self.socket.recv_from(&mut buf).await.map_err(|error| Error::Io { peer: format!("discovery port {}", self.port), what: "receiving", error })?;
-            match self.opener.open(&buf[..n], from, unix_ms()) {
+            let (n, from, on_shared) = tokio::select! {
+                r = self.socket.recv_from(&mut shared) => { let (n, from) = r.map_err(io)?; (n, from, true) }
+                r = self.direct.recv_from(&mut own) => { let (n, from) = r.map_err(io)?; (n, from, false) }
+            };
+            let datagram = if on_shared { &shared[..n] } else { &own[..n] };
+            match self.opener.open(datagram, from, unix_ms()) {
                 Ok(heard) => return Ok(heard),
                 Err(Dropped::Own) => {}
                 Err(Dropped::Refused(why)) => warn!("{why}; ignored"),
@@ -361,9 +386,13 @@ mod tests {
         let s = secret("family");
         let a = Discovery::bind(0, &s).unwrap();
         let b = Discovery::bind(0, &s).unwrap();
-        let to = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), b.port());
-        a.send_to(&Message::Join { port: 9100, name: "w".into() }, to).await.unwrap();
-        let heard = tokio::time::timeout(std::time::Duration::from_secs(5), b.recv()).await.unwrap().unwrap();
-        assert_eq!(heard.addr(), "127.0.0.1:9100".parse().unwrap());
+        for port in [b.port(), b.direct_port()] {
+            let to = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
+            a.send_to(&Message::Join { port: 9100, name: "w".into() }, to).await.unwrap();
+            let heard = tokio::time::timeout(std::time::Duration::from_secs(5), b.recv()).await.unwrap().unwrap();
+            assert_eq!(heard.addr(), "127.0.0.1:9100".parse().unwrap());
+            // It left from a's own port: an answer goes back to a alone.
+            assert_eq!(heard.from.port(), a.direct_port());
+        }
     }
 }

@@ -177,7 +177,8 @@ impl Membership {
 /// workers that join. Runs until the runtime stops.
 pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name: String) {
     let port = discovery.port();
-    let announce = Message::Announce { port, name };
+    // Joins to this head's own port: a worker on this machine shares the announced port.
+    let announce = Message::Announce { port: discovery.direct_port(), name };
     let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
     let mut warned = false;
     loop {
