@@ -28,17 +28,8 @@ fn chat_n(addr: &str, max_tokens: usize, stream: bool) -> Result<String, (u16, S
     if r.status != 200 {
         return Err((r.status, r.body));
     }
-    if !stream {
-        let v: Value = serde_json::from_str(&r.body).unwrap();
-        return Ok(v["choices"][0]["message"]["content"].as_str().unwrap().to_string());
-    }
-    assert!(r.body.contains("data: [DONE]"), "the stream did not finish: {}", r.body);
-    Ok(r.body
-        .split("\n\n")
-        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-        .collect())
+    assert!(!stream || r.body.contains("data: [DONE]"), "the stream did not finish: {}", r.body);
+    Ok(common::chat_content(&r.body, stream))
 }
 
 /// The single node's greedy answer, what every ring must give.
@@ -105,7 +96,9 @@ fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
         return;
     }
     let model = common::default_model();
-    let expected = single_node(32, false);
+    let single = Served::start(&["--threads", "1"]);
+    let (expected, expected_long) = (chat(&single.addr), common::complete_long(&single.addr));
+    drop(single);
 
     let lan = Lan::new("disc").unwrap();
     let discovery_on = on("false");
@@ -134,7 +127,7 @@ fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
         // as the single node does.
         let plan = admin(&h, "POST", "/admin/replan", r#"{"strategy":"even"}"#);
         let cluster = admin(&h, "GET", "/admin/cluster", "");
-        let answer = chat(&h);
+        let answer = (chat(&h), common::complete_long(&h));
         // Several announcements later, the stranger is still no candidate.
         std::thread::sleep(Duration::from_secs(5));
         (plan, cluster, answer, discovered(&h).len())
@@ -142,7 +135,7 @@ fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
     let members: Vec<&str> = plan["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
     assert_eq!(members, vec!["head", worker_addr.as_str()], "{plan}");
     assert!(cluster["devices"].as_array().unwrap().iter().any(|d| d["name"] == worker_addr.as_str()), "the joined worker was profiled: {cluster}");
-    assert_eq!(answer, expected, "the ring over the LAN answers as the single node");
+    assert_eq!(answer, (expected, expected_long), "the ring over the LAN answers as the single node, a prompt of over 1,000 tokens too");
     assert_eq!(stranger, 1, "a worker with another secret must never become a candidate");
 }
 

@@ -15,16 +15,7 @@ fn chat(addr: &str, stream: bool) -> String {
     let body = format!(r#"{{"model":"","messages":[{{"role":"user","content":"{PROMPT}"}}],"max_tokens":{TOKENS},"temperature":0,"stream":{stream}}}"#);
     let (status, body) = raw(addr, "POST /v1/chat/completions", &body);
     assert_eq!(status, 200, "{body}");
-    let body = body.as_str();
-    if !stream {
-        let v: Value = serde_json::from_str(body).unwrap();
-        return v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
-    }
-    body.split("\n\n")
-        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-        .collect()
+    common::chat_content(&body, stream)
 }
 
 #[test]
@@ -51,17 +42,6 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
 
 /// A prompt of real text over 1,000 tokens (prefilled in several chunks, so sliding
 /// windows start past the first 256 cells), continued greedily.
-fn complete_long(addr: &str) -> String {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let prompt: String = text.chars().take(5000).collect();
-    let body = serde_json::json!({"model": "", "prompt": prompt, "max_tokens": 24, "temperature": 0}).to_string();
-    let (status, body) = raw(addr, "POST /v1/completions", &body);
-    assert_eq!(status, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 1000, "{}", v["usage"]);
-    v["choices"][0]["text"].as_str().unwrap().to_string()
-}
-
 /// The new architectures through a ring of real processes: a tiny random qwen3moe,
 /// gemma3 (sliding window of 8 tokens, shorter than the prompt), gpt-oss (sinks, MXFP4
 /// experts) and glm4moe (a dense first layer, a shared expert, partial RoPE) of 6 layers give the single node's greedy text for windows cut
@@ -79,7 +59,7 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
         m.write(&common::default_model(), &path).unwrap();
         let single = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048"]);
         let expected = chat(&single.addr, false);
-        let expected_long = complete_long(&single.addr);
+        let expected_long = common::complete_long(&single.addr);
         drop(single);
         assert!(!expected.is_empty(), "{arch}: empty answer");
         let model = path.to_str().unwrap();
@@ -90,13 +70,13 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
             let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", windows]);
             assert_eq!(chat(&head.addr, false), expected, "{arch} ({model}), windows {windows}");
             assert_eq!(chat(&head.addr, true), expected, "{arch}, windows {windows}, streamed");
-            assert_eq!(complete_long(&head.addr), expected_long, "{arch}, windows {windows}, a prompt of over 1,000 tokens");
+            assert_eq!(common::complete_long(&head.addr), expected_long, "{arch}, windows {windows}, a prompt of over 1,000 tokens");
         }
         // Every device paging its windows from disk (released after each use): MoE layers
         // then read only the experts each router chose, while the graph runs.
         let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", "1,1,1", "--release-windows"]);
         assert_eq!(chat(&head.addr, false), expected, "{arch}, paged windows");
-        assert_eq!(complete_long(&head.addr), expected_long, "{arch}, paged windows, a prompt of over 1,000 tokens");
+        assert_eq!(common::complete_long(&head.addr), expected_long, "{arch}, paged windows, a prompt of over 1,000 tokens");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

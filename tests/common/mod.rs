@@ -155,6 +155,34 @@ pub fn http_within(addr: &str, method: &str, path: &str, headers: &str, body: &s
     Ok(Response { status, headers: head.to_ascii_lowercase(), body: body.to_string() })
 }
 
+/// The text of a chat completion's 200 answer: the message's content, or a stream's
+/// deltas joined.
+pub fn chat_content(body: &str, stream: bool) -> String {
+    use serde_json::Value;
+    if !stream {
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+        return v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    }
+    body.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A greedy completion (24 tokens) of a prompt of real text over 1,000 tokens (prefilled
+/// in several chunks, so sliding windows start past the first 256 cells).
+pub fn complete_long(addr: &str) -> String {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let prompt: String = text.chars().take(5000).collect();
+    let body = serde_json::json!({"model": "", "prompt": prompt, "max_tokens": 24, "temperature": 0}).to_string();
+    let r = http(addr, "POST", "/v1/completions", "", &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 1000, "{}", v["usage"]);
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
 /// Polls `check` until it gives a value; panics naming `what` after `limit`.
 pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
