@@ -1,9 +1,10 @@
 //! An opened model: the GGUF mapping and the spec derived from it, shared (behind an
 //! `Arc`) by every stage and window of one process so the file is mapped once.
 
+use std::ops::Range;
 use std::path::Path;
 
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, GgufMeta, TensorInfo};
 use crate::model::ModelSpec;
 use crate::Result;
 
@@ -21,6 +22,30 @@ impl ModelFile {
         let spec = ModelSpec::from_gguf(&gguf)?;
         Ok(ModelFile { gguf, spec, fingerprint: std::sync::OnceLock::new() })
     }
+
+    /// Opens a file whose fingerprint is known from elsewhere: a worker's sparse copy of
+    /// the head's model holds only its windows, so sampling its tensors would not give
+    /// the head's fingerprint, which its verified manifest vouches for.
+    pub fn open_as(path: impl AsRef<Path>, fingerprint: String) -> Result<ModelFile> {
+        let file = Self::open(path)?;
+        let _ = file.fingerprint.set(fingerprint);
+        Ok(file)
+    }
+}
+
+/// The tensors a stage of `windows` reads when it holds neither the embeddings nor the
+/// output layer (a worker's stage): every tensor of those layers, and the rope-frequency
+/// tensor llama 3 shares between layers. What `weights::bind` binds for such a stage is
+/// among these; a worker that has these bytes has all it reads.
+pub fn window_tensors<'a>(meta: &'a GgufMeta, windows: &[Range<usize>]) -> Vec<&'a TensorInfo> {
+    let layer_of = |name: &str| name.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok();
+    meta.tensors()
+        .iter()
+        .filter(|t| match layer_of(&t.name) {
+            Some(l) => windows.iter().any(|w| w.contains(&l)),
+            None => t.name == "rope_freqs.weight" && windows.iter().any(|w| !w.is_empty()),
+        })
+        .collect()
 }
 
 /// Bytes sampled from each end of every tensor for the fingerprint: enough to tell two

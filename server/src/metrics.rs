@@ -53,6 +53,9 @@ pub fn render() -> String {
 
 fn describe() {
     describe_counter!("hearth_requests_total", "HTTP requests by endpoint and status code");
+    describe_counter!("hearth_model_bytes_served_total", Unit::Bytes, "Bytes of the model file this head sent to workers fetching their windows");
+    describe_gauge!("hearth_model_fetch_bytes", Unit::Bytes, "A worker's fetch of the model from the head: bytes its windows need (kind=needed) and bytes verified there (kind=verified)");
+    describe_gauge!("hearth_model_fetch_refused_pieces", "Pieces a worker refused (bytes that did not match the head's manifest) and fetched again, in its current fetch");
     describe_histogram!("hearth_request_duration_seconds", Unit::Seconds, "HTTP request duration by endpoint, until the response headers (a stream: until it starts)");
     describe_histogram!("hearth_queue_time_seconds", Unit::Seconds, "Time a sequence waited in the queue for a slot");
     describe_histogram!("hearth_time_to_first_token_seconds", Unit::Seconds, "From enqueue to the first sampled token");
@@ -206,6 +209,18 @@ pub fn cluster_membership(event: &'static str, candidates: &[(&'static str, &'st
     for &(origin, state, n) in candidates {
         gauge!("hearth_cluster_candidates", "origin" => origin, "state" => state).set(n as f64);
     }
+}
+
+/// Bytes of the model file the head sent to workers that fetch it.
+pub fn model_bytes_served(n: u64) {
+    counter!("hearth_model_bytes_served_total").increment(n);
+}
+
+/// A worker's fetch of the model from the head, as its last answer said.
+pub fn model_fetch(worker: &str, needed: u64, verified: u64, refused: u64) {
+    gauge!("hearth_model_fetch_bytes", "worker" => worker.to_string(), "kind" => "needed").set(needed as f64);
+    gauge!("hearth_model_fetch_bytes", "worker" => worker.to_string(), "kind" => "verified").set(verified as f64);
+    gauge!("hearth_model_fetch_refused_pieces", "worker" => worker.to_string()).set(refused as f64);
 }
 
 pub fn ring_recovered() {

@@ -61,23 +61,29 @@ impl Served {
     }
 
     fn spawn_env(role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
-        Served::spawn_in(Command::new(env!("CARGO_BIN_EXE_hearth-under-test")), role, args, model, marker, env)
+        Served::spawn_in(Command::new(env!("CARGO_BIN_EXE_hearth-under-test")), role, args, Some(model), marker, env)
     }
 
     /// `hearth ROLE ARGS --model MODEL` in the network namespace `ns` (see [`netns`]),
     /// waiting for `marker` in its log.
     pub fn spawn_in_netns(ns: &str, role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
+        Served::spawn_in_netns_with(ns, role, args, Some(model), marker, env)
+    }
+
+    /// [`Served::spawn_in_netns`]; `None`: without `--model` (a worker that fetches the
+    /// head's model).
+    pub fn spawn_in_netns_with(ns: &str, role: &[&str], args: &[&str], model: Option<&std::path::Path>, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_hearth-under-test")]);
         Served::spawn_in(cmd, role, args, model, marker, env)
     }
 
-    fn spawn_in(mut cmd: Command, role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
+    fn spawn_in(mut cmd: Command, role: &[&str], args: &[&str], model: Option<&std::path::Path>, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
+        cmd.args(role).args(args);
+        if let Some(model) = model {
+            cmd.arg("--model").arg(model);
+        }
         let mut child = cmd
-            .args(role)
-            .args(args)
-            .arg("--model")
-            .arg(model)
             // Tests run side by side with the same secrets: a head announcing itself on the
             // machine's network would gather other tests' workers (and that traffic must stay
             // inside what a test made). Discovery's own test turns it on in namespaces.
@@ -244,6 +250,8 @@ pub mod netns {
         pub b: String,
         pub a_ip: String,
         pub b_ip: String,
+        /// `a`'s end of the link.
+        pub a_dev: String,
     }
 
     impl Lan {
@@ -254,7 +262,7 @@ pub mod netns {
             let t = tag.chars().next().unwrap_or('x');
             let (va, vb) = (format!("hv{t}a{}", id % 1_000_000), format!("hv{t}b{}", id % 1_000_000));
             let net = format!("10.{}.{}", 100 + (id / 256) % 100, id % 256);
-            let lan = Lan { a, b, a_ip: format!("{net}.1"), b_ip: format!("{net}.2") };
+            let lan = Lan { a, b, a_ip: format!("{net}.1"), b_ip: format!("{net}.2"), a_dev: va.clone() };
             ip(&["netns", "add", &lan.a])?;
             ip(&["netns", "add", &lan.b])?;
             ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
@@ -266,6 +274,19 @@ pub mod netns {
                 ip(&["-n", ns, "route", "add", "224.0.0.0/4", "dev", dev])?;
             }
             Ok(lan)
+        }
+    }
+
+    impl Lan {
+        /// Limits what `a` sends to `b` to `rate` (tc's token bucket, e.g. `16mbit`): a
+        /// slow link from the head to a device.
+        pub fn throttle_a_to_b(&self, rate: &str) -> Result<(), String> {
+            let out = Command::new("tc").args(["-n", &self.a, "qdisc", "add", "dev", &self.a_dev, "root", "tbf", "rate", rate, "burst", "64kb", "latency", "500ms"]).output().map_err(|e| format!("tc: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("tc: {}", String::from_utf8_lossy(&out.stderr).trim()))
+            }
         }
     }
 

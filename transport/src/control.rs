@@ -44,6 +44,9 @@ pub use crate::freshness::REQUEST_NONCE_LEN;
 use crate::link::{open_h2, ConnGuard, LinkConfig};
 
 pub const PATH_PREFIX: &str = "/control/";
+/// Calls answered with raw bytes instead of a JSON envelope (model ranges): signed and
+/// checked exactly as control calls, the answer signed over its bytes.
+pub const BLOB_PREFIX: &str = "/blob/";
 pub const AUTH_HEADER: &str = "x-hearth-auth";
 
 /// Method names the ring uses; any `[a-z0-9_-]{1,64}` name is carried.
@@ -55,10 +58,20 @@ pub mod methods {
 
 /// Plans and profiles are kilobytes; this bounds what a signed call can make a node buffer.
 const MAX_BODY_BYTES: usize = 4 << 20;
+/// The largest answer of a blob call: a caller asks for pieces of at most this much, so a
+/// piece lost with its connection costs little to fetch again.
+pub const MAX_BLOB_BYTES: usize = 16 << 20;
 const MAX_METHOD_LEN: usize = 64;
 const REQUEST_LABEL: &[u8] = b"hearth control request v2";
 const RESPONSE_LABEL: &[u8] = b"hearth control response v2";
 const JSON: &str = "application/json";
+const OCTETS: &str = "application/octet-stream";
+
+/// What a handler answered.
+enum Answer {
+    Json(Value),
+    Bytes(Bytes),
+}
 
 /// The wire envelope of every control answer.
 #[derive(Debug, Serialize, Deserialize)]
@@ -104,6 +117,31 @@ where
     fn call(&self, method: &str, body: Value) -> ControlFuture {
         Box::pin(self(method.to_owned(), body))
     }
+}
+
+pub type BlobFuture = Pin<Box<dyn Future<Output = Result<Bytes, ControlFailure>> + Send>>;
+
+/// Answers authenticated blob calls (`/blob/<method>`, a JSON request, raw bytes back, at
+/// most `MAX_BLOB_BYTES`). Any `Fn(String, Value) -> impl Future` qualifies.
+pub trait BlobHandler: Send + Sync + 'static {
+    fn call(&self, method: &str, body: Value) -> BlobFuture;
+}
+
+impl<F, Fut> BlobHandler for F
+where
+    F: Fn(String, Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Bytes, ControlFailure>> + Send + 'static,
+{
+    fn call(&self, method: &str, body: Value) -> BlobFuture {
+        Box::pin(self(method.to_owned(), body))
+    }
+}
+
+/// Which kind of call a request is, by its path.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum CallKind {
+    Control,
+    Blob,
 }
 
 fn valid_method(name: &str) -> bool {
@@ -191,9 +229,13 @@ fn envelope_bytes(envelope: &Envelope) -> Bytes {
 }
 
 fn respond(status: StatusCode, body: Bytes, signature: Option<String>) -> Response<Full<Bytes>> {
+    respond_as(status, body, signature, JSON)
+}
+
+fn respond_as(status: StatusCode, body: Bytes, signature: Option<String>, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
-    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(JSON));
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     if let Some(value) = signature.and_then(|s| HeaderValue::from_str(&s).ok()) {
         response.headers_mut().insert(AUTH_HEADER, value);
     }
@@ -210,6 +252,7 @@ pub(crate) struct Receiver {
     secret: ClusterSecret,
     id: PeerId,
     handler: Option<Arc<dyn ControlHandler>>,
+    blobs: Option<Arc<dyn BlobHandler>>,
     read_timeout: Duration,
     replays: Mutex<Replays>,
 }
@@ -219,13 +262,15 @@ impl Receiver {
         secret: ClusterSecret,
         id: PeerId,
         handler: Option<Arc<dyn ControlHandler>>,
+        blobs: Option<Arc<dyn BlobHandler>>,
         read_timeout: Duration,
     ) -> Receiver {
-        Receiver { secret, id, handler, read_timeout, replays: Mutex::default() }
+        Receiver { secret, id, handler, blobs, read_timeout, replays: Mutex::default() }
     }
 
-    /// Serves one control call, checking everything the headers say before reading the body.
-    pub(crate) async fn serve(&self, req: Request<Incoming>, method: &str, peer: &str) -> Response<Full<Bytes>> {
+    /// Serves one control or blob call, checking everything the headers say before reading
+    /// the body.
+    pub(crate) async fn serve(&self, req: Request<Incoming>, method: &str, kind: CallKind, peer: &str) -> Response<Full<Bytes>> {
         let refuse = |reason: String| {
             warn!(%peer, %method, "refused control call: {reason}");
             plain(StatusCode::UNAUTHORIZED, &format!("unauthorized: {reason}"))
@@ -274,25 +319,46 @@ impl Receiver {
             return refuse("the body is not the one signed".into());
         }
 
-        let result = if !valid_method(method) {
+        let request = if !valid_method(method) {
             Err(ControlFailure::unknown_method(method))
         } else {
-            match (serde_json::from_slice::<Value>(&body), &self.handler) {
-                (Err(e), _) => Err(ControlFailure::bad_request(format!("body is not JSON: {e}"))),
-                (Ok(_), None) => Err(ControlFailure::unknown_method(method)),
-                (Ok(value), Some(handler)) => handler.call(method, value).await,
+            serde_json::from_slice::<Value>(&body).map_err(|e| ControlFailure::bad_request(format!("body is not JSON: {e}")))
+        };
+        let unknown = || ControlFailure::unknown_method(method);
+        let result = match (request, kind) {
+            (Err(f), _) => Err(f),
+            (Ok(value), CallKind::Control) => match &self.handler {
+                Some(handler) => handler.call(method, value).await.map(Answer::Json),
+                None => Err(unknown()),
+            },
+            (Ok(value), CallKind::Blob) => match &self.blobs {
+                Some(blobs) => match blobs.call(method, value).await {
+                    Ok(bytes) if bytes.len() > MAX_BLOB_BYTES => Err(ControlFailure::failed("the answer is over the blob limit")),
+                    other => other.map(Answer::Bytes),
+                },
+                None => Err(unknown()),
+            },
+        };
+        let sign = |status: StatusCode, bytes: &[u8]| hex(&response_mac(&self.secret, &tag, status.as_u16(), bytes).finalize().into_bytes());
+        match result {
+            Ok(Answer::Bytes(bytes)) => {
+                let signature = sign(StatusCode::OK, &bytes);
+                respond_as(StatusCode::OK, bytes, Some(signature), OCTETS)
             }
-        };
-        let (status, envelope) = match result {
-            Ok(value) => (StatusCode::OK, Envelope::Ok(value)),
-            Err(f) => (
-                StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-                Envelope::Error { message: f.message },
-            ),
-        };
-        let bytes = envelope_bytes(&envelope);
-        let signature = hex(&response_mac(&self.secret, &tag, status.as_u16(), &bytes).finalize().into_bytes());
-        respond(status, bytes, Some(signature))
+            other => {
+                let (status, envelope) = match other {
+                    Ok(Answer::Json(value)) => (StatusCode::OK, Envelope::Ok(value)),
+                    Ok(Answer::Bytes(_)) => unreachable!("answered above"),
+                    Err(f) => (
+                        StatusCode::from_u16(f.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+                        Envelope::Error { message: f.message },
+                    ),
+                };
+                let bytes = envelope_bytes(&envelope);
+                let signature = sign(status, &bytes);
+                respond(status, bytes, Some(signature))
+            }
+        }
     }
 }
 
@@ -334,10 +400,38 @@ impl ControlClient {
 
     /// Calls `method` with `body`; the peer's `ok` value, or an error naming the peer.
     pub async fn call(&self, method: &str, body: &Value) -> Result<Value> {
+        let (status, bytes) = self.exchange(PATH_PREFIX, method, body, MAX_BODY_BYTES).await?;
+        match serde_json::from_slice::<Envelope>(&bytes) {
+            Ok(Envelope::Ok(value)) if status == 200 => Ok(value),
+            Ok(Envelope::Error { message }) => Err(self.failure(method, status, message)),
+            Ok(Envelope::Ok(_)) => Err(self.failure(method, status, "an ok envelope with a non-200 status".into())),
+            Err(e) => Err(self.failure(method, status, format!("answer is not a control envelope: {e}"))),
+        }
+    }
+
+    /// Calls the blob method `method` with `body`: the peer's bytes (at most
+    /// `MAX_BLOB_BYTES`), signed by the peer over exactly these bytes, or an error.
+    pub async fn fetch(&self, method: &str, body: &Value) -> Result<Bytes> {
+        let (status, bytes) = self.exchange(BLOB_PREFIX, method, body, MAX_BLOB_BYTES).await?;
+        if status == 200 {
+            return Ok(bytes);
+        }
+        Err(self.failure(method, status, match serde_json::from_slice::<Envelope>(&bytes) {
+            Ok(Envelope::Error { message }) => message,
+            _ => "an answer that is not an error envelope".into(),
+        }))
+    }
+
+    fn failure(&self, method: &str, status: u16, message: String) -> Error {
+        Error::Control { peer: self.peer.to_string(), method: method.to_owned(), status, message }
+    }
+
+    /// Sends one signed call and checks the answer's signature: its status and bytes.
+    async fn exchange(&self, prefix: &str, method: &str, body: &Value, limit: usize) -> Result<(u16, Bytes)> {
         if !valid_method(method) {
             return Err(Error::Encode(format!("control method {method:?} is not [a-z0-9_-]{{1,64}}")));
         }
-        let path = format!("{PATH_PREFIX}{method}");
+        let path = format!("{prefix}{method}");
         let body = serde_json::to_vec(body).map_err(|e| Error::Encode(e.to_string()))?;
         let signed =
             Signed { receiver: self.receiver, unix_ms: unix_ms(), nonce: random(), digest: Sha256::digest(&body).into() };
@@ -353,7 +447,7 @@ impl ControlClient {
             let response = send.send_request(request).await.map_err(|e| Error::http(&self.peer, "control call", e))?;
             let status = response.status().as_u16();
             let signature = response.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).and_then(unhex);
-            let bytes = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            let bytes = Limited::new(response.into_body(), limit)
                 .collect()
                 .await
                 .map_err(|e| Error::http(&self.peer, "reading a control answer", e))?
@@ -364,16 +458,9 @@ impl ControlClient {
             .await
             .map_err(|_| Error::timeout(&self.peer, "control call", self.timeout))??;
 
-        let envelope = serde_json::from_slice::<Envelope>(&bytes);
-        let failure = |message: String| Error::Control {
-            peer: self.peer.to_string(),
-            method: method.to_owned(),
-            status,
-            message,
-        };
         // A 401 cannot be signed: the peer could not tell which secret we used.
         if status == 401 {
-            return Err(failure(match envelope {
+            return Err(self.failure(method, status, match serde_json::from_slice::<Envelope>(&bytes) {
                 Ok(Envelope::Error { message }) => message,
                 _ => "unauthorized".into(),
             }));
@@ -383,12 +470,7 @@ impl ControlClient {
         if !signed {
             return Err(Error::auth(&self.peer, "control answer not signed with the cluster secret"));
         }
-        match envelope {
-            Ok(Envelope::Ok(value)) if status == 200 => Ok(value),
-            Ok(Envelope::Error { message }) => Err(failure(message)),
-            Ok(Envelope::Ok(_)) => Err(failure("an ok envelope with a non-200 status".into())),
-            Err(e) => Err(failure(format!("answer is not a control envelope: {e}"))),
-        }
+        Ok((status, bytes))
     }
 }
 

@@ -11,7 +11,8 @@
 //!   allocate beyond the configured frame limit.
 //! - [`auth`]: the cluster secret and the HMAC challenge-response every connection starts with.
 //! - [`link`]: the persistent HTTP/2 link, client ([`Link::connect`]) and server ([`LinkServer`]).
-//! - [`control`]: signed JSON control calls ([`ControlClient`], [`ControlHandler`]).
+//! - [`control`]: signed JSON control calls ([`ControlClient`], [`ControlHandler`]), and
+//!   signed blob calls answered with raw bytes (model ranges: [`BlobHandler`]).
 //! - [`discovery`]: signed UDP datagrams by which workers find a head on the LAN.
 
 pub mod auth;
@@ -23,7 +24,7 @@ mod freshness;
 pub mod link;
 
 pub use auth::{ClusterSecret, PeerId};
-pub use control::{methods, ControlClient, ControlFailure, ControlHandler};
+pub use control::{methods, BlobHandler, ControlClient, ControlFailure, ControlHandler, MAX_BLOB_BYTES};
 pub use error::{Error, Result};
 pub use frame::{encode, Activations, Dtype, Frame, FrameDecoder, KvOp, StageReport, TokenMeta};
 pub use link::{FrameSink, FrameStream, Link, LinkConfig, LinkServer};

@@ -38,7 +38,7 @@ use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
 use crate::auth::{fresh_peer_id, ClientHandshake, ClusterSecret, PeerId, ServerHandshake};
-use crate::control::{self, ControlHandler};
+use crate::control::{self, BlobHandler, ControlHandler};
 use crate::error::{Error, Result};
 use crate::frame::{encode, Frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
 
@@ -626,6 +626,17 @@ impl LinkServer {
         config: LinkConfig,
         control: Option<Arc<dyn ControlHandler>>,
     ) -> Result<LinkServer> {
+        Self::bind_with_blobs(addr, secret, config, control, None).await
+    }
+
+    /// `bind`, also answering blob calls (`/blob/<method>`) with `blobs`.
+    pub async fn bind_with_blobs(
+        addr: SocketAddr,
+        secret: ClusterSecret,
+        config: LinkConfig,
+        control: Option<Arc<dyn ControlHandler>>,
+        blobs: Option<Arc<dyn BlobHandler>>,
+    ) -> Result<LinkServer> {
         let io = |what, error| Error::Io { peer: addr.to_string(), what, error };
         let listener = TcpListener::bind(addr).await.map_err(|e| io("binding the ring listener", e))?;
         let local_addr = listener.local_addr().map_err(|e| io("reading the bound address", e))?;
@@ -642,7 +653,7 @@ impl LinkServer {
             .keep_alive_interval(config.keep_alive_interval)
             .keep_alive_timeout(config.keep_alive_timeout);
         let id = fresh_peer_id();
-        let control = control::Receiver::new(secret.clone(), id, control, config.handshake_timeout);
+        let control = control::Receiver::new(secret.clone(), id, control, blobs, config.handshake_timeout);
         let shared = Arc::new(Shared {
             secret,
             id,
@@ -757,10 +768,15 @@ async fn route(req: Request<Incoming>, conn: Arc<Conn>) -> Result<Response<Serve
     if path == LINK_PATH {
         return Ok(open_link(req, conn).map(Either::Left));
     }
-    let Some(method) = path.strip_prefix(control::PATH_PREFIX) else {
+    let call = match (path.strip_prefix(control::PATH_PREFIX), path.strip_prefix(control::BLOB_PREFIX)) {
+        (Some(method), _) => Some((method, control::CallKind::Control)),
+        (None, Some(method)) => Some((method, control::CallKind::Blob)),
+        (None, None) => None,
+    };
+    let Some((method, kind)) = call else {
         return Ok(control::plain(StatusCode::NOT_FOUND, "no such path").map(Either::Right));
     };
-    let response = conn.shared.control.serve(req, method, &conn.peer).await;
+    let response = conn.shared.control.serve(req, method, kind, &conn.peer).await;
     Ok(response.map(Either::Right))
 }
 

@@ -241,6 +241,28 @@ impl ModelArg {
     }
 }
 
+/// A size in bytes: a number with an optional K, M, G or T suffix (powers of 1000; `Gi`
+/// and the like for powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a size like 40G or 500M"))?;
+    let scale = match unit.trim().trim_end_matches(['B', 'b']).to_ascii_uppercase().as_str() {
+        "" => 1.0,
+        "K" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "KI" => 1024.0,
+        "MI" => 1024.0 * 1024.0,
+        "GI" => 1024.0 * 1024.0 * 1024.0,
+        "TI" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (K, M, G, T, Ki, Mi, Gi, Ti)")),
+    };
+    Ok((number * scale) as u64)
+}
+
 /// `worker --listen`'s default: loopback (a head on this machine); with discovery on,
 /// every interface at the same port.
 pub const DEFAULT_WORKER_LISTEN: &str = "127.0.0.1:9090";
@@ -427,8 +449,19 @@ impl DiscoveryArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct WorkerArgs {
-    #[command(flatten)]
-    pub model: ModelArg,
+    /// This device's own copy of the head's model (GGUF). Without it (or when it is
+    /// another file than the head's) the worker fetches the head's model from the head:
+    /// the file's header and the layers it is given, nothing else, into --model-dir.
+    #[arg(long, env = "HEARTH_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Where models fetched from a head are kept (sparse files: only the fetched layers
+    /// take disk). Default: `shipped` in the models folder.
+    #[arg(long, env = "HEARTH_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// The most disk the models in --model-dir may take, e.g. `40G` or `500M`; older
+    /// fetched models are removed to stay within it. Default: no limit.
+    #[arg(long, env = "HEARTH_DISK_BUDGET", value_parser = parse_size)]
+    pub disk_budget: Option<u64>,
     /// Address to listen on for the head and the previous ring member.
     /// With discovery on, the default is every interface (the head is on the LAN).
     #[arg(long, env = "HEARTH_LISTEN", default_value = DEFAULT_WORKER_LISTEN)]
@@ -558,5 +591,21 @@ pub fn main() -> std::process::ExitCode {
             eprintln!("hearth: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse_with_units() {
+        assert_eq!(parse_size("500"), Ok(500));
+        assert_eq!(parse_size("40G"), Ok(40_000_000_000));
+        assert_eq!(parse_size("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_size("2Gi"), Ok(2 << 30));
+        assert_eq!(parse_size("500m"), Ok(500_000_000));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5X").is_err());
     }
 }

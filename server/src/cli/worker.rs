@@ -17,7 +17,9 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         return Err("--head needs a cluster secret (joins are signed with it) and no --no-discovery".into());
     }
     let cfg = WorkerConfig {
-        model: args.model.resolve()?,
+        model: args.model.clone(),
+        model_dir: args.model_dir.clone().unwrap_or_else(|| crate::models::models_dir().join("shipped")),
+        disk_budget: args.disk_budget,
         listen,
         secret,
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),

@@ -313,15 +313,18 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
 /// the serving process itself left its OpenMP threads sleeping between the ops of every
 /// later step (measured: 27.9 against 10.4 ms per token on 2 threads), so the kernels run
 /// in a process of their own.
-pub fn serving_profile(threads: usize, path: &std::path::Path, file: &engine::ModelFile) -> Result<DeviceProfile> {
-    let (_, _, key) = target(threads, Some((path, file)))?;
+pub fn serving_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>) -> Result<DeviceProfile> {
+    let (_, _, key) = target(threads, model)?;
     if let Some(p) = read_cache(&cache_path(), &key) {
         return Ok(p);
     }
     let exe = std::env::current_exe().map_err(|e| Error::Profile(format!("cannot find the hearth binary to measure this device: {e}")))?;
-    let out = std::process::Command::new(exe)
-        .args(["profile", "--json", "--threads", &threads.to_string(), "--model"])
-        .arg(path)
+    let mut command = std::process::Command::new(exe);
+    command.args(["profile", "--json", "--threads", &threads.to_string()]);
+    if let Some((path, _)) = model {
+        command.arg("--model").arg(path);
+    }
+    let out = command
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| Error::Profile(format!("cannot run hearth profile: {e}")))?;

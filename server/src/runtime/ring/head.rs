@@ -23,6 +23,7 @@ use transport::{Activations, ControlClient, Dtype, Frame, FrameSink, FrameStream
 use super::board::{self, CheckView, PlanBoard};
 use super::paging::WindowPager;
 use super::planning::{addresses, Planner, HEAD_NAME};
+use super::shipping::{self, FetchRequest, FetchStatus, ManifestStore};
 use super::{RingSetup, WorkerPlan};
 use crate::error::{Error, ReplanError, Result};
 use crate::metrics::RingMeter;
@@ -113,6 +114,10 @@ struct Replanning {
     /// The running plan's strategy; `None` for a plan from `--windows`.
     strategy: Option<Strategy>,
     last_check: Instant,
+    /// A plan chosen while some of its workers were still fetching their windows from
+    /// this head: checked again at idle moments until they have them, with the strategy
+    /// that was asked for (`Some(None)`: the running one).
+    awaiting_fetch: Option<Option<Strategy>>,
 }
 
 struct Links {
@@ -219,6 +224,9 @@ fn ring_err(e: impl std::fmt::Display) -> Error {
 const FORM_WAIT_HANDSHAKES: u32 = 4;
 /// Pause between attempts to form the ring at start, while workers are still starting.
 const STARTUP_RETRY: Duration = Duration::from_secs(1);
+/// How often the head asks workers fetching their windows how far they are.
+const FETCH_POLL: Duration = Duration::from_secs(1);
+const FETCH_LOG_EVERY: Duration = Duration::from_secs(5);
 
 impl RingPipeline {
     /// Gathers every candidate's profile (waiting for workers still starting), takes the
@@ -244,7 +252,29 @@ impl RingPipeline {
         };
         let (stage, layout) = Layout::build(&file, &plan, &cfg)?;
         let link_config = LinkConfig { send_delay: cfg.setup.hop_delay, ..LinkConfig::default() };
-        let server = rt.block_on(LinkServer::bind(cfg.setup.listen, cfg.setup.secret.clone(), link_config.clone(), None))?;
+        // The ring listener also ships the model to workers that lack it (only to peers that
+        // proved the cluster secret, as everything on it).
+        let manifest = ManifestStore::new(file.clone());
+        let manifest_handler = move |method: String, _body: serde_json::Value| {
+            let manifest = manifest.clone();
+            async move {
+                match method.as_str() {
+                    shipping::MANIFEST => shipping::serve_manifest(&manifest),
+                    other => Err(transport::ControlFailure::unknown_method(other)),
+                }
+            }
+        };
+        let shipped = file.clone();
+        let range_handler = move |method: String, body: serde_json::Value| {
+            let file = shipped.clone();
+            async move {
+                match method.as_str() {
+                    shipping::RANGE => shipping::serve_range(file, body).await,
+                    other => Err(transport::ControlFailure::unknown_method(other)),
+                }
+            }
+        };
+        let server = rt.block_on(LinkServer::bind_with_blobs(cfg.setup.listen, cfg.setup.secret.clone(), link_config.clone(), Some(Arc::new(manifest_handler)), Some(Arc::new(range_handler))))?;
         if let Some(port) = cfg.setup.discovery {
             let discovery = rt.block_on(async { transport::discovery::Discovery::bind(port, &cfg.setup.secret) })?;
             let name = crate::process::hostname().unwrap_or_else(|| HEAD_NAME.into());
@@ -272,7 +302,7 @@ impl RingPipeline {
             step: 0,
             n_embd,
             dtype: if cfg.setup.f16 { Dtype::F16 } else { Dtype::F32 },
-            replan: Replanning { idle_after: cfg.setup.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now() },
+            replan: Replanning { idle_after: cfg.setup.replan_idle, planner, policy: ReplanPolicy::default(), devices, members, strategy, last_check: Instant::now(), awaiting_fetch: None },
             board,
             meter,
             in_ring: VecDeque::new(),
@@ -290,6 +320,26 @@ impl RingPipeline {
             // Workers may still be starting (one compose file per device, started in any
             // order): wait for unreachable ones, but fail at once on a definite refusal.
             let deadline = Instant::now() + ring.cfg.setup.startup_wait;
+            // Workers without the model fetch their windows first, however long that takes.
+            let mut logged = Instant::now();
+            loop {
+                let wanted = ring.wanted(&ring.plan, &ring.members);
+                match ring.fetch_windows(&wanted) {
+                    Ok(None) => break,
+                    Ok(Some(progress)) => {
+                        if logged.elapsed() >= FETCH_LOG_EVERY {
+                            tracing::info!("waiting for workers to fetch their windows: {progress}");
+                            logged = Instant::now();
+                        }
+                        std::thread::sleep(FETCH_POLL);
+                    }
+                    Err(Error::RingBroken(e)) if Instant::now() < deadline => {
+                        tracing::warn!("waiting for the ring: {e}");
+                        std::thread::sleep(STARTUP_RETRY);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
             ring.links = Some(loop {
                 match ring.form() {
                     Ok(links) => break links,
@@ -427,8 +477,19 @@ impl RingPipeline {
         r.members = running;
         self.board.checked(check);
         if !apply {
+            self.replan.awaiting_fetch = None;
             return Ok(false);
         }
+        // The new plan's workers fetch what they lack while the running plan serves on.
+        let wanted = self.wanted(&candidate.plan, &addresses(&self.replan.devices, &candidate.members));
+        if let Some(progress) = self.fetch_windows(&wanted)? {
+            self.replan.awaiting_fetch = Some(strategy);
+            let mut check = CheckView::new(forced, Vec::new(), format!("a better plan waits for workers fetching their windows: {progress}"));
+            check.candidate_tpot_ms = Some(candidate.prediction.tpot_s * 1e3);
+            self.board.checked(check);
+            return Ok(false);
+        }
+        self.replan.awaiting_fetch = None;
         self.replan.strategy = Some(strategy_now);
         tracing::info!("{}", super::planning::table(&self.replan.devices, &self.replan.planner.model, &candidate, &[]));
         self.adopt(candidate.plan, candidate.members, strategy_now.as_str(), &candidate.prediction)?;
@@ -442,6 +503,7 @@ impl RingPipeline {
         let r = &mut self.replan;
         let strategy = r.strategy.unwrap_or(r.planner.options.strategy);
         let candidate = r.planner.schedule(&devices, strategy)?;
+        r.awaiting_fetch = None;
         self.board.gathered(devices.clone());
         let mut check = CheckView::new(forced, vec![reason.clone()], format!("{reason}: planning with the devices there are"));
         check.applied = true;
@@ -473,9 +535,52 @@ impl RingPipeline {
         self.replan_without(devices, format!("{} unreachable for over {grace} s", lost.join(", ")), false)
     }
 
+    /// Each of `workers` with the windows `plan` gives it (the head is the plan's device 0).
+    fn wanted(&self, plan: &Plan, workers: &[String]) -> Vec<(String, Vec<(usize, usize)>)> {
+        workers.iter().enumerate().map(|(i, w)| (w.clone(), plan.windows_of(i + 1).iter().map(|r| (r.start, r.end)).collect())).collect()
+    }
+
+    /// Asks each worker to have what its windows need, fetching it from this head when it
+    /// lacks the model (one that has it answers at once). `Ok(None)`: every one is ready;
+    /// `Ok(Some(progress))`: some are still fetching (in the background: ask again).
+    fn fetch_windows(&self, wanted: &[(String, Vec<(usize, usize)>)]) -> Result<Option<String>> {
+        let (secret, config, listen, advertise, fingerprint) = (&self.cfg.setup.secret, &self.link_config, self.server.local_addr(), &self.cfg.setup.advertise, &self.fingerprint);
+        self.rt.block_on(async {
+            let mut waiting = Vec::new();
+            // A relay (no windows) fetches the header only: its model's fingerprint.
+            for (w, windows) in wanted {
+                let client = ControlClient::connect(w, secret, config).await.map_err(|e| super::connecting(w, e))?;
+                let source = match advertise {
+                    Some(a) => a.clone(),
+                    None => super::reachable_at(listen, w).await,
+                };
+                let request = FetchRequest { fingerprint: fingerprint.clone(), source, windows: windows.clone() };
+                let body = serde_json::to_value(&request).map_err(|e| Error::RingRefused(e.to_string()))?;
+                let answer = client.call(shipping::FETCH, &body).await.map_err(|e| super::connecting(w, e))?;
+                let status: FetchStatus = serde_json::from_value(answer).map_err(|e| Error::RingRefused(format!("worker {w} answered fetch_model with {e}")))?;
+                if status.needed_bytes > 0 {
+                    crate::metrics::model_fetch(w, status.needed_bytes, status.verified_bytes, status.refused_pieces);
+                }
+                if let Some(e) = status.error {
+                    return Err(Error::RingBroken(format!("worker {w} could not fetch its windows from the head: {e}")));
+                }
+                if !status.ready {
+                    let share = status.verified_bytes as f64 / status.needed_bytes.max(1) as f64 * 100.0;
+                    waiting.push(format!("{w} {share:.0}% of {:.1} MB", status.needed_bytes as f64 / 1e6));
+                }
+            }
+            Ok((!waiting.is_empty()).then(|| waiting.join(", ")))
+        })
+    }
+
     /// Sends every worker its plan, links head -> first worker, waits for the last worker
     /// to link back, and sends a probe frame round to prove the whole ring carries frames.
     fn form(&mut self) -> Result<Links, Error> {
+        // A worker that lost its copy (a new machine at the same address) fetches again
+        // first; the ring forms once it has its windows.
+        if let Some(progress) = self.fetch_windows(&self.wanted(&self.plan, &self.members))? {
+            return Err(Error::RingBroken(format!("workers are fetching their windows from the head: {progress}")));
+        }
         self.step += 1;
         let probe = self.step;
         let (cfg, plan, workers, server, link_config, fingerprint, head_id, board) = (&self.cfg, &self.plan, &self.members, &mut self.server, &self.link_config, &self.fingerprint, &self.id, &self.board);
@@ -889,6 +994,9 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         // A worker that joined or leaves is judged at once (a plan the user pinned stays
         // pinned); a broken ring keeps the news for when it is whole.
         let members_changed = r.strategy.is_some() && !broken && r.planner.membership.take_changed();
+        let fetch_check = r.awaiting_fetch.is_some() && !broken && r.last_check.elapsed() >= FETCH_POLL;
+        let awaited = r.awaiting_fetch.flatten();
+        let members_changed = members_changed || fetch_check;
         if requests.is_empty() && !due && !members_changed {
             return Ok(false);
         }
@@ -899,7 +1007,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
             }
             return Ok(false);
         }
-        let strategy = requests.iter().find_map(|q| q.strategy);
+        let strategy = requests.iter().find_map(|q| q.strategy).or(awaited);
         let forced = !requests.is_empty() || members_changed;
         let result = self.check_plan(forced, strategy);
         if let Err(e) = &result {

@@ -9,6 +9,7 @@ pub mod head;
 pub mod membership;
 pub mod paging;
 pub mod planning;
+pub mod shipping;
 mod worker;
 
 pub use head::RingPipeline;

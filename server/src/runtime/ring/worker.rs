@@ -18,13 +18,19 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use transport::{Activations, ControlFailure, Frame, Link, LinkConfig, LinkServer};
 
 use super::paging::WindowPager;
+use super::shipping::{self, FetchRequest, FetchStatus, Shipper};
 use super::{apply, WorkerPlan};
 use crate::error::{Error, Result};
 
 /// A worker's settings (`hearth worker`).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    pub model: std::path::PathBuf,
+    /// The worker's own copy of the model; `None`: it fetches the head's.
+    pub model: Option<std::path::PathBuf>,
+    /// Where models fetched from a head go.
+    pub model_dir: std::path::PathBuf,
+    /// Most bytes the fetched models in `model_dir` may take (`None`: no limit).
+    pub disk_budget: Option<u64>,
     /// Where the head and the previous ring member connect.
     pub listen: SocketAddr,
     pub secret: transport::ClusterSecret,
@@ -57,15 +63,30 @@ pub struct WorkerDiscovery {
 /// thread, so control calls (health, profile, plans) never wait behind a step for what
 /// `meta` holds, and take `compute` only off the async runtime.
 struct Worker {
-    file: Arc<ModelFile>,
-    fingerprint: String,
+    /// The model this worker runs: its own file, or what it fetched from a head.
+    model: Mutex<Option<LocalModel>>,
+    shipper: Shipper,
     /// Off with `--no-prefetch`.
     prefetch: bool,
     repack: bool,
     gpu_layers: crate::runtime::GpuPlacement,
-    model_path: std::path::PathBuf,
     meta: Mutex<Meta>,
     compute: Mutex<Compute>,
+}
+
+#[derive(Clone)]
+struct LocalModel {
+    file: Arc<ModelFile>,
+    fingerprint: String,
+    path: std::path::PathBuf,
+    /// A file fetched from a head holds these layers only (verified); `None`: the whole file.
+    layers: Option<Vec<(usize, usize)>>,
+}
+
+impl LocalModel {
+    fn holds(&self, windows: &[(usize, usize)]) -> bool {
+        self.layers.as_ref().is_none_or(|have| windows.iter().all(|&(a, b)| (a..b).all(|l| have.iter().any(|&(x, y)| (x..y).contains(&l)))))
+    }
 }
 
 struct Meta {
@@ -78,8 +99,9 @@ struct Meta {
     /// is, another head's plan is refused, so two heads never fight over a worker.
     head: Option<String>,
     live_links: usize,
-    /// This device measured for the scheduler, on the first `profile` call.
-    device: Option<scheduler::DeviceProfile>,
+    /// This device measured for the scheduler, on the first `profile` call, with the
+    /// fingerprint of the model it was calibrated on.
+    device: Option<(Option<String>, scheduler::DeviceProfile)>,
 }
 
 #[derive(Default)]
@@ -100,6 +122,10 @@ impl Worker {
 
     fn compute(&self) -> std::sync::MutexGuard<'_, Compute> {
         self.compute.lock().expect("worker compute")
+    }
+
+    fn model(&self) -> Option<LocalModel> {
+        self.model.lock().expect("worker model").clone()
     }
 }
 
@@ -150,12 +176,22 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 
 /// Serves as a ring member until SIGTERM or Ctrl-C.
 pub fn run(cfg: WorkerConfig) -> Result<()> {
-    let WorkerConfig { model: path, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers, discovery } = cfg;
-    let file = Arc::new(ModelFile::open(&path)?);
-    gpu_layers.check(file.spec.moe.is_some()).map_err(Error::Config)?;
-    let fingerprint = file.fingerprint();
+    let WorkerConfig { model: path, model_dir, disk_budget, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers, discovery } = cfg;
+    let model = match path {
+        Some(path) => {
+            let file = Arc::new(ModelFile::open(&path)?);
+            gpu_layers.check(file.spec.moe.is_some()).map_err(Error::Config)?;
+            let fingerprint = file.fingerprint();
+            Some(LocalModel { file, fingerprint, path, layers: None })
+        }
+        None => {
+            tracing::info!("no --model: this worker fetches the layers it is given from the head, into {}", model_dir.display());
+            None
+        }
+    };
     let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
-    let state = Arc::new(Worker { file, fingerprint, prefetch, repack, gpu_layers, model_path: path.clone(), meta: Mutex::new(meta), compute: Mutex::default() });
+    let shipper = Shipper::new(model_dir, disk_budget, secret.clone());
+    let state = Arc::new(Worker { model: Mutex::new(model), shipper, prefetch, repack, gpu_layers, meta: Mutex::new(meta), compute: Mutex::default() });
     let rt = crate::process::ring_runtime()?;
     let config = LinkConfig { send_delay: hop_delay, ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
@@ -220,22 +256,37 @@ pub fn run(cfg: WorkerConfig) -> Result<()> {
 
 async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize) -> Result<Value, ControlFailure> {
     match method {
-        transport::methods::HEALTH => Ok(json!({"status": "ok", "fingerprint": state.fingerprint, "planned": state.meta().planned})),
+        transport::methods::HEALTH => Ok(json!({"status": "ok", "fingerprint": state.model().map(|m| m.fingerprint), "planned": state.meta().planned})),
+        shipping::FETCH => {
+            let request: FetchRequest = serde_json::from_value(body).map_err(|e| ControlFailure::bad_request(format!("invalid fetch request: {e}")))?;
+            // Its own file, if it is the head's, holds every layer.
+            if state.model().is_some_and(|m| m.fingerprint == request.fingerprint && m.holds(&request.windows)) {
+                return serde_json::to_value(FetchStatus { ready: true, ..FetchStatus::default() }).map_err(|e| ControlFailure::failed(e.to_string()));
+            }
+            let (status, file) = state.shipper.fetch(request.clone());
+            if let Some(file) = file {
+                let path = file.gguf.path().to_path_buf();
+                *state.model.lock().expect("worker model") = Some(LocalModel { file, fingerprint: request.fingerprint, path, layers: Some(request.windows) });
+            }
+            serde_json::to_value(status).map_err(|e| ControlFailure::failed(e.to_string()))
+        }
         transport::methods::PROFILE => {
             // The device is measured once (a few seconds, then cached on disk too), off the
             // runtime; the windows' figures are live.
-            let cached = state.meta().device.clone();
+            // Measured again once a model arrives: its layers calibrate the rates.
+            let model = state.model();
+            let cached = state.meta().device.clone().filter(|(fingerprint, _)| *fingerprint == model.as_ref().map(|m| m.fingerprint.clone()));
             let mut device = match cached {
-                Some(d) => d,
+                Some((_, d)) => d,
                 None => {
-                    let worker = state.clone();
+                    let local = model.clone();
                     let measured = tokio::task::spawn_blocking(move || {
-                        crate::runtime::profiling::serving_profile(threads, &worker.model_path, &worker.file)
+                        crate::runtime::profiling::serving_profile(threads, local.as_ref().map(|m| (m.path.as_path(), &*m.file)))
                     })
                         .await
                         .map_err(|e| ControlFailure::failed(e.to_string()))?
                         .map_err(|e| ControlFailure::failed(e.to_string()))?;
-                    state.meta().device = Some(measured.clone());
+                    state.meta().device = Some((model.map(|m| m.fingerprint), measured.clone()));
                     measured
                 }
             };
@@ -259,13 +310,20 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                     return Err(ControlFailure::bad_request(format!("this worker is in the ring of another head ({head}); stop that head first")));
                 }
             }
-            let (file, fingerprint, prefetch) = (state.file.clone(), &state.fingerprint, state.prefetch);
+            let Some(model) = state.model() else {
+                return Err(ControlFailure::bad_request("this worker has no model yet: the head fetches it first (fetch_model)"));
+            };
+            let (file, fingerprint, prefetch) = (model.file.clone(), &model.fingerprint, state.prefetch);
             if plan.fingerprint != *fingerprint {
                 return Err(ControlFailure::bad_request(format!(
                     "this worker has a different model file (fingerprint {fingerprint}, the head's is {})",
                     plan.fingerprint
                 )));
             }
+            if !model.holds(&plan.windows) {
+                return Err(ControlFailure::bad_request(format!("this worker has not fetched windows {:?} from the head yet (fetch_model first)", plan.windows)));
+            }
+            state.gpu_layers.check(file.spec.moe.is_some()).map_err(ControlFailure::bad_request)?;
             let paged = super::paging::pages_from_disk(&file, &plan.windows.iter().map(|&(a, b)| a..b).collect::<Vec<_>>(), plan.release);
             let (accel_layers, experts_in_ram) = state.gpu_layers.resolve(plan.gpu_layers, plan.experts_in_ram);
             let cfg = StageConfig {
