@@ -73,10 +73,13 @@ needed=$(grep '^hearth_model_fetch_bytes{' <<<"$metrics" | grep 'kind="needed"' 
 size=$(stat -c %s "$MODEL")
 on_disk=$(du -B1 "$work/shipped"/*.gguf | awk '{print $1}')
 answer=$(in_a curl -sf "$api/v1/completions" -H 'Content-Type: application/json' -d '{"model":"","prompt":"The","max_tokens":8,"temperature":0}' | head -c 300)
-printf 'model %s: %.2f GB; link %s from the head\n' "$MODEL" "$(bc -l <<<"$size/1e9")" "$RATE"
-printf 'worker start -> joined: %.1f s; -> planned with (windows fetched): %.1f s\n' "$(bc -l <<<"$joined-$start")" "$(bc -l <<<"$planned-$start")"
-printf 'bytes sent by the head: %.0f; needed by the worker (header + windows): %.0f; ratio %.4f\n' "$served" "$needed" "$(bc -l <<<"$served/$needed")"
-printf 'the worker file takes %.0f bytes of disk (sparse, %.0f long)\n' "$on_disk" "$size"
-printf 'effective rate: %.1f MB/s\n' "$(bc -l <<<"$served/($planned-$joined)/1e6")"
+awk -v model="$MODEL" -v size="$size" -v rate="$RATE" -v start="$start" -v joined="$joined" -v planned="$planned" \
+    -v served="$served" -v needed="$needed" -v disk="$on_disk" 'BEGIN {
+  printf "model %s: %.2f GB; link %s from the head\n", model, size / 1e9, rate
+  printf "worker start -> joined: %.1f s; -> planned with (windows fetched): %.1f s\n", joined - start, planned - start
+  printf "bytes sent by the head: %.0f; needed by the worker (header + windows): %.0f; ratio %.4f\n", served, needed, served / needed
+  printf "the worker file takes %.0f bytes of disk (sparse, %.0f long)\n", disk, size
+  printf "effective rate while fetching: %.1f MB/s\n", served / (planned - joined) / 1e6
+}'
 echo "answer through the ring: $answer"
 grep -E "fetching the model|manifest" "$work/worker.log" "$work/head.log" | tail -n 6 || true
