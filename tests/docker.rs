@@ -2,7 +2,8 @@
 //! on the local base image of docker/base/make-base.sh, so no registry is needed), a head
 //! and two workers started from the real compose files (docker/head, docker/worker) on a
 //! bridge network of their own, each container with its own address and memory limit.
-//! A chat completion goes round the ring; a stopped worker gives 503 and `degraded` naming
+//! Only the head has the model: the workers fetch their layers from it. A chat completion
+//! goes round the ring; a stopped worker gives 503 and `degraded` naming
 //! it; serving resumes by itself when the worker starts again; the HEALTHCHECKs pass.
 //!
 //! Skipped, with a line on stderr, where Docker, Compose or the base image's prerequisites
@@ -434,6 +435,8 @@ fn a_head_and_two_workers_in_containers_serve_lose_a_worker_and_recover() {
     let logs = Command::new("docker").args(["logs", &w1.container()]).output().expect("docker logs");
     let w1_log = String::from_utf8_lossy(&logs.stderr);
     assert!(w1_log.contains("memory budget 1024 MiB"), "the worker did not read its 1 GiB limit:\n{w1_log}");
+    // It has no copy of the model: it fetched its layers from the head.
+    assert!(w1_log.contains("fetching the model from the head: 100%"), "the worker did not fetch its layers:\n{w1_log}");
 
     // A worker goes away. The idle head notices without a request: /health says degraded
     // and names the worker by the address the head dials; new requests get 503 naming it.

@@ -33,7 +33,7 @@ struct Cached {
 /// folder and a typical KV size): from the cache unless `fresh` or stale, else measured
 /// (and how long that took). Also the folder whose disk was measured.
 pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, fresh: bool) -> Result<(DeviceProfile, Option<Duration>, PathBuf)> {
-    let (disk_dir, kv_bytes, key) = target(threads, model)?;
+    let (disk_dir, kv_bytes, key) = target(threads, model, None)?;
     let cache = cache_path();
     let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten();
     let (profile, took) = match cached {
@@ -168,14 +168,16 @@ fn gpu_profile(model: Option<(&std::path::Path, &engine::ModelFile)>, kv_bytes: 
 /// counts, the installed memory and the disk the models are on.
 /// What a profile is measured for: the folder whose disk is measured, one token's K and
 /// V of one layer in bytes, and the cache key of the result.
-fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>) -> Result<(PathBuf, usize, String)> {
+/// The disk measured is the model's; without a model, `no_model_dir` (default: the
+/// models folder), where models will be.
+fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, no_model_dir: Option<&std::path::Path>) -> Result<(PathBuf, usize, String)> {
     let (disk_dir, kv_bytes) = match model {
         Some((path, file)) => {
             let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
             (dir, 2 * file.spec.n_embd_kv() * 2)
         }
         None => {
-            let dir = crate::models::models_dir();
+            let dir = no_model_dir.map_or_else(crate::models::models_dir, PathBuf::from);
             std::fs::create_dir_all(&dir).map_err(|e| Error::Profile(format!("cannot create {}: {e}", dir.display())))?;
             (dir, TYPICAL_KV_BYTES)
         }
@@ -313,16 +315,25 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
 /// the serving process itself left its OpenMP threads sleeping between the ops of every
 /// later step (measured: 27.9 against 10.4 ms per token on 2 threads), so the kernels run
 /// in a process of their own.
-pub fn serving_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>) -> Result<DeviceProfile> {
-    let (_, _, key) = target(threads, model)?;
+///
+/// Without a model (a worker that will fetch its layers), the disk measured is
+/// `no_model_dir`, where the fetched layers go.
+pub fn serving_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, no_model_dir: &std::path::Path) -> Result<DeviceProfile> {
+    let (disk_dir, _, key) = target(threads, model, Some(no_model_dir))?;
     if let Some(p) = read_cache(&cache_path(), &key) {
         return Ok(p);
     }
     let exe = std::env::current_exe().map_err(|e| Error::Profile(format!("cannot find the hearth binary to measure this device: {e}")))?;
     let mut command = std::process::Command::new(exe);
     command.args(["profile", "--json", "--threads", &threads.to_string()]);
-    if let Some((path, _)) = model {
-        command.arg("--model").arg(path);
+    match model {
+        Some((path, _)) => {
+            command.arg("--model").arg(path);
+        }
+        // The child measures the same folder (and caches under the same key).
+        None => {
+            command.env("HEARTH_MODELS_DIR", &disk_dir);
+        }
     }
     let out = command
         .stderr(std::process::Stdio::inherit())

@@ -53,7 +53,7 @@ impl Planner {
     /// refuses is left out of the answer when `needed` is given (a worker the running plan
     /// does not use may come and go without stopping re-planning).
     pub fn gather(&self, rt: &tokio::runtime::Runtime, wait: Duration, needed: Option<&[String]>) -> Result<Vec<DeviceProfile>> {
-        let mut head = crate::runtime::profiling::serving_profile(self.threads, Some((&self.path, &self.file)))?;
+        let mut head = crate::runtime::profiling::serving_profile(self.threads, Some((&self.path, &self.file)), &crate::models::models_dir())?;
         crate::runtime::profiling::refresh_memory(&mut head);
         head.name = HEAD_NAME.into();
         head.head = true;

@@ -307,6 +307,11 @@ impl Shipper {
         Shipper { dir, budget, secret, job: Mutex::new(None) }
     }
 
+    /// Where fetched models go.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Starts fetching what `request` needs (or goes on with the same fetch), and says how
     /// far it is. A finished fetch also hands over the opened model file.
     pub fn fetch(&self, request: FetchRequest) -> (FetchStatus, Option<Arc<ModelFile>>) {

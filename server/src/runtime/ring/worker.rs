@@ -280,8 +280,9 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 Some((_, d)) => d,
                 None => {
                     let local = model.clone();
+                    let dir = state.shipper.dir().to_path_buf();
                     let measured = tokio::task::spawn_blocking(move || {
-                        crate::runtime::profiling::serving_profile(threads, local.as_ref().map(|m| (m.path.as_path(), &*m.file)))
+                        crate::runtime::profiling::serving_profile(threads, local.as_ref().map(|m| (m.path.as_path(), &*m.file)), &dir)
                     })
                         .await
                         .map_err(|e| ControlFailure::failed(e.to_string()))?
