@@ -96,13 +96,11 @@ fn a_worker_without_a_head_address_finds_the_head_and_joins_its_ring() {
         return;
     }
     let model = common::default_model();
-    let single = Served::start(&["--threads", "1"]);
-    let (expected, expected_long) = (chat(&single.addr), common::complete_long(&single.addr));
-    drop(single);
+    let (expected, expected_long) = single_node_answers();
 
     let lan = Lan::new("disc").unwrap();
     let discovery_on = on("false");
-    let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], &model, "listening on http://", &discovery_on).unwrap();
+    let head = start_head(&lan, &model);
     let head_addr = head.addr.clone();
     let _worker = start_worker(&lan, &model);
     // A stranger on the same LAN: another secret, so its joins do not verify.
@@ -167,7 +165,7 @@ fn workers_on_the_heads_own_machine_join_it_promptly() {
     // the workers' sockets. Joins go to the head's own port instead: all arrive.
     let model = common::default_model();
     let lan = Lan::new("same").unwrap();
-    let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], &model, "listening on http://", &on("false")).unwrap();
+    let head = start_head(&lan, &model);
     let ports = ["9101", "9102", "9103"];
     let _workers: Vec<Served> = ports.iter().map(|p| Served::spawn_in_netns(&lan.a, &["worker", "--listen", &format!("0.0.0.0:{p}")], &["--threads", "1", "--cluster-secret", SECRET], &model, "worker listening on ", &on("false")).unwrap()).collect();
     let h = head.addr.clone();
@@ -251,6 +249,17 @@ fn a_member_that_vanishes_is_planned_without_after_the_grace_period_and_rejoins(
     assert_eq!(answer, expected);
 }
 
+/// The single node's greedy answers to the chat and to the long prompt.
+fn single_node_answers() -> (String, String) {
+    let single = Served::start(&["--threads", "1"]);
+    (chat(&single.addr), common::complete_long(&single.addr))
+}
+
+/// A head in `lan.a` with discovery on, the secret and the admin key.
+fn start_head(lan: &Lan, model: &std::path::Path) -> Served {
+    Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], model, "listening on http://", &on("false")).unwrap()
+}
+
 /// A worker in `lan.b` started without `--model`: it fetches the head's into `dir`.
 fn start_worker_without_model(lan: &Lan, dir: &std::path::Path) -> Served {
     let dir = dir.to_str().unwrap();
@@ -300,13 +309,11 @@ fn a_worker_without_the_model_fetches_its_windows_from_the_head_and_answers_as_t
         return;
     }
     let model = common::default_model();
-    let single = Served::start(&["--threads", "1"]);
-    let (expected, expected_long) = (chat(&single.addr), common::complete_long(&single.addr));
-    drop(single);
+    let (expected, expected_long) = single_node_answers();
     let lan = Lan::new("ship").unwrap();
     let dir = std::env::temp_dir().join(format!("hearth-ship-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], &model, "listening on http://", &on("false")).unwrap();
+    let head = start_head(&lan, &model);
     let _worker = start_worker_without_model(&lan, &dir);
     let (h, w) = (head.addr.clone(), format!("{}:9090", lan.b_ip));
     let (plan, answers, served, needed) = netns::run_in(&lan.a, move || {
@@ -342,7 +349,7 @@ fn a_fetch_killed_halfway_resumes_and_a_byte_changed_on_disk_is_fetched_again() 
     lan.throttle_a_to_b("16mbit").unwrap();
     let dir = std::env::temp_dir().join(format!("hearth-resume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let head = Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], &model, "listening on http://", &on("false")).unwrap();
+    let head = start_head(&lan, &model);
     let mut worker = start_worker_without_model(&lan, &dir);
     let (h, w) = (head.addr.clone(), format!("{}:9090", lan.b_ip));
     let (h2, w2) = (h.clone(), w.clone());
