@@ -1,7 +1,7 @@
 //! What the process gets from the operating system, shared by every role: the tokio
 //! runtimes (HTTP at lower priority, ring I/O at normal priority), thread priorities,
-//! shutdown signals, the OpenMP environment and the wall clock. A leaf: it imports nothing
-//! from this crate.
+//! shutdown signals, the OpenMP environment, the wall clock and hearth's cache folder. A
+//! leaf: it imports nothing from this crate.
 
 /// The runtime for HTTP work. Its threads run at a lower priority than the engine's: a
 /// ggml step waits at a barrier for all its threads, so an HTTP task that preempts one of
@@ -91,3 +91,19 @@ pub fn settle_openmp_environment() {
 
 #[cfg(not(unix))]
 pub fn settle_openmp_environment() {}
+
+/// hearth's folder in the user's cache (`$XDG_CACHE_HOME/hearth`, else `~/.cache/hearth`):
+/// measured device profiles and model manifests.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME").map(std::path::PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?;
+    Some(base.join("hearth"))
+}
+
+/// Writes `bytes` to `path` aside and renames it there (making the folder first): another
+/// hearth process reading it never sees half a file.
+pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    path.parent().map_or(Ok(()), std::fs::create_dir_all)?;
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}

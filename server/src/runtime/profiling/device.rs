@@ -276,8 +276,7 @@ fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize, model:
 }
 
 fn cache_path() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("hearth").join("device-profile.json"))
+    Some(crate::process::cache_dir()?.join("device-profile.json"))
 }
 
 /// Profiles kept in the cache: one per thread count, model disk and KV size in use on this
@@ -298,14 +297,7 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
     entries.retain(|c| c.key != key);
     entries.insert(0, Cached { key: key.to_string(), profile: profile.clone() });
     entries.truncate(CACHED_PROFILES);
-    // Written aside and renamed: another hearth process reading it never sees half a file.
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    let written = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|_| std::fs::write(&tmp, serde_json::to_string_pretty(&entries).unwrap_or_default()))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if let Err(e) = written {
+    if let Err(e) = crate::process::write_atomically(path, serde_json::to_string_pretty(&entries).unwrap_or_default().as_bytes()) {
         tracing::warn!("could not cache the profile in {}: {e}", path.display());
     }
 }

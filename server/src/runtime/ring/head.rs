@@ -541,12 +541,19 @@ impl RingPipeline {
     }
 
     /// Asks each worker to have what its windows need, fetching it from this head when it
-    /// lacks the model (one that has it answers at once). `Ok(None)`: every one is ready;
-    /// `Ok(Some(progress))`: some are still fetching (in the background: ask again).
+    /// lacks the model (one that has it answers at once): then it runs the head's model.
+    /// `Ok(None)`: every one is ready; `Ok(Some(progress))`: some are still fetching (in
+    /// the background: ask again).
     fn fetch_windows(&self, wanted: &[(String, Vec<(usize, usize)>)]) -> Result<Option<String>> {
+        Ok(self.connect_ready(wanted)?.1)
+    }
+
+    /// `fetch_windows`, also handing back the connection to each worker, in order.
+    fn connect_ready(&self, wanted: &[(String, Vec<(usize, usize)>)]) -> Result<(Vec<ControlClient>, Option<String>)> {
         let (secret, config, listen, advertise, fingerprint) = (&self.cfg.setup.secret, &self.link_config, self.server.local_addr(), &self.cfg.setup.advertise, &self.fingerprint);
         self.rt.block_on(async {
             let mut waiting = Vec::new();
+            let mut clients = Vec::with_capacity(wanted.len());
             // A relay (no windows) fetches the header only: its model's fingerprint.
             for (w, windows) in wanted {
                 let client = ControlClient::connect(w, secret, config).await.map_err(|e| super::connecting(w, e))?;
@@ -568,35 +575,27 @@ impl RingPipeline {
                     let share = status.verified_bytes as f64 / status.needed_bytes.max(1) as f64 * 100.0;
                     waiting.push(format!("{w} {share:.0}% of {:.1} MB", status.needed_bytes as f64 / 1e6));
                 }
+                clients.push(client);
             }
-            Ok((!waiting.is_empty()).then(|| waiting.join(", ")))
+            Ok((clients, (!waiting.is_empty()).then(|| waiting.join(", "))))
         })
     }
 
     /// Sends every worker its plan, links head -> first worker, waits for the last worker
     /// to link back, and sends a probe frame round to prove the whole ring carries frames.
     fn form(&mut self) -> Result<Links, Error> {
-        // A worker that lost its copy (a new machine at the same address) fetches again
-        // first; the ring forms once it has its windows.
-        if let Some(progress) = self.fetch_windows(&self.wanted(&self.plan, &self.members))? {
+        // Every worker answers and runs our model, its windows here, before any of them
+        // (re)builds its stage: a ring that waits for one lost device must not make the
+        // others reallocate their caches on every attempt. A worker that lost its copy (a
+        // new machine at the same address) fetches again first.
+        let (clients, fetching) = self.connect_ready(&self.wanted(&self.plan, &self.members))?;
+        if let Some(progress) = fetching {
             return Err(Error::RingBroken(format!("workers are fetching their windows from the head: {progress}")));
         }
         self.step += 1;
         let probe = self.step;
         let (cfg, plan, workers, server, link_config, fingerprint, head_id, board) = (&self.cfg, &self.plan, &self.members, &mut self.server, &self.link_config, &self.fingerprint, &self.id, &self.board);
         self.rt.block_on(async {
-            // Every worker answers and has our model before any of them (re)builds its
-            // stage: a ring that waits for one lost device must not make the others
-            // reallocate their caches on every attempt.
-            let mut clients = Vec::with_capacity(workers.len());
-            for w in workers {
-                let client = ControlClient::connect(w, &cfg.setup.secret, link_config).await.map_err(|e| super::connecting(w, e))?;
-                let health = client.call(transport::methods::HEALTH, &serde_json::Value::Null).await.map_err(|e| super::connecting(w, e))?;
-                if health["fingerprint"].as_str() != Some(fingerprint.as_str()) {
-                    return Err(Error::RingRefused(format!("worker {w} has a different model file (fingerprint {}, the head's is {fingerprint})", health["fingerprint"])));
-                }
-                clients.push(client);
-            }
             let back = match &cfg.setup.advertise {
                 Some(a) => a.clone(),
                 None => super::reachable_at(server.local_addr(), &workers[workers.len() - 1]).await,

@@ -15,7 +15,7 @@
 //! It reads the GGUF through the engine and moves bytes through the transport; it knows
 //! nothing of rounds, stages or plans beyond a worker's windows.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -90,12 +90,18 @@ impl Manifest {
         Manifest { fingerprint: file.fingerprint(), file_bytes: bytes.len() as u64, header, tensors }
     }
 
+    /// The tensors by name (a MoE model has thousands).
+    fn by_name(&self) -> HashMap<&str, &TensorPiece> {
+        self.tensors.iter().map(|t| (t.name.as_str(), t)).collect()
+    }
+
     /// The pieces a worker of `windows` needs: the header first, then its tensors.
     fn pieces_for(&self, file: &ModelFile, windows: &[Range<usize>]) -> Result<Vec<(String, Piece)>, String> {
         let mut out = vec![(HEADER.to_string(), self.header.clone())];
         let data_offset = file.gguf.data_offset();
+        let by_name = self.by_name();
         for t in engine::model_file::window_tensors(file.gguf.meta(), windows) {
-            let listed = self.tensors.iter().find(|p| p.name == t.name).ok_or_else(|| format!("the head's manifest lacks tensor {}", t.name))?;
+            let listed = by_name.get(t.name.as_str()).ok_or_else(|| format!("the head's manifest lacks tensor {}", t.name))?;
             if listed.piece.offset != data_offset + t.offset || listed.piece.bytes != t.n_bytes {
                 return Err(format!("the head's manifest places tensor {} elsewhere than the header does", t.name));
             }
@@ -169,8 +175,7 @@ impl ManifestStore {
 const COMPUTING: &str = "the head is computing the model's manifest";
 
 fn manifest_cache(fingerprint: &str) -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME").map(PathBuf::from).or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("hearth").join("manifests").join(format!("{fingerprint}.json")))
+    Some(crate::process::cache_dir()?.join("manifests").join(format!("{fingerprint}.json")))
 }
 
 fn load_or_compute(file: &ModelFile, progress: &AtomicU64) -> Manifest {
@@ -185,13 +190,7 @@ fn load_or_compute(file: &ModelFile, progress: &AtomicU64) -> Manifest {
     let manifest = Manifest::compute(file, progress);
     tracing::info!(tensors = manifest.tensors.len(), seconds = started.elapsed().as_secs_f64(), "model manifest computed (SHA-256 of every tensor), for workers that fetch the model from this head");
     if let Some(path) = cache {
-        let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-        let written = path
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|_| std::fs::write(&tmp, serde_json::to_vec(&manifest).unwrap_or_default()))
-            .and_then(|_| std::fs::rename(&tmp, &path));
-        if let Err(e) = written {
+        if let Err(e) = crate::process::write_atomically(&path, &serde_json::to_vec(&manifest).unwrap_or_default()) {
             tracing::warn!("could not cache the model manifest in {}: {e}", path.display());
         }
     }
@@ -366,12 +365,6 @@ fn paths(dir: &Path, fingerprint: &str) -> Paths {
     Paths { file: dir.join(format!("{stem}.gguf")), manifest: dir.join(format!("{stem}.manifest.json")), record: dir.join(format!("{stem}.verified.json")) }
 }
 
-fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path)
-}
-
 /// Bytes a file takes on disk (a sparse file: only what was written).
 fn allocated(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -530,13 +523,14 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
         opened.set_len(manifest.file_bytes).map_err(|e| format!("cannot size {}: {e}", paths.file.display()))?;
     }
     let file = Arc::new(opened);
-    write_atomically(&paths.manifest, &serde_json::to_vec(&manifest).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", paths.manifest.display()))?;
+    crate::process::write_atomically(&paths.manifest, &serde_json::to_vec(&manifest).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", paths.manifest.display()))?;
     let mut verified: BTreeSet<String> = std::fs::read(&paths.record).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
+    let by_name = manifest.by_name();
     let listed = |name: &str| -> Option<Piece> {
         if name == HEADER {
             return Some(manifest.header.clone());
         }
-        manifest.tensors.iter().find(|t| t.name == name).map(|t| t.piece.clone())
+        by_name.get(name).map(|t| t.piece.clone())
     };
     // What an earlier fetch verified is checked again: a crash mid-write or a disk that
     // changed a byte must not reach a stage.
@@ -554,7 +548,7 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
             verified.remove(&name);
         }
     }
-    let record = |verified: &BTreeSet<String>| write_atomically(&paths.record, &serde_json::to_vec(verified).unwrap_or_default());
+    let record = |verified: &BTreeSet<String>| crate::process::write_atomically(&paths.record, &serde_json::to_vec(verified).unwrap_or_default());
 
     let mut reporter = Reporter::new();
     let mut last_record = Instant::now();
