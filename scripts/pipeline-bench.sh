@@ -142,7 +142,7 @@ if v.get("predicted_tpot_ms_at_measured_context"):
     parts.append("TPOT %.2f ms at the measured context of %.0f tokens (measured %.2f ms)" % (v["predicted_tpot_ms_at_measured_context"], v["measured_context"], v["measured_tpot_ms"]))
 for x in f.get("streams", []):
     if x["streams"] == int(os.environ["STREAMS"]):
-        parts.append("%d streams %.2f t/s" % (x["streams"], x[way + "_tokens_per_s"]))
+        parts.append("%d streams %.2f t/s at %d tokens of context" % (x["streams"], x[way + "_tokens_per_s"], f["context"]))
 for x in f.get("prompts", []):
     if x["tokens"] == int(os.environ["PROMPT"]):
         parts.append("TTFT %.2f s" % x[way + "_ttft_s"] + (" (chunks of %d)" % x["chunk"] if m > 1 else ""))

@@ -40,14 +40,21 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
     assert!(same > 0, "f16 output diverged at once: {f16:?}");
 }
 
-/// A prompt of real text over 1,000 tokens (prefilled in several chunks, so sliding
-/// windows start past the first 256 cells), continued greedily.
 /// The new architectures through a ring of real processes: a tiny random qwen3moe,
 /// gemma3 (sliding window of 8 tokens, shorter than the prompt), gpt-oss (sinks, MXFP4
-/// experts) and glm4moe (a dense first layer, a shared expert, partial RoPE) of 6 layers give the single node's greedy text for windows cut
-/// through every stage, with disjoint windows per member, and with a relaying head.
+/// experts) and glm4moe (a dense first layer, a shared expert, partial RoPE) of 6 layers
+/// give the single node's greedy text for windows cut through every stage, with disjoint
+/// windows per member, and with a relaying head; one worker has no model file and fetches
+/// its windows from the head. Also a prompt of real text over 1,000 tokens, pipelined in
+/// chunks (so sliding windows start past the first 256 cells).
+///
+/// Chunks round as micro-batches of their size do (llama.cpp's `n_ubatch`: see the engine's
+/// `a_prompt_in_chunks_matches_llama_cpp_in_micro_batches_of_that_size`), and these random
+/// models' answers change with it: the ring's chunk is pinned to the single node's batch.
+/// With batch-invariant kernels the planned chunk gives the single node's answer too.
 #[test]
 fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() {
+    const CHUNK: &str = "50";
     let dir = std::env::temp_dir().join(format!("hearth-ring-archs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe"] {
@@ -57,26 +64,35 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
         m.seed = 7;
         let path = dir.join(format!("{arch}.gguf"));
         m.write(&common::default_model(), &path).unwrap();
-        let single = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048"]);
+        let single = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--max-batch", CHUNK]);
         let expected = chat(&single.addr, false);
         let expected_long = common::complete_long(&single.addr);
         drop(single);
         assert!(!expected.is_empty(), "{arch}: empty answer");
         let model = path.to_str().unwrap();
+        let shipped = dir.join(format!("shipped-{arch}"));
         let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
-        let w2 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+        let w2 = Served::worker_fetching(&["--threads", "1", "--model-dir", shipped.to_str().unwrap()]);
         let workers = format!("{},{}", w1.addr, w2.addr);
+        let ring = ["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--max-batch", CHUNK, "--prompt-chunk", CHUNK];
         for windows in ["2,2,2", "1,1,1", "0,3,3"] {
-            let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", windows]);
+            let head = Served::start_model(&path, &[&ring[..], &["--windows", windows]].concat());
             assert_eq!(chat(&head.addr, false), expected, "{arch} ({model}), windows {windows}");
             assert_eq!(chat(&head.addr, true), expected, "{arch}, windows {windows}, streamed");
             assert_eq!(common::complete_long(&head.addr), expected_long, "{arch}, windows {windows}, a prompt of over 1,000 tokens");
         }
         // Every device paging its windows from disk (released after each use): MoE layers
         // then read only the experts each router chose, while the graph runs.
-        let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", "1,1,1", "--release-windows"]);
+        let head = Served::start_model(&path, &[&ring[..], &["--windows", "1,1,1", "--release-windows"]].concat());
         assert_eq!(chat(&head.addr, false), expected, "{arch}, paged windows");
         assert_eq!(common::complete_long(&head.addr), expected_long, "{arch}, paged windows, a prompt of over 1,000 tokens");
+        drop(head);
+        // Chunks as the plan cuts them, batch-invariant kernels on both sides.
+        let single = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--batch-invariant"]);
+        let invariant_long = common::complete_long(&single.addr);
+        drop(single);
+        let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--workers", &workers, "--windows", "2,2,2", "--batch-invariant"]);
+        assert_eq!(common::complete_long(&head.addr), invariant_long, "{arch}, planned chunks, batch-invariant kernels");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -204,12 +204,12 @@ impl Reference {
     /// A context of `n_seq` sequences, each with its own stream of `n_ctx / n_seq` cells
     /// (llama.cpp's default, non-unified cache: what llama-server gives its slots).
     fn context_seqs(&self, n_ctx: usize, n_batch: usize, swa_full: bool, n_seq: usize) -> Result<Context> {
-        self.context_profiled(n_ctx, n_batch, swa_full, n_seq, None)
+        self.context_profiled(n_ctx, n_batch, n_batch, swa_full, n_seq, None)
     }
 
     /// [`Self::context_seqs`] with every op timed in `ops` while it records (which must
     /// outlive the context).
-    fn context_profiled(&self, n_ctx: usize, n_batch: usize, swa_full: bool, n_seq: usize, ops: Option<*mut OpProfile>) -> Result<Context> {
+    fn context_profiled(&self, n_ctx: usize, n_batch: usize, n_ubatch: usize, swa_full: bool, n_seq: usize, ops: Option<*mut OpProfile>) -> Result<Context> {
         // SAFETY: default params from llama.cpp, on a loaded model.
         let ctx = unsafe {
             let mut p = sys::llama_context_default_params();
@@ -217,7 +217,7 @@ impl Reference {
             p.swa_full = swa_full;
             p.n_ctx = n_ctx as u32;
             p.n_batch = n_batch as u32;
-            p.n_ubatch = n_batch as u32;
+            p.n_ubatch = n_ubatch.min(n_batch) as u32;
             p.n_threads = self.threads;
             p.n_threads_batch = self.threads;
             p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
@@ -243,6 +243,25 @@ impl Reference {
     /// Greedy continuation of `prompt`: `n` tokens, the prompt fed as one batch.
     pub fn greedy(&self, prompt: &[i32], n: usize) -> Result<Vec<i32>> {
         let mut ctx = self.context(4096, prompt.len().max(1))?;
+        ctx.decode(prompt, 0, false)?;
+        let mut out = Vec::with_capacity(n);
+        let mut logits_index = prompt.len() - 1;
+        while out.len() < n {
+            let next = argmax(ctx.logits(logits_index));
+            out.push(next);
+            if out.len() < n {
+                ctx.decode(&[next], prompt.len() + out.len() - 1, false)?;
+                logits_index = 0;
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Self::greedy`] with the prompt cut into micro-batches of `ubatch` tokens by
+    /// llama.cpp itself (`n_ubatch`, llama-server's `-ub`): the rows a kernel sees change
+    /// which ggml path it takes, so the rounding follows the chunk size.
+    pub fn greedy_in_ubatches(&self, prompt: &[i32], n: usize, ubatch: usize) -> Result<Vec<i32>> {
+        let mut ctx = self.context_profiled(4096, prompt.len().max(1), ubatch.max(1), true, 1, None)?;
         ctx.decode(prompt, 0, false)?;
         let mut out = Vec::with_capacity(n);
         let mut logits_index = prompt.len() - 1;
@@ -293,7 +312,8 @@ impl Reference {
         // SAFETY (both `record` calls): the context reads the profile only inside decode
         // calls, none of which runs at the same time.
         ops.inspect(|&p| unsafe { (*p).record(false) });
-        let mut ctx = self.context_profiled(per_seq * prompts.len(), longest.max(prompts.len()).max(1), swa_full, prompts.len(), ops)?;
+        let batch = longest.max(prompts.len()).max(1);
+        let mut ctx = self.context_profiled(per_seq * prompts.len(), batch, batch, swa_full, prompts.len(), ops)?;
         let t0 = Instant::now();
         let mut out: Vec<Vec<i32>> = Vec::with_capacity(prompts.len());
         for (s, p) in prompts.iter().enumerate() {

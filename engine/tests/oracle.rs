@@ -331,3 +331,50 @@ fn sliding_windows_far_into_a_long_prompt_match_llama_cpp() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// A long prompt fed in chunks rounds as llama.cpp does with micro-batches of that size
+/// (`n_ubatch`, llama-server's `-ub`): the chunk a ring pipelines a prompt in is such a
+/// micro-batch. Which ggml path a kernel takes depends on the rows it gets (repacked
+/// GEMM against GEMV, a MoE expert's share of the batch), so llama.cpp's own answer may
+/// change with the micro-batch size; hearth's must change with it in the same way.
+#[test]
+fn a_prompt_in_chunks_matches_llama_cpp_in_micro_batches_of_that_size() {
+    use engine::{LocalPipeline, ModelFile, Stage};
+    use std::sync::Arc;
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let text: String = text.chars().take(5000).collect();
+    for arch in ["gpt-oss", "qwen3moe"] {
+        // The shape of the ring test's models (tests/ring.rs), whose answers differ by chunk.
+        let mut m = RandomModel::new(arch, 6, 64, 128, 4, 2);
+        m.n_ff_exp = 64;
+        m.n_swa = 8;
+        m.seed = 7;
+        m.context_length = 2048;
+        let dir = std::env::temp_dir().join(format!("hearth-chunks-{}-{arch}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = common::tiny::write(&m, &dir);
+        let mut prompt = Tokenizer::load(&path).unwrap().tokenize(&text, true);
+        prompt.truncate(1100);
+        assert_eq!(prompt.len(), 1100);
+        let reference = Reference::load(&path, THREADS).unwrap();
+        let file = Arc::new(ModelFile::open(&path).unwrap());
+        let cfg = engine::StageConfig { max_batch: 512, n_ctx_seq: 2048, ..common::stage_config(vec![0..6], 1) };
+        let mut p = LocalPipeline::new(vec![Stage::new(file, cfg.clone()).unwrap()]).unwrap();
+        let mut answers = Vec::new();
+        for chunk in [37, 64, 512] {
+            let expected = reference.greedy_in_ubatches(&prompt, 24, chunk).unwrap();
+            assert_eq!(p.greedy(0, &prompt, 24, chunk).unwrap(), expected, "{arch}: chunks of {chunk} differ from llama.cpp's micro-batches of {chunk}");
+            answers.push((chunk, expected));
+        }
+        let distinct = answers.iter().map(|a| &a.1).collect::<std::collections::BTreeSet<_>>().len();
+        eprintln!("{arch}: {} prompt tokens, llama.cpp gives {distinct} different answers for micro-batches of 37, 64 and 512", prompt.len());
+        // Batch-invariant kernels round every row alike whatever the batch: one answer.
+        let cfg = engine::StageConfig { batch_invariant: true, ..cfg };
+        let mut p = LocalPipeline::new(vec![Stage::new(Arc::new(ModelFile::open(&path).unwrap()), cfg).unwrap()]).unwrap();
+        let whole = p.greedy(0, &prompt, 24, 512).unwrap();
+        for chunk in [37, 64] {
+            assert_eq!(p.greedy(0, &prompt, 24, chunk).unwrap(), whole, "{arch}: batch-invariant kernels, chunks of {chunk} against 512");
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -194,7 +194,7 @@ pub struct ReplanRequest {
 /// `predicted_tpot_ms`, `measured_tpot_ms`, `measured_steps`, `measured_context`,
 /// `measured_hop_ms`, `measured_disk_share`, `predicted_tpot_ms_at_measured_context`,
 /// `micro_batches` (in flight at once), `forecast` (aggregate tokens/s of 1, 4 and 8 streams
-/// and the time to first token of 512-, 2,000- and 8,000-token prompts, one micro-batch at
+/// at `context` tokens each and the time to first token of 512-, 2,000- and 8,000-token prompts, one micro-batch at
 /// a time and pipelined), `replans`, `last_check`.
 /// See docs/ring.md.
 #[utoipa::path(

@@ -509,11 +509,11 @@ pub fn predict_ring(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::profile::PerQuant;
 
-    fn dev(os: Os, ram: f64) -> DeviceProfile {
+    pub(crate) fn dev(os: Os, ram: f64) -> DeviceProfile {
         let r = PerQuant { q4_0: 1e11, q4_1: 1e11, q4k: 1e11, q5k: 1e11, q6k: 1e11, q8_0: 1e11, f16: 1e11, f32: 1e11, other: Default::default() };
         DeviceProfile {
             name: "d".into(),
@@ -534,7 +534,7 @@ mod tests {
         }
     }
 
-    fn model() -> ModelProfile {
+    pub(crate) fn model() -> ModelProfile {
         ModelProfile {
             name: "m".into(),
             n_layer: 10,

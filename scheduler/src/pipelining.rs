@@ -1,26 +1,31 @@
 //! What a ring sustains with several micro-batches in flight, beside the paper's latency
 //! model (`cost`), which is about one token of one sequence going round alone.
 //!
-//! Each member's time for a micro-batch of `b` tokens is linear in `b`: a fixed part (the
-//! weights streamed once, the graph, the hop) and a per-token part. Both come from the
-//! plan's predicted decode time of that member, `t₁`, split by the member's measured
-//! `prompt_token_share` σ: `t(b) = t₁·(1 − σ + σ·b) + hop`. With `m` micro-batches in flight
+//! Each member's time for a micro-batch of `b` tokens, each attending `c` cells of its own
+//! sequence's cache, is linear in `b`: a fixed part (the weights streamed once, the graph,
+//! the hop) and per token a share of the weights' work plus its own attention. The
+//! weights' part comes from the member's predicted decode time without a cache, `w`,
+//! split by its measured `prompt_token_share` σ; the attention from what the cache adds
+//! to the prediction, `a` per cell: `t(b, c) = w·(1 − σ) + hop + b·(w·σ + a·c)`. Tokens of
+//! a batch share the weights but not their sequences' caches, so a plan judged at a long
+//! context must not count its attention once per batch. With `m` micro-batches in flight
 //! a member works on one while the others travel, so:
 //!
-//! - a prompt of `n` tokens cut into `c` chunks of `b` reaches its first token after
-//!   `R(b) + (c − 1)·max(B(b), R(b)/m)`, where `R` is the sum of the members' times (one
-//!   chunk all the way round) and `B` the slowest member's (the pipeline's beat); one
-//!   micro-batch at a time it takes `c·R(b)`;
-//! - `s` decoding streams split into `m` groups of `g = ⌈s/m⌉` make `s` tokens every
-//!   `max(R(g), m·B(g))` seconds; one micro-batch at a time, every `R(s)`.
+//! - a prompt of `n` tokens cut into `k` chunks of `b` (tokens attending `(n + b)/2` cells
+//!   on average) reaches its first token after `R(b) + (k − 1)·max(B(b), R(b)/m)`, where
+//!   `R` is the sum of the members' times (one chunk all the way round) and `B` the
+//!   slowest member's (the pipeline's beat); one micro-batch at a time it takes `k·R(b)`;
+//! - `s` decoding streams at context `c` split into `m` groups of `g = ⌈s/m⌉` make `s`
+//!   tokens every `max(R(g), m·B(g))` seconds; one micro-batch at a time, every `R(s)`.
 //!
 //! Sampling on the head is left out: it is the same in every shape.
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::Prediction;
+use crate::cost::{predict_ring, Prediction};
+use crate::halda::DEFAULT_DISK_THRESHOLD;
 use crate::plan::Plan;
-use crate::profile::DeviceProfile;
+use crate::profile::{DeviceProfile, ModelProfile};
 
 /// σ for a device whose profile has none (an older profile): measured on this project's CI
 /// machine kind (2 cores, AVX2, one thread) for the default model's Q4_1 layers, where a
@@ -28,17 +33,20 @@ use crate::profile::DeviceProfile;
 /// mostly streaming weights measure lower.
 pub const DEFAULT_PROMPT_TOKEN_SHARE: f64 = 0.45;
 
-/// One member's time for a micro-batch: `fixed_s + per_token_s·b`.
+/// One member's time for a micro-batch of `b` tokens attending `c` cells each:
+/// `fixed_s + b·(per_token_s + per_cell_s·c)`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StageTime {
     pub name: String,
     pub fixed_s: f64,
     pub per_token_s: f64,
+    /// One token's attention per cell of its sequence's cache.
+    pub per_cell_s: f64,
 }
 
 impl StageTime {
-    fn at(&self, b: usize) -> f64 {
-        self.fixed_s + self.per_token_s * b as f64
+    fn at(&self, b: usize, cells: f64) -> f64 {
+        self.fixed_s + (self.per_token_s + self.per_cell_s * cells) * b as f64
     }
 }
 
@@ -60,31 +68,39 @@ pub fn auto_depth(plan: &Plan, prediction: &Prediction) -> usize {
 }
 
 impl Pipelining {
-    /// From a plan's prediction and its members' profiles (in the same order). Members
-    /// without layers that only relay still count their hop.
-    pub fn of(devices: &[DeviceProfile], prediction: &Prediction) -> Pipelining {
+    /// The plan `plan` of `devices` (its members, in ring order) for `model`, predicted as
+    /// the ring runs it: without a cache for the weights' part, and at the model's context
+    /// for what attention adds per cell. Members without layers that only relay still
+    /// count their hop.
+    pub fn of(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan) -> Pipelining {
+        // The disk threshold only labels the devices' sets: any will do for the times.
+        let bare = predict_ring(devices, &model.at_context(0), plan, DEFAULT_DISK_THRESHOLD);
+        let full = predict_ring(devices, model, plan, DEFAULT_DISK_THRESHOLD);
+        let cells = model.n_kv.max(1) as f64;
         let stages = devices
             .iter()
-            .zip(&prediction.devices)
-            .map(|(dev, cost)| {
-                let b = &cost.breakdown;
-                let work = b.compute_s + b.memory_s + b.disk_s;
+            .zip(bare.devices.iter().zip(&full.devices))
+            .map(|(dev, (bare, full))| {
+                let (b, f) = (&bare.breakdown, &full.breakdown);
+                let weights = b.compute_s + b.memory_s;
+                let attention = (f.compute_s + f.memory_s - weights).max(0.0);
                 let sigma = if dev.prompt_token_share > 0.0 { dev.prompt_token_share.min(1.0) } else { DEFAULT_PROMPT_TOKEN_SHARE };
-                StageTime { name: cost.name.clone(), fixed_s: work * (1.0 - sigma) + b.network_s, per_token_s: work * sigma }
+                // Pages read from disk are weights: the batch shares them.
+                StageTime { name: full.name.clone(), fixed_s: weights * (1.0 - sigma) + f.disk_s + f.network_s, per_token_s: weights * sigma, per_cell_s: attention / cells }
             })
             .collect();
         Pipelining { stages }
     }
 
-    /// One micro-batch of `b` tokens all the way round.
-    pub fn round_s(&self, b: usize) -> f64 {
-        self.stages.iter().map(|s| s.at(b)).sum()
+    /// One micro-batch of `b` tokens attending `cells` cells each, all the way round.
+    pub fn round_s(&self, b: usize, cells: f64) -> f64 {
+        self.stages.iter().map(|s| s.at(b, cells)).sum()
     }
 
-    /// The slowest member's time for `b` tokens: with enough in flight, one micro-batch
-    /// leaves the ring every beat.
-    pub fn beat_s(&self, b: usize) -> f64 {
-        self.stages.iter().map(|s| s.at(b)).fold(0.0, f64::max)
+    /// The slowest member's time for that micro-batch: with enough in flight, one
+    /// micro-batch leaves the ring every beat.
+    pub fn beat_s(&self, b: usize, cells: f64) -> f64 {
+        self.stages.iter().map(|s| s.at(b, cells)).fold(0.0, f64::max)
     }
 
     /// Time to first token of a prompt of `n` tokens in chunks of `chunk`, with up to
@@ -94,11 +110,15 @@ impl Pipelining {
         let chunks = n.div_ceil(chunk.max(1));
         // Chunks of equal size: the batching loop's last one is smaller, the sum the same.
         let b = n.div_ceil(chunks);
-        let round = self.round_s(b);
+        // Causal attention: a chunk's tokens attend the cells before them and each other;
+        // over the prompt, `(n + b) / 2` each on average (late chunks cost more than early
+        // ones, the sum is what counts).
+        let cells = (n + b) as f64 / 2.0;
+        let round = self.round_s(b, cells);
         if depth <= 1 {
             return chunks as f64 * round;
         }
-        round + (chunks - 1) as f64 * self.beat_s(b).max(round / depth as f64)
+        round + (chunks - 1) as f64 * self.beat_s(b, cells).max(round / depth as f64)
     }
 
     /// The chunk (at most `max_batch`) that gives a prompt of `n` tokens its shortest time
@@ -112,13 +132,14 @@ impl Pipelining {
         (1..=max_batch).rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
     }
 
-    /// Aggregate decode tokens/s of `streams` sequences with up to `depth` micro-batches
-    /// in flight (one group of sequences each).
-    pub fn tokens_per_s(&self, streams: usize, depth: usize) -> f64 {
+    /// Aggregate decode tokens/s of `streams` sequences with `context` tokens in their
+    /// caches, with up to `depth` micro-batches in flight (one group of sequences each).
+    pub fn tokens_per_s(&self, streams: usize, depth: usize, context: usize) -> f64 {
         let streams = streams.max(1);
         let m = depth.clamp(1, streams);
         let g = streams.div_ceil(m);
-        let period = if m == 1 { self.round_s(streams) } else { self.round_s(g).max(m as f64 * self.beat_s(g)) };
+        let cells = context as f64;
+        let period = if m == 1 { self.round_s(streams, cells) } else { self.round_s(g, cells).max(m as f64 * self.beat_s(g, cells)) };
         streams as f64 / period
     }
 
@@ -126,9 +147,10 @@ impl Pipelining {
     /// stream counts and the time to first token for a few prompt lengths, one
     /// micro-batch at a time and with `depth` in flight.
     pub fn forecast(&self, depth: usize, max_batch: usize) -> Forecast {
+        let c = FORECAST_CONTEXT;
         let streams = FORECAST_STREAMS
             .iter()
-            .map(|&s| StreamsForecast { streams: s, one_at_a_time_tokens_per_s: self.tokens_per_s(s, 1), pipelined_tokens_per_s: self.tokens_per_s(s, depth) })
+            .map(|&s| StreamsForecast { streams: s, one_at_a_time_tokens_per_s: self.tokens_per_s(s, 1, c), pipelined_tokens_per_s: self.tokens_per_s(s, depth, c) })
             .collect();
         let prompts = FORECAST_PROMPTS
             .iter()
@@ -137,7 +159,7 @@ impl Pipelining {
                 PromptForecast { tokens: n, chunk, one_at_a_time_ttft_s: self.ttft_s(n, max_batch, 1), pipelined_ttft_s: self.ttft_s(n, chunk, depth) }
             })
             .collect();
-        Forecast { micro_batches: depth, streams, prompts }
+        Forecast { micro_batches: depth, context: c, streams, prompts }
     }
 }
 
@@ -145,11 +167,16 @@ impl Pipelining {
 /// chat turn, a long document, a coding tool's context.
 const FORECAST_STREAMS: &[usize] = &[1, 4, 8];
 const FORECAST_PROMPTS: &[usize] = &[512, 2000, 8000];
+/// Tokens in each stream's cache for the decode figures: a chat turn's question and
+/// answer. Attention grows with it; the plan itself is judged at the full context.
+const FORECAST_CONTEXT: usize = 512;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Forecast {
     /// Micro-batches the ring holds in flight at once.
     pub micro_batches: usize,
+    /// Tokens in each stream's cache for the decode figures.
+    pub context: usize,
     pub streams: Vec<StreamsForecast>,
     pub prompts: Vec<PromptForecast>,
 }
@@ -175,7 +202,7 @@ mod tests {
     use super::*;
 
     fn even(members: usize, fixed: f64, per_token: f64) -> Pipelining {
-        Pipelining { stages: (0..members).map(|i| StageTime { name: format!("d{i}"), fixed_s: fixed, per_token_s: per_token }).collect() }
+        Pipelining { stages: (0..members).map(|i| StageTime { name: format!("d{i}"), fixed_s: fixed, per_token_s: per_token, per_cell_s: 0.0 }).collect() }
     }
 
     #[test]
@@ -183,23 +210,23 @@ mod tests {
         let p = even(3, 0.004, 0.001);
         // 2,000 tokens in 4 chunks of 500: each goes round (3 × 0.504 s).
         assert!((p.ttft_s(2000, 512, 1) - 4.0 * 3.0 * 0.504).abs() < 1e-9);
-        assert!((p.tokens_per_s(8, 1) - 8.0 / (3.0 * 0.012)).abs() < 1e-6);
+        assert!((p.tokens_per_s(8, 1, 0) - 8.0 / (3.0 * 0.012)).abs() < 1e-6);
     }
 
     #[test]
     fn three_even_members_approach_three_times_the_throughput_of_one_at_a_time() {
         // Compute-bound members (a token in a batch costs most of a step): nearly 3x.
         let p = even(3, 0.001, 0.002);
-        let one = p.tokens_per_s(8, 1);
-        let three = p.tokens_per_s(8, 3);
+        let one = p.tokens_per_s(8, 1, 0);
+        let three = p.tokens_per_s(8, 3, 0);
         assert!(three / one > 2.0 && three / one < 3.0, "{one} vs {three}");
         // Members that mostly stream weights (a batch of 8 costs little more than one
         // token) gain less: the batch of 8 already shared the weights.
         let bandwidth_bound = even(3, 0.004, 0.0004);
-        let gain = bandwidth_bound.tokens_per_s(8, 3) / bandwidth_bound.tokens_per_s(8, 1);
+        let gain = bandwidth_bound.tokens_per_s(8, 3, 0) / bandwidth_bound.tokens_per_s(8, 1, 0);
         assert!(gain > 1.2 && gain < three / one, "{gain}");
         // More places in flight than streams: no better than one per stream.
-        assert_eq!(p.tokens_per_s(2, 3), p.tokens_per_s(2, 2));
+        assert_eq!(p.tokens_per_s(2, 3, 0), p.tokens_per_s(2, 2, 0));
     }
 
     #[test]
@@ -222,8 +249,37 @@ mod tests {
         let mut p = even(3, 0.004, 0.0005);
         p.stages[1].per_token_s = 0.002;
         let b = 100;
-        assert_eq!(p.beat_s(b), p.stages[1].at(b));
+        assert_eq!(p.beat_s(b, 0.0), p.stages[1].at(b, 0.0));
         let chunks = 20;
-        assert!((p.ttft_s(b * chunks, b, 3) - (p.round_s(b) + (chunks - 1) as f64 * p.stages[1].at(b))).abs() < 1e-9);
+        let cells = (b * chunks + b) as f64 / 2.0;
+        assert!((p.ttft_s(b * chunks, b, 3) - (p.round_s(b, cells) + (chunks - 1) as f64 * p.stages[1].at(b, cells))).abs() < 1e-9);
+    }
+
+    /// A plan judged at a long context: one token there costs what the plan predicts, but
+    /// the tokens of a batch share only the weights; each attends its own sequence's cache.
+    #[test]
+    fn the_tokens_of_a_batch_share_the_weights_but_not_their_attention() {
+        use crate::cost::tests::{dev, model};
+        use crate::profile::{Os, PerQuant};
+        let n_kv = 4096;
+        // Layers of 20 MB against 17 MB of cache each at 4,096 tokens.
+        let (heads, dim) = (8, 128);
+        let mut m = ModelProfile { n_kv, n_head_k: heads, n_head_v: heads, head_dim_k: dim, head_dim_v: dim, layer_bytes: 2e7, input_bytes: 1e7, output_bytes: 1e7, ..model() };
+        m.layer_flops = PerQuant { q4k: 2e7, f16: (4 * heads * dim * n_kv) as f64, ..PerQuant::default() };
+        m.output_flops = PerQuant { q6k: 1e7, ..PerQuant::default() };
+        let devices = vec![dev(Os::Linux, 8e9), dev(Os::Linux, 8e9), dev(Os::Linux, 8e9)];
+        let plan = Plan::from_windows(10, &[4, 3, 3]).unwrap();
+        let p = Pipelining::of(&devices, &m, &plan);
+        let full = predict_ring(&devices, &m, &plan, 1e9).tpot_s;
+        let bare = predict_ring(&devices, &m.at_context(0), &plan, 1e9).tpot_s;
+        assert!(full > 1.5 * bare, "the cache should weigh: {full} vs {bare}");
+        let c = n_kv as f64;
+        assert!((p.round_s(1, c) - full).abs() < 1e-9 * full, "{} vs {full}", p.round_s(1, c));
+        assert!((p.round_s(1, 0.0) - bare).abs() < 1e-9 * full);
+        // Eight sequences at the plan's context: eight times one sequence's attention.
+        let attention = |b| p.round_s(b, c) - p.round_s(b, 0.0);
+        assert!((attention(8) - 8.0 * attention(1)).abs() < 1e-9 * full);
+        // A short context decodes faster than the plan's.
+        assert!(p.tokens_per_s(8, 3, 128) > 1.5 * p.tokens_per_s(8, 3, n_kv));
     }
 }

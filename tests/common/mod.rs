@@ -51,6 +51,12 @@ impl Served {
         Served::spawn(&["worker", "--listen", listen], args, model, "worker listening on ")
     }
 
+    /// `hearth worker --listen 127.0.0.1:0 ARGS` without a model: it fetches the windows
+    /// its head gives it from the head (into `--model-dir`, which ARGS should set).
+    pub fn worker_fetching(args: &[&str]) -> Served {
+        Served::spawn_in(Command::new(env!("CARGO_BIN_EXE_hearth-under-test")), &["worker", "--listen", "127.0.0.1:0"], args, None, "worker listening on ", &[]).unwrap_or_else(|log| panic!("hearth worker exited before listening:\n{log}"))
+    }
+
     /// Like `start`, but returns the server's log if it exits instead of listening.
     pub fn try_start(args: &[&str]) -> Result<Served, String> {
         Served::spawn(&["serve", "--port", "0"], args, &default_model(), "listening on http://")

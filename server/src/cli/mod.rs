@@ -410,9 +410,11 @@ pub struct ServeArgs {
     /// from disk, where each would read them again).
     #[arg(long, env = "HEARTH_MICRO_BATCHES", default_value = "auto")]
     pub micro_batches: AutoCount,
-    /// Benchmarks only: tokens per prompt chunk with micro-batches in flight, instead of the
-    /// chunk planned for each prompt.
-    #[arg(long, env = "HEARTH_PROMPT_CHUNK", hide = true)]
+    /// Tokens per prompt chunk with micro-batches in flight, instead of the chunk planned
+    /// for each prompt. A chunk rounds as a batch of its size does: equal to `--max-batch`,
+    /// prompts are fed exactly as the single node feeds them (and reach their first token
+    /// later).
+    #[arg(long, env = "HEARTH_PROMPT_CHUNK")]
     pub prompt_chunk: Option<usize>,
     /// Do not read the head's next window ahead while the workers compute (for comparison).
     #[arg(long, env = "HEARTH_NO_PREFETCH")]

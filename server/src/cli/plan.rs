@@ -30,7 +30,7 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     if args.json {
         let others: serde_json::Map<String, serde_json::Value> =
             others.iter().map(|(s, r)| (s.to_string(), r.as_ref().map_or_else(|e| json!({ "error": e }), |t| json!({ "tpot_s": t })))).collect();
-        let forecast = forecast(&devices, &chosen);
+        let forecast = forecast(&devices, &model, &chosen);
         println!("{}", serde_json::to_string_pretty(&json!({ "model": model, "schedule": chosen, "forecast": forecast, "other_strategies": others }))?);
     } else {
         print!("{}", table(&devices, &model, &chosen, &others));

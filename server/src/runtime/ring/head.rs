@@ -371,7 +371,7 @@ impl RingPipeline {
             None if pages => 1,
             None => scheduler::pipelining::auto_depth(&self.plan, prediction),
         };
-        self.pipelining = (profiles.len() == prediction.devices.len()).then(|| scheduler::Pipelining::of(&profiles, prediction));
+        self.pipelining = (profiles.len() == prediction.devices.len()).then(|| scheduler::Pipelining::of(&profiles, &r.planner.model, &self.plan));
         tracing::info!(micro_batches = self.depth, pages, "micro-batches in flight");
     }
 

@@ -125,10 +125,10 @@ fn ms(s: f64) -> String {
 /// then the predicted TPOT, the devices left out, and `others`' predictions.
 /// What a schedule sustains with several requests or a long prompt, with as many
 /// micro-batches in flight as `--micro-batches auto` keeps (see `scheduler::pipelining`).
-pub fn forecast(devices: &[DeviceProfile], s: &Schedule) -> scheduler::Forecast {
+pub fn forecast(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule) -> scheduler::Forecast {
     let profiles: Vec<DeviceProfile> = s.members.iter().map(|&m| devices[m].clone()).collect();
     let depth = scheduler::pipelining::auto_depth(&s.plan, &s.prediction);
-    scheduler::Pipelining::of(&profiles, &s.prediction).forecast(depth, FORECAST_MAX_BATCH)
+    scheduler::Pipelining::of(&profiles, model, &s.plan).forecast(depth, FORECAST_MAX_BATCH)
 }
 
 pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, others: &[(Strategy, Result<f64, String>)]) -> String {
@@ -181,10 +181,10 @@ pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, othe
         );
     }
     let _ = writeln!(out, "\npredicted TPOT: {} ms", ms(s.prediction.tpot_s));
-    let f = forecast(devices, s);
+    let f = forecast(devices, model, s);
     let _ = writeln!(out, "micro-batches in flight: {}", f.micro_batches);
     for x in &f.streams {
-        let _ = writeln!(out, "  {} streams: {:.1} tokens/s ({:.1} one micro-batch at a time)", x.streams, x.pipelined_tokens_per_s, x.one_at_a_time_tokens_per_s);
+        let _ = writeln!(out, "  {} streams at {} tokens of context: {:.1} tokens/s ({:.1} one micro-batch at a time)", x.streams, f.context, x.pipelined_tokens_per_s, x.one_at_a_time_tokens_per_s);
     }
     for x in &f.prompts {
         let _ = writeln!(out, "  a {}-token prompt: first token after {:.2} s in chunks of {} ({:.2} s one at a time)", x.tokens, x.pipelined_ttft_s, x.chunk, x.one_at_a_time_ttft_s);
