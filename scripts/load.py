@@ -8,7 +8,8 @@
 tpot:    one greedy stream at a time; prints the median time per output token (s).
 streams: N concurrent greedy streams, each its own prompt; prints the aggregate generated
          tokens/s (every token of every stream over the wall time from the first request
-         to the last stream's end), the best of --reps rounds.
+         to the last stream's end), the best of --reps rounds; with --steady also that
+         round's rate while every stream was decoding (prompts done, none ended).
 ttft:    a prompt of about TOKENS tokens of real prose (from the prima.cpp paper), one token
          asked for, a different part of the text each time so no prompt cache helps;
          prints the median seconds to the answer and the prompt's token count.
@@ -84,6 +85,7 @@ def main():
     p.add_argument("url")
     p.add_argument("mode", choices=["tpot", "streams", "ttft"])
     p.add_argument("n", nargs="?", type=int, default=1, help="streams: how many; ttft: prompt tokens")
+    p.add_argument("--steady", action="store_true", help="streams: also print the tokens/s while every stream decodes (no prompt, no stream ended)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--timeout", type=float, default=1200)
@@ -124,8 +126,15 @@ def main():
                 t.join()
             end = max(times[-1] for times, _ in results if times)
             tokens = sum(len(times) for times, _ in results)
-            best = max(best, tokens / (end - t0))
-        print(f"{best:.3f}")
+            if tokens / (end - t0) > best:
+                best = tokens / (end - t0)
+                # Decoding alone: tokens that arrived while every stream was past its
+                # first token and none had ended (what a decode forecast is about).
+                lo = max(times[0] for times, _ in results if times)
+                hi = min(times[-1] for times, _ in results if times)
+                inside = sum(1 for times, _ in results for t in times if lo < t <= hi)
+                steady = inside / (hi - lo) if hi > lo else float("nan")
+        print(f"{best:.3f} {steady:.3f}" if a.steady else f"{best:.3f}")
     else:
         n_chars = int(a.n * CHARS_PER_TOKEN)
         took, counts = [], []

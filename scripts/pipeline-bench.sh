@@ -111,7 +111,7 @@ start_llama_rpc() {
   wait_http "$ADDR"
 }
 
-printf '%-10s %12s %14s %12s %8s\n' setup "TPOT ms" "${STREAMS} streams t/s" "TTFT ${PROMPT} s" tokens
+printf '%-10s %12s %14s %14s %12s %8s\n' setup "TPOT ms" "${STREAMS} streams t/s" "decoding t/s" "TTFT ${PROMPT} s" tokens
 declare -A TPOT AGG TTFT
 for s in "${SETUPS[@]}"; do
   case "$s" in
@@ -120,12 +120,12 @@ for s in "${SETUPS[@]}"; do
     llama-rpc) start_llama_rpc ;;
     *) echo "$0: unknown setup $s" >&2; exit 2 ;;
   esac
-  tpot=nan agg=nan ttft=nan count=-
+  tpot=nan agg=nan steady=nan ttft=nan count=-
   case " $MEASURES " in *" tpot "*) tpot="$(scripts/load.py "http://$ADDR" tpot --max-tokens "$TOKENS" --reps "$REPS")" ;; esac
-  case " $MEASURES " in *" streams "*) agg="$(scripts/load.py "http://$ADDR" streams "$STREAMS" --max-tokens "$TOKENS" --reps 1)" ;; esac
+  case " $MEASURES " in *" streams "*) read -r agg steady < <(scripts/load.py "http://$ADDR" streams "$STREAMS" --max-tokens "$TOKENS" --reps 1 --steady) ;; esac
   case " $MEASURES " in *" ttft "*) read -r ttft count < <(scripts/load.py "http://$ADDR" ttft "$PROMPT" --reps "$REPS") ;; esac
   TPOT[$s]="$tpot"; AGG[$s]="$agg"; TTFT[$s]="$ttft"
-  printf '%-10s %12s %14s %12s %8s\n' "$s" "$(python3 -c "print(f'{$tpot * 1000:.2f}')")" "$agg" "$ttft" "$count"
+  printf '%-10s %12s %14s %14s %12s %8s\n' "$s" "$(python3 -c "print(f'{float(\"$tpot\") * 1000:.2f}')")" "$agg" "$steady" "$ttft" "$count"
   if [ "$s" != llama-rpc ]; then
     # What the scheduler predicted for this plan (GET /admin/plan's forecast).
     curl -s -H "Authorization: Bearer bench" "http://$ADDR/admin/plan" | STREAMS="$STREAMS" PROMPT="$PROMPT" python3 -c '
@@ -142,7 +142,7 @@ if v.get("predicted_tpot_ms_at_measured_context"):
     parts.append("TPOT %.2f ms at the measured context of %.0f tokens (measured %.2f ms)" % (v["predicted_tpot_ms_at_measured_context"], v["measured_context"], v["measured_tpot_ms"]))
 for x in f.get("streams", []):
     if x["streams"] == int(os.environ["STREAMS"]):
-        parts.append("%d streams %.2f t/s at %d tokens of context" % (x["streams"], x[way + "_tokens_per_s"], f["context"]))
+        parts.append("%d streams %.2f t/s at %d tokens of context" % (x["streams"], x[way + "_tokens_per_s"], f.get("context", 0)))
 for x in f.get("prompts", []):
     if x["tokens"] == int(os.environ["PROMPT"]):
         parts.append("TTFT %.2f s" % x[way + "_ttft_s"] + (" (chunks of %d)" % x["chunk"] if m > 1 else ""))

@@ -56,6 +56,13 @@ pub struct Pipelining {
     pub stages: Vec<StageTime>,
 }
 
+/// The smallest prompt chunk the head plans: ggml's CPU attention takes query rows of one
+/// sequence in tiles of 64 (`GGML_FA_TILE_Q`, a GEMM-like kernel); fewer fall back to one
+/// row at a time, which on long prompts costs several times more per token (measured: a
+/// 2,178-token prompt in chunks of 40 spent 72% of a member's time in that kernel and took
+/// 2.4x the CPU of the same prompt in chunks of 436). The linear model cannot see the step.
+pub const MIN_PROMPT_CHUNK: usize = 64;
+
 /// Micro-batches a plan keeps in flight when hearth chooses: one per member that computes
 /// (the head always does: it holds the output layer), so every device has one to work on;
 /// one when a member is overloaded and pages its windows from disk, as prima.cpp runs
@@ -121,15 +128,17 @@ impl Pipelining {
         round + (chunks - 1) as f64 * self.beat_s(b, cells).max(round / depth as f64)
     }
 
-    /// The chunk (at most `max_batch`) that gives a prompt of `n` tokens its shortest time
-    /// to first token; of chunks within 1% of it, the largest (fewer, fuller batches).
+    /// The chunk (at least `MIN_PROMPT_CHUNK`, at most `max_batch`) that gives a prompt of
+    /// `n` tokens its shortest time to first token; of chunks within 1% of it, the largest
+    /// (fewer, fuller batches).
     pub fn best_chunk(&self, n: usize, max_batch: usize, depth: usize) -> usize {
         let max_batch = max_batch.max(1);
         if depth <= 1 || self.stages.is_empty() {
             return max_batch;
         }
-        let best = (1..=max_batch).map(|b| self.ttft_s(n, b, depth)).fold(f64::INFINITY, f64::min);
-        (1..=max_batch).rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
+        let sizes = MIN_PROMPT_CHUNK.min(max_batch)..=max_batch;
+        let best = sizes.clone().map(|b| self.ttft_s(n, b, depth)).fold(f64::INFINITY, f64::min);
+        sizes.rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
     }
 
     /// Aggregate decode tokens/s of `streams` sequences with `context` tokens in their
