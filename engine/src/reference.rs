@@ -242,19 +242,7 @@ impl Reference {
 
     /// Greedy continuation of `prompt`: `n` tokens, the prompt fed as one batch.
     pub fn greedy(&self, prompt: &[i32], n: usize) -> Result<Vec<i32>> {
-        let mut ctx = self.context(4096, prompt.len().max(1))?;
-        ctx.decode(prompt, 0, false)?;
-        let mut out = Vec::with_capacity(n);
-        let mut logits_index = prompt.len() - 1;
-        while out.len() < n {
-            let next = argmax(ctx.logits(logits_index));
-            out.push(next);
-            if out.len() < n {
-                ctx.decode(&[next], prompt.len() + out.len() - 1, false)?;
-                logits_index = 0;
-            }
-        }
-        Ok(out)
+        self.greedy_in_ubatches(prompt, n, prompt.len().max(1))
     }
 
     /// [`Self::greedy`] with the prompt cut into micro-batches of `ubatch` tokens by

@@ -690,7 +690,11 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     // A device other than the head that ended with no layers is left out of the ring.
     let keep: Vec<usize> = (0..members.len()).filter(|&m| m == 0 || r.w[m] > 0).collect();
     let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&m| DevicePlan { window: r.w[m], gpu_layers: r.n[m], experts_in_ram: r.e[m] }).collect() };
-    let members = keep.iter().map(|&m| members[m]).collect();
+    let members: Vec<usize> = keep.iter().map(|&m| members[m]).collect();
+    // Among plans of (nearly) the same latency, the one whose micro-batches in flight
+    // keep a steady beat (hearth's addition; see `pipelining::balance_beat`).
+    let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
+    let plan = crate::pipelining::balance_beat(&profs, model, &plan);
     finish(devices, model, opts, members, plan, solves)
 }
 

@@ -74,6 +74,65 @@ pub fn auto_depth(plan: &Plan, prediction: &Prediction) -> usize {
     1 + plan.devices.iter().skip(1).filter(|d| d.window > 0).count()
 }
 
+/// Streams the beat is balanced for: the forecast's largest count (a family, an agent's
+/// fan-out).
+const BALANCE_STREAMS: usize = 8;
+/// How much longer one token may take for a shorter beat: rounding only. Between devices
+/// of one speed a layer moved changes no sum; between a fast and a slow one it does, and
+/// a single user's latency is what Halda's plan is for (and never worse than a
+/// baseline's, which a looser slack broke: `scheduler/tests/properties.rs`).
+const BALANCE_TPOT_SLACK: f64 = 1.0 + 1e-9;
+
+/// `plan` with whole layers moved, one at a time, off the member that sets the beat of
+/// micro-batches in flight (`BALANCE_STREAMS` decoding streams) onto another, while that
+/// shortens the beat, overloads nobody and keeps the predicted TPOT (`predict_ring`)
+/// within `BALANCE_TPOT_SLACK`. Halda's objective is one token's latency, which is
+/// indifferent to where a layer runs among devices of one speed; the beat is not: with
+/// even windows the head, which also holds the output layer, is the slowest member and
+/// everyone else waits for it. A plan that runs one micro-batch at a time is returned as
+/// it is. GPU layers and experts stay where they are (only CPU layers move), and every
+/// member keeps at least one layer (a head that relays only stays so).
+pub fn balance_beat(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan) -> Plan {
+    let predicted = predict_ring(devices, model, plan, DEFAULT_DISK_THRESHOLD);
+    if auto_depth(plan, &predicted) <= 1 || devices.len() != plan.devices.len() {
+        return plan.clone();
+    }
+    let limit = predicted.tpot_s * BALANCE_TPOT_SLACK;
+    let beat = |p: &Plan| {
+        let depth = auto_depth(p, &predict_ring(devices, model, p, DEFAULT_DISK_THRESHOLD));
+        Pipelining::of(devices, model, p).beat_s(BALANCE_STREAMS.div_ceil(depth), FORECAST_CONTEXT as f64)
+    };
+    let mut best = plan.clone();
+    let mut best_beat = beat(&best);
+    // Each move takes a layer from somewhere, so there are at most as many as layers.
+    for _ in 0..model.n_layer {
+        let mut found: Option<(Plan, f64)> = None;
+        for from in 0..best.devices.len() {
+            let d = &best.devices[from];
+            if d.window <= d.gpu_layers || d.window <= 1 {
+                continue;
+            }
+            for to in (0..best.devices.len()).filter(|&t| t != from) {
+                let mut p = best.clone();
+                p.devices[from].window -= 1;
+                p.devices[to].window += 1;
+                let cost = predict_ring(devices, model, &p, DEFAULT_DISK_THRESHOLD);
+                if cost.tpot_s > limit || cost.devices.iter().any(|c| c.overloaded) {
+                    continue;
+                }
+                let b = beat(&p);
+                if b < found.as_ref().map_or(best_beat, |f| f.1) * (1.0 - 1e-9) {
+                    found = Some((p, b));
+                }
+            }
+        }
+        let Some((p, b)) = found else { break };
+        best = p;
+        best_beat = b;
+    }
+    best
+}
+
 impl Pipelining {
     /// The plan `plan` of `devices` (its members, in ring order) for `model`, predicted as
     /// the ring runs it: without a cache for the weights' part, and at the model's context
@@ -262,6 +321,31 @@ mod tests {
         let chunks = 20;
         let cells = (b * chunks + b) as f64 / 2.0;
         assert!((p.ttft_s(b * chunks, b, 3) - (p.round_s(b, cells) + (chunks - 1) as f64 * p.stages[1].at(b, cells))).abs() < 1e-9);
+    }
+
+    /// Three devices of one speed, a model whose output layer weighs as much as a few
+    /// layers: even windows leave the head (layers + output) setting the beat; balanced,
+    /// it keeps fewer layers, the beat is shorter and one token takes no longer.
+    #[test]
+    fn the_beat_is_balanced_off_the_head_without_slowing_one_token() {
+        use crate::cost::tests::{dev, model};
+        use crate::profile::{Os, PerQuant};
+        let mut m = ModelProfile { n_layer: 30, layer_bytes: 2e7, input_bytes: 1e8, output_bytes: 1e8, ..model() };
+        m.layer_flops = PerQuant { q4k: 2e7, ..PerQuant::default() };
+        m.output_flops = PerQuant { q6k: 1e8, ..PerQuant::default() };
+        let devices = vec![dev(Os::Linux, 8e9), dev(Os::Linux, 8e9), dev(Os::Linux, 8e9)];
+        let even = Plan::from_windows(30, &[10, 10, 10]).unwrap();
+        let balanced = balance_beat(&devices, &m, &even);
+        balanced.check().unwrap();
+        let w: Vec<usize> = balanced.devices.iter().map(|d| d.window).collect();
+        assert!(w[0] < 10 && w[1] >= 10 && w[2] >= 10, "{w:?}");
+        let tpot = |p: &Plan| predict_ring(&devices, &m, p, 1e9).tpot_s;
+        assert!(tpot(&balanced) <= tpot(&even) * BALANCE_TPOT_SLACK, "{} vs {}", tpot(&balanced), tpot(&even));
+        let beat = |p: &Plan| Pipelining::of(&devices, &m, p).beat_s(3, 512.0);
+        assert!(beat(&balanced) < 0.9 * beat(&even), "{} vs {}", beat(&balanced), beat(&even));
+        // One member: nothing to balance.
+        let alone = Plan::from_windows(30, &[30]).unwrap();
+        assert_eq!(balance_beat(&devices[..1], &m, &alone), alone);
     }
 
     /// A plan judged at a long context: one token there costs what the plan predicts, but
