@@ -15,7 +15,8 @@
 #   scripts/pipeline-bench.sh [SETUP...]          (default: hearth-1 hearth llama-rpc)
 #
 # Settings (environment): MODEL (default: the default model), LAYERS (the model's layer
-# count; default 30), WINDOWS (head,worker,worker layers; default a third each), CORES (0.6), STREAMS (8), PROMPT (2000), TOKENS (128 per stream),
+# count; default 30), WINDOWS (head,worker,worker layers; default a third each; `auto`: the
+# scheduler's plan), CORES (0.6), STREAMS (8), PROMPT (2000), TOKENS (128 per stream),
 # REPS (3), MEASURES (any of "tpot streams ttft"; default all three), HEARTH (the release
 # binary). Needs root (cgroups) and a release build.
 set -euo pipefail
@@ -33,9 +34,16 @@ MEASURES="${MEASURES:-tpot streams ttft}"
 SETUPS=("$@")
 [ ${#SETUPS[@]} -gt 0 ] || SETUPS=(hearth-1 hearth llama-rpc)
 # Windows of a third of the layers each (the head's first, as the ring's head runs them).
+# WINDOWS=auto: hearth's scheduler plans them from the profiles measured under the quotas
+# (the plan the user gets); llama-rpc then gets the same layers per device, read from the
+# first hearth setup's GET /admin/plan (so list a hearth setup before it).
 W=$(( LAYERS / 3 ))
 WINDOWS="${WINDOWS:-$(( LAYERS - 2 * W )),$W,$W}"
-IFS=, read -r W0 W1 W2 <<<"$WINDOWS"
+if [ "$WINDOWS" = auto ]; then
+  W0=$(( LAYERS - 2 * W )) W1=$W W2=$W
+else
+  IFS=, read -r W0 W1 W2 <<<"$WINDOWS"
+fi
 # A context for a long prompt plus its answer per stream: load.py cuts the text at about
 # 4.2 characters a token, and some passages tokenize denser (the tokens column says how
 # many the prompts had; every setup gets the same prompts).
@@ -85,10 +93,22 @@ start_hearth() {
   device w2 "$LOGS/w2.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads 1 --model "$MODEL"
   w2="$(wait_for "$LOGS/w2.log" 'listening on [0-9.]+:[0-9]+')"
   device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads 1 --parallel "$STREAMS" --ctx-size "$CTX" \
-    --workers "$w1,$w2" --windows "$WINDOWS" --micro-batches "$mb" --admin-key bench --model "$MODEL"
+    --workers "$w1,$w2" ${PINNED[@]+"${PINNED[@]}"} --micro-batches "$mb" --admin-key bench --model "$MODEL"
   ADDR="$(wait_for "$LOGS/head.log" 'listening on http://[0-9.]+:[0-9]+')"
   wait_http "$ADDR"
+  if [ "$WINDOWS" = auto ]; then
+    # Layers per member in ring order (a member's windows of every round together); a
+    # member the plan left out gets none.
+    read -r W0 W1 W2 < <(curl -s -H "Authorization: Bearer bench" "http://$ADDR/admin/plan" | python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+n = [sum(e - s for s, e in m["layers"]) for m in v["members"]] + [0, 0]
+print(*n[:3])')
+    echo "    plan: windows $W0,$W1,$W2 per member, $(curl -s -H "Authorization: Bearer bench" "http://$ADDR/admin/plan" | python3 -c 'import json,sys; v=json.load(sys.stdin); print(v["rounds"], "round(s),", [m["window"] for m in v["members"]], "dropped", v["dropped"])')"
+  fi
 }
+PINNED=()
+[ "$WINDOWS" = auto ] || PINNED=(--windows "$WINDOWS")
 
 start_llama_rpc() {
   local bin; bin="$(scripts/llama-upstream.sh)"

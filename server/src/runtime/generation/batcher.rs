@@ -508,13 +508,25 @@ impl Loop {
         mb.n_decode = mb.batch.len();
         m::decode_sequence_steps(mb.slots.len());
         let mut budget = self.max_batch.saturating_sub(mb.n_decode);
+        // Several prompts waiting at once (a family's questions arriving together) are cut
+        // as one prompt of their total length would be, so that their pieces follow one
+        // another through the ring instead of travelling as one batch that keeps every
+        // other member waiting. Each sequence keeps its own chunk: a piece is never cut
+        // shorter for this, the next sequence just waits for the next micro-batch.
+        let mut prompt_room = if depth > 1 {
+            let waiting: usize = self.slots.iter().filter_map(|s| s.active.as_ref()).map(|a| a.pending.len()).sum();
+            self.pipeline.prompt_chunk(waiting, self.max_batch).max(1)
+        } else {
+            usize::MAX
+        };
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(a) = s.active.as_mut() else { continue };
-            if a.pending.is_empty() || budget == 0 {
+            if a.pending.is_empty() || budget == 0 || prompt_room == 0 {
                 continue;
             }
             let take = a.pending.len().min(budget).min(a.chunk);
             budget -= take;
+            prompt_room = prompt_room.saturating_sub(take);
             for _ in 0..take {
                 let t = a.pending.pop_front().expect("counted above");
                 let last = a.pending.is_empty();

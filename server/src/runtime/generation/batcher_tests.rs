@@ -394,6 +394,38 @@ fn micro_batches_in_flight_give_every_sequence_the_answer_it_gets_alone() {
 }
 
 #[test]
+fn prompts_arriving_together_follow_one_another_through_the_pipeline() {
+    // Six short prompts at once, room for all of them in one batch: with three places in
+    // flight they go as a few micro-batches one after another (every member busy), not as
+    // one batch the ring carries alone; each prompt still goes in one piece.
+    let requests: Vec<(Vec<i32>, usize)> = (0..6).map(|i| (prompt(&format!("Count {i}: {}", "one two three four ".repeat(6))), 12)).collect();
+    assert!(requests.iter().all(|(p, _)| (20..40).contains(&p.len())), "prompt lengths");
+    let run = |depth: usize| {
+        let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(depth).with_shortest_chunk(40);
+        let rig = Rig::start(pipeline, requests.len(), 8, 256, None);
+        let rxs: Vec<_> = requests.iter().map(|(p, n)| rig.submit(p, *n, &[])).collect();
+        let answers: Vec<Answer> = rxs.into_iter().map(answer).collect();
+        (answers, rig.log.clone())
+    };
+    let (alone, _) = run(1);
+    let (deep, log) = run(3);
+    assert_eq!(deep, alone);
+    let log = log.lock().unwrap();
+    assert_eq!(log.violations, Vec::<String>::new());
+    // Prompt rows: a sequence's rows at positions before its prompt's end.
+    let prompt_rows = |b: &Vec<(u64, u32, bool, i32)>| -> Vec<u64> {
+        b.iter().filter(|t| (t.1 as usize) < requests[t.0 as usize].0.len()).map(|t| t.0).collect()
+    };
+    let carrying: Vec<Vec<u64>> = log.batches.iter().map(prompt_rows).filter(|r| !r.is_empty()).collect();
+    assert!(carrying.len() >= 3, "the prompts went in {} micro-batches: {carrying:?}", carrying.len());
+    for (seq, (p, _)) in requests.iter().enumerate() {
+        let pieces: Vec<usize> = carrying.iter().map(|r| r.iter().filter(|&&s| s == seq as u64).count()).filter(|&n| n > 0).collect();
+        assert_eq!(pieces, vec![p.len()], "sequence {seq}'s prompt went whole");
+    }
+    assert!(log.max_in_flight >= 2, "micro-batches flew together");
+}
+
+#[test]
 fn speculation_with_micro_batches_in_flight_gives_the_same_answers() {
     let (alone, deep, log) = at_depth(2, true, &mixed_requests());
     assert_eq!(deep, alone);

@@ -61,6 +61,8 @@ pub struct Scripted {
     cache: HashMap<SeqId, Vec<i32>>,
     broken: bool,
     depth: usize,
+    /// Fewest tokens in a prompt chunk when micro-batches fly (as the planner's floor).
+    shortest_chunk: usize,
     /// Sequences a failed step left with a gap: micro-batches of them already in flight
     /// compute on anyway (as on a real ring) until the loop clears them.
     failed: std::collections::HashSet<SeqId>,
@@ -77,12 +79,19 @@ const SCRIPTED_LOGIT: f32 = 10.0;
 
 impl Scripted {
     pub fn new(n_vocab: usize, n_ctx: usize, script: Script) -> Scripted {
-        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, failed: Default::default(), flying: VecDeque::new(), log: Arc::default(), controls: Arc::default() }
+        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), log: Arc::default(), controls: Arc::default() }
     }
 
     /// Holds up to `depth` micro-batches in flight.
     pub fn with_depth(mut self, depth: usize) -> Scripted {
         self.depth = depth;
+        self
+    }
+
+    /// Cuts no prompt chunk shorter than `tokens` (a shorter prompt goes whole), as the
+    /// planner's `MIN_PROMPT_CHUNK` does.
+    pub fn with_shortest_chunk(mut self, tokens: usize) -> Scripted {
+        self.shortest_chunk = tokens;
         self
     }
 
@@ -160,7 +169,7 @@ impl Pipeline for Scripted {
         // Several chunks per long prompt when micro-batches fly, so they overlap; a short
         // prompt goes whole.
         if self.depth > 1 {
-            prompt.div_ceil(self.depth * 2).max(SHORTEST_CHUNK).min(max_batch)
+            prompt.div_ceil(self.depth * 2).max(self.shortest_chunk).min(max_batch)
         } else {
             max_batch
         }
