@@ -67,33 +67,56 @@ fn a_gguf_is_profiled_from_its_tensors_and_the_table_names_every_strategy() {
     }
 }
 
-/// Three devices of one speed: a token's latency is the same however the layers are
-/// split, but micro-batches in flight leave at the slowest member's pace, and the head
-/// also runs the output layer (the default model's weighs about 8 of its layers): the plan
-/// gives the head fewer layers than the workers and predicts no slower a token than even
-/// windows. (Hops are free here: with a cost per hop, Halda, whose objective is one
-/// token's latency, leaves one device of three out.)
-#[test]
-fn equal_devices_give_the_head_fewer_layers_for_a_steady_beat() {
+/// Three devices of one speed, each hop between them costing `hop_s`, planned by
+/// `hearth plan --json` with `args`.
+fn equal_devices(hop_s: f64, args: &[&str]) -> Value {
     let rates = serde_json::json!({"q4_0": 4e10, "q4_1": 4e10, "q4k": 4e10, "q5k": 4e10, "q6k": 4e10, "q8_0": 4e10, "f16": 2e10, "f32": 2e10});
     let device = |name: &str, head: bool| {
         serde_json::json!({"name": name, "os": "linux", "head": head, "cpu_flops": rates, "cpu_read_bw": 1e10, "kv_copy_cpu_s": 0.0,
             "disk_seq_read": 2e9, "disk_rand_read": 1e9, "ram_total": 8e9, "ram_available": 6e9, "swap_available": 0.0, "bytes_can_swap": 0.0,
-            "comm_s": 0.0, "prompt_token_share": 0.3})
+            "comm_s": hop_s, "prompt_token_share": 0.3})
     };
-    let path = std::env::temp_dir().join(format!("hearth-equal-devices-{}.json", std::process::id()));
+    let path = std::env::temp_dir().join(format!("hearth-equal-devices-{}-{hop_s}.json", std::process::id()));
     std::fs::write(&path, serde_json::json!([device("head", true), device("a", false), device("b", false)]).to_string()).unwrap();
     let model = common::default_model();
-    let (ok, out) = plan(&["--devices", path.to_str().unwrap(), "--model", model.to_str().unwrap(), "--json"]);
+    let (ok, out) = plan(&[&["--devices", path.to_str().unwrap(), "--model", model.to_str().unwrap(), "--json"], args].concat());
     std::fs::remove_file(&path).ok();
     assert!(ok, "{out}");
-    let v: Value = serde_json::from_str(&out).unwrap();
+    serde_json::from_str(&out).unwrap()
+}
+
+/// Three devices of one speed: a token's latency is the same however the layers are
+/// split, but micro-batches in flight leave at the slowest member's pace, and the head
+/// also runs the output layer (the default model's weighs about 8 of its layers): the plan
+/// gives the head fewer layers than the workers and predicts no slower a token than even
+/// windows. (Hops are free here; see the next test for hops that cost.)
+#[test]
+fn equal_devices_give_the_head_fewer_layers_for_a_steady_beat() {
+    let v = equal_devices(0.0, &[]);
+    let out = v.to_string();
     let w: Vec<u64> = v["schedule"]["plan"]["devices"].as_array().unwrap().iter().map(|d| d["window"].as_u64().unwrap()).collect();
     assert_eq!(w.len(), 3, "{out}");
     assert!(w[0] < w[1] && w[0] < w[2], "the head should hold fewer layers: {w:?}");
     let tpot = v["schedule"]["prediction"]["tpot_s"].as_f64().unwrap();
     let even = v["other_strategies"]["even"]["tpot_s"].as_f64().unwrap();
     assert!(tpot <= even * (1.0 + 1e-7), "balanced {tpot} against even {even}");
+}
+
+/// With a cost per hop, one token alone is fastest on two of three equal devices, and
+/// Halda planning for one stream leaves the third out. Planning for 8 streams at once
+/// (`--parallel 8`, micro-batches in flight) keeps it: the forecast for 8 streams rises
+/// by more than one token's predicted time does, which stays within a quarter.
+#[test]
+fn equal_devices_with_costly_hops_stay_in_the_ring_for_many_streams() {
+    let members = |v: &Value| v["schedule"]["plan"]["devices"].as_array().unwrap().len();
+    let tpot = |v: &Value| v["schedule"]["prediction"]["tpot_s"].as_f64().unwrap();
+    let eight = |v: &Value| v["forecast"]["streams"].as_array().unwrap().iter().find(|s| s["streams"] == 8).unwrap()["pipelined_tokens_per_s"].as_f64().unwrap();
+    let one = equal_devices(0.002, &["--parallel", "1"]);
+    let many = equal_devices(0.002, &["--parallel", "8"]);
+    assert_eq!(members(&one), 2, "one stream: two members ({one})");
+    assert_eq!(members(&many), 3, "8 streams: all three ({many})");
+    assert!(tpot(&many) <= tpot(&one) * 1.25, "one token {} against {}", tpot(&many), tpot(&one));
+    assert!(eight(&many) / eight(&one) > tpot(&many) / tpot(&one), "8 streams {} against {}", eight(&many), eight(&one));
 }
 
 #[test]

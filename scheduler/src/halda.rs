@@ -80,11 +80,17 @@ pub struct Options {
     /// fastest disk; after device selection, the previous solution) and keep the best.
     /// `false` runs the paper's single start only (plus the fallbacks when infeasible).
     pub multi_start: bool,
+    /// Streams the ring is expected to serve at once (the server's `--parallel` when
+    /// micro-batches may fly). Above 1, device selection (Halda only) also weighs what the
+    /// ring sustains for that many: a device left out for one token's latency comes back
+    /// when the aggregate gains more than one stream's token loses
+    /// (`pipelining::prefer_throughput`). 1: one token's latency only, as the paper.
+    pub streams: usize,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { strategy: Strategy::Halda, disk_threshold: DEFAULT_DISK_THRESHOLD, drop_at_most_layers: Some(1), multi_start: true }
+        Options { strategy: Strategy::Halda, disk_threshold: DEFAULT_DISK_THRESHOLD, drop_at_most_layers: Some(1), multi_start: true, streams: 1 }
     }
 }
 
@@ -566,6 +572,9 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     let mut solves = 0;
     // (cost, members, solution, whether it needed slow disks treated as fast)
     let mut best: Option<(f64, Vec<usize>, Solved, bool)> = None;
+    // Every round's solution with its members, before device selection dropped any more:
+    // the plans with more devices that `prefer_throughput` weighs.
+    let mut tried: Vec<(Vec<usize>, Solved)> = Vec::new();
     // The best baseline plan as it is (all devices), for the safeguard below.
     let mut plain: Option<Solved> = None;
     // The baselines' plans, for the safeguard below (first round only).
@@ -650,6 +659,9 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
         if better {
             best = Some((r.cost, members.clone(), r.clone(), relaxed));
         }
+        if !relaxed {
+            tried.push((members.clone(), r.clone()));
+        }
         let Some(limit) = opts.drop_at_most_layers else { break };
         let small: Vec<usize> = (0..members.len()).filter(|&m| r.k * r.w[m] <= limit && !(m == 0 && relay_head)).collect();
         if small.is_empty() {
@@ -695,6 +707,20 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     // keep a steady beat (hearth's addition; see `pipelining::balance_beat`).
     let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
     let plan = crate::pipelining::balance_beat(&profs, model, &plan);
+    let (members, plan) = if opts.streams > 1 {
+        let wider = tried
+            .iter()
+            .filter(|(m, _)| m.len() > members.len())
+            .map(|(m, r)| {
+                let keep: Vec<usize> = (0..m.len()).filter(|&i| i == 0 || r.w[i] > 0).collect();
+                let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&i| DevicePlan { window: r.w[i], gpu_layers: r.n[i], experts_in_ram: r.e[i] }).collect() };
+                (keep.iter().map(|&i| m[i]).collect(), plan)
+            })
+            .collect::<Vec<_>>();
+        crate::pipelining::prefer_throughput(devices, model, opts.streams, (members, plan), wider)
+    } else {
+        (members, plan)
+    };
     finish(devices, model, opts, members, plan, solves)
 }
 

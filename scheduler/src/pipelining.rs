@@ -94,10 +94,15 @@ const BALANCE_TPOT_SLACK: f64 = 1.0 + 1e-9;
 /// member keeps at least one layer (a head that relays only stays so).
 pub fn balance_beat(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan) -> Plan {
     let predicted = predict_ring(devices, model, plan, DEFAULT_DISK_THRESHOLD);
+    balance_beat_within(devices, model, plan, predicted.tpot_s * BALANCE_TPOT_SLACK)
+}
+
+/// `balance_beat` with the predicted TPOT kept under `limit` seconds instead.
+fn balance_beat_within(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, limit: f64) -> Plan {
+    let predicted = predict_ring(devices, model, plan, DEFAULT_DISK_THRESHOLD);
     if auto_depth(plan, &predicted) <= 1 || devices.len() != plan.devices.len() {
         return plan.clone();
     }
-    let limit = predicted.tpot_s * BALANCE_TPOT_SLACK;
     let beat = |p: &Plan| {
         let depth = auto_depth(p, &predict_ring(devices, model, p, DEFAULT_DISK_THRESHOLD));
         Pipelining::of(devices, model, p).beat_s(BALANCE_STREAMS.div_ceil(depth), FORECAST_CONTEXT as f64)
@@ -131,6 +136,46 @@ pub fn balance_beat(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan
         best_beat = b;
     }
     best
+}
+
+/// How much longer one token alone may take in a plan chosen for several streams: a
+/// quarter. Past that a single user (the common case at home, most of the day) pays too
+/// much for what the others gain together.
+const THROUGHPUT_TPOT_SLACK: f64 = 0.25;
+
+/// Device selection for `streams` streams at once (hearth's addition to Halda): of the
+/// latency-best plan `chosen` and plans that keep more devices (`wider`: the set
+/// iteration's solutions before device selection dropped some), each with its layers
+/// rebalanced for the beat, the one with the most aggregate decode tokens/s (forecast at
+/// `FORECAST_CONTEXT`, micro-batches as `auto_depth` keeps them) — taken only where one
+/// token alone is at most `THROUGHPUT_TPOT_SLACK` slower and the aggregate gains more, as a
+/// share, than that token loses. Halda drops a device that adds a hop for too little
+/// compute, which is right for one user; with micro-batches in flight that device works
+/// on another micro-batch while the rest do, so several users gain what one user loses.
+/// Members are indices into `devices`; plans are in their ring order.
+pub fn prefer_throughput(devices: &[DeviceProfile], model: &ModelProfile, streams: usize, chosen: (Vec<usize>, Plan), wider: Vec<(Vec<usize>, Plan)>) -> (Vec<usize>, Plan) {
+    let judge = |members: &[usize], plan: &Plan| {
+        let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
+        let predicted = predict_ring(&profs, model, plan, DEFAULT_DISK_THRESHOLD);
+        let depth = auto_depth(plan, &predicted);
+        (predicted.tpot_s, Pipelining::of(&profs, model, plan).tokens_per_s(streams, depth, FORECAST_CONTEXT))
+    };
+    let (tpot, rate) = judge(&chosen.0, &chosen.1);
+    let limit = tpot * (1.0 + THROUGHPUT_TPOT_SLACK);
+    let mut best = (chosen, rate);
+    for (members, plan) in wider {
+        if plan.check().is_err() {
+            continue;
+        }
+        let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
+        let plan = balance_beat_within(&profs, model, &plan, limit);
+        let (t, r) = judge(&members, &plan);
+        let overloads = predict_ring(&profs, model, &plan, DEFAULT_DISK_THRESHOLD).devices.iter().any(|d| d.overloaded);
+        if t <= limit && !overloads && r / rate > t / tpot && r > best.1 {
+            best = ((members, plan), r);
+        }
+    }
+    best.0
 }
 
 impl Pipelining {
@@ -237,7 +282,7 @@ const FORECAST_STREAMS: &[usize] = &[1, 4, 8];
 const FORECAST_PROMPTS: &[usize] = &[512, 2000, 8000];
 /// Tokens in each stream's cache for the decode figures: a chat turn's question and
 /// answer. Attention grows with it; the plan itself is judged at the full context.
-const FORECAST_CONTEXT: usize = 512;
+pub const FORECAST_CONTEXT: usize = 512;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Forecast {

@@ -6,7 +6,8 @@ mod common;
 use proptest::prelude::*;
 use scheduler::cost::{gpu_cap, ram_cap};
 use scheduler::halda::{solve_fixed, solve_fixed_with, SolveMode, Solved};
-use scheduler::{predict, schedule, DevicePlan, DeviceProfile, DeviceSet, GpuBackend, GpuProfile, ModelProfile, Options, Os, PerQuant, Plan, Strategy as PlanStrategy, DEFAULT_DISK_THRESHOLD};
+use scheduler::pipelining::{auto_depth, FORECAST_CONTEXT};
+use scheduler::{predict, schedule, DevicePlan, DeviceProfile, DeviceSet, GpuBackend, GpuProfile, ModelProfile, Options, Os, PerQuant, Pipelining, Plan, Strategy as PlanStrategy, DEFAULT_DISK_THRESHOLD};
 
 const GB: f64 = 1e9;
 
@@ -115,6 +116,29 @@ proptest! {
             prop_assert!(h.prediction.tpot_s <= b.prediction.tpot_s * (1.0 + 1e-7) + 1e-12,
                 "halda {} > {st} {}", h.prediction.tpot_s, b.prediction.tpot_s);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Planning for several streams at once may keep devices one token alone would do
+    /// without, but never costs that token more than a quarter, and never forecasts less
+    /// for the streams together than the plan for one token's latency.
+    #[test]
+    fn plans_for_many_streams_give_up_at_most_a_quarter_of_one_token(devices in cluster(6), m in model(80)) {
+        prop_assume!(devices.len() <= m.n_layer);
+        let one = schedule(&devices, &m, &Options::default()).unwrap();
+        let many = schedule(&devices, &m, &Options { streams: 8, ..Options::default() }).unwrap();
+        check_plan(&devices, &m, &many);
+        prop_assert!(many.prediction.tpot_s <= one.prediction.tpot_s * 1.25 * (1.0 + 1e-9) + 1e-12,
+            "{} against {}", many.prediction.tpot_s, one.prediction.tpot_s);
+        let rate = |s: &scheduler::Schedule| {
+            let profs: Vec<DeviceProfile> = s.members.iter().map(|&i| devices[i].clone()).collect();
+            let depth = auto_depth(&s.plan, &s.prediction);
+            Pipelining::of(&profs, &m, &s.plan).tokens_per_s(8, depth, FORECAST_CONTEXT)
+        };
+        prop_assert!(rate(&many) >= rate(&one) * (1.0 - 1e-9), "{} against {}", rate(&many), rate(&one));
     }
 }
 

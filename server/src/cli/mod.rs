@@ -127,6 +127,11 @@ pub struct PlanArgs {
     /// Context (cached tokens) to plan for: KV-cache memory and attention time grow with it.
     #[arg(long, env = "HEARTH_CTX_SIZE", default_value_t = 4096)]
     pub ctx_size: usize,
+    /// Streams served at once, as `hearth serve --parallel`: above 1, Halda keeps a device
+    /// that adds more to what many streams get together than it costs one token alone
+    /// (1: one token's latency only).
+    #[arg(long, env = "HEARTH_PARALLEL", default_value_t = 4)]
+    pub parallel: usize,
     /// Print the whole schedule as JSON instead of a table.
     #[arg(long)]
     pub json: bool,

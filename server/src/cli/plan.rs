@@ -19,7 +19,7 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| format!("{} is not a list of device profiles: {e}", args.devices.display()))?;
     let model = load_model(&args.model.resolve()?, args.ctx_size)?;
     let strategy: Strategy = args.plan_strategy.parse()?;
-    let schedule_with = |strategy| scheduler::schedule(&devices, &model, &Options { strategy, ..Options::default() });
+    let schedule_with = |strategy| scheduler::schedule(&devices, &model, &Options { strategy, streams: args.parallel.max(1), ..Options::default() });
     let chosen = schedule_with(strategy)?;
     // The other strategies under the same cost model, so the gain is visible.
     let others: Vec<(Strategy, Result<f64, String>)> = Strategy::ALL

@@ -89,7 +89,10 @@ impl Head {
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
                 let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack, gpu_layers: cfg.gpu_layers };
-                let planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy);
+                // Device selection weighs the streams served at once only where their
+                // micro-batches may fly together.
+                let streams = if ring.micro_batches == Some(1) { 1 } else { stage.n_seq };
+                let planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy, streams);
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)
             }
