@@ -437,10 +437,11 @@ fn a_worker_the_plan_leaves_out_may_vanish_without_stopping_re_planning() {
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    // Halda (the default) on one machine: extra hops buy nothing, so it leaves a worker out
-    // (the head runs alone, or relays to one worker when the measured profiles make the
-    // head look slower on this busy machine).
-    let head = Served::start(&["--threads", "1", "--workers", &workers, "--admin-key", "admin-key"]);
+    // Halda (the default) on one machine, planning for one stream: extra hops buy nothing,
+    // so it leaves a worker out (the head runs alone, or relays to one worker when the
+    // measured profiles make the head look slower on this busy machine). For several
+    // streams it may keep them: their micro-batches would overlap.
+    let head = Served::start(&["--threads", "1", "--parallel", "1", "--workers", &workers, "--admin-key", "admin-key"]);
     let plan = admin(&head.addr, "GET /admin/plan", "");
     assert_eq!(plan["source"], "halda", "{plan}");
     let dropped: Vec<&str> = plan["dropped"].as_array().unwrap().iter().map(|d| d.as_str().unwrap()).collect();
