@@ -158,9 +158,10 @@ pub fn prefer_throughput(devices: &[DeviceProfile], model: &ModelProfile, stream
         let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
         let predicted = predict_ring(&profs, model, plan, DEFAULT_DISK_THRESHOLD);
         let depth = auto_depth(plan, &predicted);
-        (predicted.tpot_s, Pipelining::of(&profs, model, plan).tokens_per_s(streams, depth, FORECAST_CONTEXT))
+        let overloads = predicted.devices.iter().any(|d| d.overloaded);
+        (predicted.tpot_s, Pipelining::of(&profs, model, plan).tokens_per_s(streams, depth, FORECAST_CONTEXT), overloads)
     };
-    let (tpot, rate) = judge(&chosen.0, &chosen.1);
+    let (tpot, rate, _) = judge(&chosen.0, &chosen.1);
     let limit = tpot * (1.0 + THROUGHPUT_TPOT_SLACK);
     let mut best = (chosen, rate);
     for (members, plan) in wider {
@@ -169,8 +170,7 @@ pub fn prefer_throughput(devices: &[DeviceProfile], model: &ModelProfile, stream
         }
         let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
         let plan = balance_beat_within(&profs, model, &plan, limit);
-        let (t, r) = judge(&members, &plan);
-        let overloads = predict_ring(&profs, model, &plan, DEFAULT_DISK_THRESHOLD).devices.iter().any(|d| d.overloaded);
+        let (t, r, overloads) = judge(&members, &plan);
         if t <= limit && !overloads && r / rate > t / tpot && r > best.1 {
             best = ((members, plan), r);
         }

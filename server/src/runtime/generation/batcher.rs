@@ -513,12 +513,9 @@ impl Loop {
         // another through the ring instead of travelling as one batch that keeps every
         // other member waiting. Each sequence keeps its own chunk: a piece is never cut
         // shorter for this, the next sequence just waits for the next micro-batch.
-        let mut prompt_room = if depth > 1 {
-            let waiting: usize = self.slots.iter().filter_map(|s| s.active.as_ref()).map(|a| a.pending.len()).sum();
-            self.pipeline.prompt_chunk(waiting, self.max_batch).max(1)
-        } else {
-            usize::MAX
-        };
+        // (Planned only while prompts wait: most steps are decode alone.)
+        let waiting: usize = if depth > 1 { self.slots.iter().filter_map(|s| s.active.as_ref()).map(|a| a.pending.len()).sum() } else { 0 };
+        let mut prompt_room = if waiting > 0 { self.pipeline.prompt_chunk(waiting, self.max_batch).max(1) } else { usize::MAX };
         for (i, s) in self.slots.iter_mut().enumerate() {
             let Some(a) = s.active.as_mut() else { continue };
             if a.pending.is_empty() || budget == 0 || prompt_room == 0 {
