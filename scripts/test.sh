@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace, installing missing build prerequisites first, then the
 # GPU path on Mesa's lavapipe (a real Vulkan device that runs on the CPU; scripts/test-vulkan.sh,
-# its own target directory). One profile (release) and the whole workspace at once:
+# the same target directory with the `vulkan` feature). One profile (release) and the whole workspace at once:
 # building a single member, or a second profile, would compile llama.cpp again.
 # HEARTH_SKIP_VULKAN=1 leaves the Vulkan tests out; HEARTH_REQUIRE_VULKAN=1 (CI) fails where
 # they cannot run instead of skipping them.

@@ -245,8 +245,20 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
     // The setup where every panel has data: a ring whose workers hold layers, speculation,
     // and devices that release their windows after use and read them again (as devices
     // short of memory do), so the disk panels show bytes.
-    let w1 = Served::worker(&["--threads", "1"]);
-    let w2 = Served::worker(&["--threads", "1"]);
+    // Each worker has its own copy of the model, as a device has its own disk: pages of
+    // one file mapped by several processes stay in the page cache while any of them maps
+    // them, so a worker's release freed nothing (and it read nothing back) when the head
+    // had touched its layers too (seen on a fast 2-core machine).
+    let dir = std::env::temp_dir().join(format!("hearth-dashboards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = |name: &str| {
+        let p = dir.join(name);
+        std::fs::copy(common::default_model(), &p).unwrap();
+        p
+    };
+    let (m1, m2) = (copy("w1.gguf"), copy("w2.gguf"));
+    let w1 = Served::worker_at("127.0.0.1:0", &m1, &["--threads", "1"]).unwrap();
+    let w2 = Served::worker_at("127.0.0.1:0", &m2, &["--threads", "1"]).unwrap();
     let workers = format!("{},{}", w1.addr, w2.addr);
     let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &workers, "--windows", "10,10,10", "--spec-mode", "ngram", "--release-windows"]);
     let prom = start_prometheus(&binary, &head.addr);
@@ -343,6 +355,8 @@ fn every_dashboard_expression_evaluates_on_a_live_head() {
     let accepted = query(&prom.addr, "hearth_spec_accepted_tokens_total").unwrap();
     let accepted: f64 = accepted[0]["value"][1].as_str().unwrap().parse().unwrap();
     assert!(accepted > 0.0, "no draft was accepted");
+    drop((w1, w2));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// What Grafana itself would trip over, checked without Grafana (no Debian package):

@@ -181,14 +181,19 @@ fn a_member_told_to_stop_leaves_after_the_stream_it_carries_completes() {
         return;
     }
     let model = common::default_model();
-    let expected = single_node(160, true);
+    // Long enough that the worker is told to stop mid-stream on a fast machine too (160
+    // tokens were over within the fixed 1.5 s this test once waited, on a 2-core EPYC).
+    const TOKENS: usize = 400;
+    let expected = single_node(TOKENS, true);
     let lan = Lan::new("leave").unwrap();
     let (head, mut worker, w) = ring_over_the_lan(&lan, &model, &[]);
     let h = head.addr.clone();
     let ns = lan.a.clone();
-    let stream = std::thread::spawn(move || netns::run_in(&ns, move || chat_n(&h, 160, true)));
-    // SIGTERM while the stream runs through the worker.
-    std::thread::sleep(Duration::from_millis(1500));
+    let before = netns::run_in(&lan.a, { let h = h.clone(); move || metric(&h, "hearth_generated_tokens_total") });
+    let stream = std::thread::spawn(move || netns::run_in(&ns, move || chat_n(&h, TOKENS, true)));
+    // SIGTERM once the stream runs through the worker.
+    let h = head.addr.clone();
+    netns::run_in(&lan.a, move || common::wait_for("the stream to be generating", Duration::from_secs(60), || (metric(&h, "hearth_generated_tokens_total") >= before + 8.0).then_some(())));
     assert!(!stream.is_finished(), "the stream ended before the worker was told to stop: make it longer");
     worker.terminate();
     assert_eq!(stream.join().unwrap(), Ok(expected), "the stream through a leaving worker completes");

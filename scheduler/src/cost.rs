@@ -288,6 +288,12 @@ fn head_fixed(dev: &DeviceProfile, model: &ModelProfile) -> (f64, f64) {
     (compute, memory)
 }
 
+/// The output layer's part of `head_fixed` for one token: its compute and its weights'
+/// read (the embedding row is the token's own, whatever the batch wants of the output).
+pub(crate) fn head_output_s(dev: &DeviceProfile, model: &ModelProfile) -> f64 {
+    model.output_flops.time_at(&dev.cpu_flops) + model.output_bytes / dev.cpu_read_bw
+}
+
 /// The ILP's objective coefficients for one device in one set: `a_m` (per window layer),
 /// `b_m` (per GPU layer), both per round; the caller multiplies by k (eq 6). The
 /// coefficient of a GPU layer whose experts stay in RAM is [`LayerCosts::gamma`].

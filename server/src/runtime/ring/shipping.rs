@@ -608,6 +608,11 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
         reporter.report(progress, false);
         i += 1;
     }
+    // Written back before the windows are used: a device short of memory releases its
+    // windows after each use, and the kernel cannot drop pages still dirty from the fetch
+    // (they linger until writeback, tens of seconds), so the release would free nothing.
+    let f = file.clone();
+    tokio::task::spawn_blocking(move || f.sync_data()).await.map_err(|e| e.to_string())?.map_err(|e| format!("cannot write {}: {e}", paths.file.display()))?;
     record(&verified).map_err(|e| format!("cannot write {}: {e}", paths.record.display()))?;
     reporter.report(progress, true);
     // The file's last use decides which shipped model a tight disk budget removes first.
