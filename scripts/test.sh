@@ -9,7 +9,13 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
 status=0
+# Where the time goes, in CI's log too (CI has 90 minutes for all of it).
+phase() { echo "test: $1 at $((SECONDS / 60)) min $((SECONDS % 60)) s" >&2; }
+phase "build"
+cargo test --release --workspace --no-run "$@" || status=$?
+phase "CPU tests"
 cargo test --release --workspace --no-fail-fast "$@" || status=$?
+phase "Vulkan build and tests"
 if [ "${HEARTH_SKIP_VULKAN:-0}" = 1 ]; then
   echo "test: Vulkan tests skipped (HEARTH_SKIP_VULKAN=1)" >&2
 elif command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1; then
@@ -20,4 +26,5 @@ elif [ "${HEARTH_REQUIRE_VULKAN:-0}" = 1 ]; then
 else
   echo "test: Vulkan tests skipped: they install Debian/Ubuntu packages (apt)" >&2
 fi
+phase "done"
 exit "$status"
