@@ -410,17 +410,23 @@ mod tests {
         assert!((p.ttft_s(b * chunks, b, 3) - (p.round_s(b, cells, 0) + (chunks - 1) as f64 * p.stages[1].at(b, cells, 0))).abs() < 1e-9);
     }
 
-    /// Three devices of one speed, a model whose output layer weighs as much as a few
-    /// layers: even windows leave the head (layers + output) setting the beat; balanced,
-    /// it keeps fewer layers, the beat is shorter and one token takes no longer.
-    #[test]
-    fn the_beat_is_balanced_off_the_head_without_slowing_one_token() {
+    /// A model of 30 layers whose output layer weighs five of them (as small models' do),
+    /// and three devices of one speed.
+    fn heavy_output_on_equal_devices() -> (ModelProfile, Vec<DeviceProfile>) {
         use crate::cost::tests::{dev, model};
         use crate::profile::{Os, PerQuant};
         let mut m = ModelProfile { n_layer: 30, layer_bytes: 2e7, input_bytes: 1e8, output_bytes: 1e8, ..model() };
         m.layer_flops = PerQuant { q4k: 2e7, ..PerQuant::default() };
         m.output_flops = PerQuant { q6k: 1e8, ..PerQuant::default() };
-        let devices = vec![dev(Os::Linux, 8e9), dev(Os::Linux, 8e9), dev(Os::Linux, 8e9)];
+        (m, vec![dev(Os::Linux, 8e9), dev(Os::Linux, 8e9), dev(Os::Linux, 8e9)])
+    }
+
+    /// Three devices of one speed, a model whose output layer weighs as much as a few
+    /// layers: even windows leave the head (layers + output) setting the beat; balanced,
+    /// it keeps fewer layers, the beat is shorter and one token takes no longer.
+    #[test]
+    fn the_beat_is_balanced_off_the_head_without_slowing_one_token() {
+        let (m, devices) = heavy_output_on_equal_devices();
         let even = Plan::from_windows(30, &[10, 10, 10]).unwrap();
         let balanced = balance_beat(&devices, &m, &even);
         balanced.check().unwrap();
@@ -447,12 +453,7 @@ mod tests {
     /// last. A prompt of many chunks pays it once, whatever the chunk size.
     #[test]
     fn a_prompt_pays_the_output_layer_once_and_each_decode_token_its_share() {
-        use crate::cost::tests::{dev, model};
-        use crate::profile::{Os, PerQuant};
-        let mut m = ModelProfile { n_layer: 30, layer_bytes: 2e7, input_bytes: 1e8, output_bytes: 1e8, ..model() };
-        m.layer_flops = PerQuant { q4k: 2e7, ..PerQuant::default() };
-        m.output_flops = PerQuant { q6k: 1e8, ..PerQuant::default() };
-        let devices = vec![dev(Os::Linux, 8e9), dev(Os::Linux, 8e9), dev(Os::Linux, 8e9)];
+        let (m, devices) = heavy_output_on_equal_devices();
         let plan = Plan::from_windows(30, &[10, 10, 10]).unwrap();
         let p = Pipelining::of(&devices, &m, &plan);
         let head = &p.stages[0];
