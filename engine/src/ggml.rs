@@ -127,6 +127,9 @@ pub fn accelerators() -> Vec<AcceleratorInfo> {
 pub struct Accelerator {
     pub backend: sys::ggml_backend_t,
     pub buffer_type: sys::ggml_backend_buffer_type_t,
+    /// The device's host buffer type (pinned memory the device copies from fast), or
+    /// null where the backend has none.
+    pub host_buffer_type: sys::ggml_backend_buffer_type_t,
     pub info: AcceleratorInfo,
 }
 
@@ -158,7 +161,7 @@ impl Accelerator {
             if backend.is_null() {
                 return Err(Error::Ggml(format!("could not start accelerator {} ({})", info.name, info.description)));
             }
-            Ok(Accelerator { backend, buffer_type: sys::ggml_backend_dev_buffer_type(dev), info })
+            Ok(Accelerator { backend, buffer_type: sys::ggml_backend_dev_buffer_type(dev), host_buffer_type: sys::ggml_backend_dev_host_buffer_type(dev), info })
         }
     }
 }

@@ -136,7 +136,8 @@ impl Reference {
     /// layer as the last of n_layer + 1 (`-ngl n_layer` leaves layer 0 on the CPU and puts
     /// the LM head on the device), and GLM's never-run multi-token-prediction blocks after
     /// the layers among them, so this is `-ngl N+1` (+ those blocks) with the output
-    /// layer's tensors overridden to the CPU.
+    /// layer's tensors overridden to the CPU. More than the model's layers puts every layer
+    /// and the output layer on the device, as hearth does then: plain `-ngl n_layer+1`.
     pub fn load_offloaded(path: impl AsRef<Path>, threads: usize, gpu_layers: usize) -> Result<Reference> {
         Self::load_full(path, threads, true, gpu_layers, 0..0)
     }
@@ -158,17 +159,19 @@ impl Reference {
         // The same patterns as llama.cpp's `--n-cpu-moe N` (common/arg.cpp), one per layer;
         // and the output layer (its norm and LM head, a tied one named as the embedding).
         let mut patterns: Vec<CString> = experts_in_ram.clone().map(|il| CString::new(format!("blk\\.{il}\\.ffn_(up|down|gate|gate_up)_(ch|)exps")).expect("no NUL")).collect();
-        if gpu_layers > 0 {
-            patterns.push(CString::new("^(output|token_embd)").expect("no NUL"));
-        }
-        // Blocks after the model's layers (GLM's `nextn`), which llama.cpp counts as layers.
-        let trailing_blocks = if gpu_layers > 0 {
+        // Blocks after the model's layers (GLM's `nextn`), which llama.cpp counts as layers;
+        // and whether the output layer goes to the device too (more GPU layers than layers).
+        let (trailing_blocks, output_on_device) = if gpu_layers > 0 {
             let file = crate::ModelFile::open(path)?;
             let blocks = file.gguf.meta().get_u64(&format!("{}.block_count", file.spec.arch_name)).unwrap_or(0) as usize;
-            blocks.saturating_sub(file.spec.n_layer)
+            (blocks.saturating_sub(file.spec.n_layer), gpu_layers > file.spec.n_layer)
         } else {
-            0
+            (0, false)
         };
+        let gpu_layers = if output_on_device { gpu_layers - 1 } else { gpu_layers };
+        if gpu_layers > 0 && !output_on_device {
+            patterns.push(CString::new("^(output|token_embd)").expect("no NUL"));
+        }
         // SAFETY: default params from llama.cpp; the path, the patterns and the override
         // list (null-terminated) outlive the call, which is the only reader of them.
         let model = unsafe {
@@ -272,8 +275,10 @@ impl Reference {
         let mut ctx = self.context_with(4096, prompt.len(), false)?;
         let t0 = Instant::now();
         ctx.decode(prompt, 0, false)?;
-        let prompt_secs = t0.elapsed().as_secs_f64();
+        // Reading the logits waits for the device: with the output layer on a GPU,
+        // `llama_decode` returns once the graph is submitted.
         let mut tok = argmax(ctx.logits(prompt.len() - 1));
+        let prompt_secs = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         for i in 0..n_gen {
             ctx.decode(&[tok], prompt.len() + i, false)?;

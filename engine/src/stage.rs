@@ -67,7 +67,9 @@ pub struct StageConfig {
     /// Most tokens one `forward` takes (prompts longer than this are fed in chunks).
     pub max_batch: usize,
     pub threads: usize,
-    /// The first this-many layers of every window run on the accelerator.
+    /// The first this-many layers of every window run on the accelerator; more than every
+    /// window's layers puts the output layer (its norm and LM head) there too, when the
+    /// stage owns it, as llama.cpp's `-ngl` counts it as the layer after the last.
     pub accel_layers: usize,
     /// Of those accelerator layers, the first this-many keep their routed experts in host
     /// memory (MoE models; what llama.cpp's `--n-cpu-moe` does): attention, norms, router
@@ -196,11 +198,13 @@ impl Stage {
             let experts = if il - w.start < cfg.experts_in_ram.min(cfg.accel_layers) { Device::Cpu } else { device };
             LayerPlacement { layer: il, device, experts }
         };
-        let plan = WeightPlan {
-            layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| placement(w, il))).collect(),
-            embedding: cfg.windows.iter().any(|w| w.start == 0),
-            output: cfg.owns_output && cfg.windows.iter().any(|w| w.end == spec.n_layer),
-        };
+        let output = cfg.owns_output && cfg.windows.iter().any(|w| w.end == spec.n_layer);
+        // Every token's decode step reads the whole LM head: on a GPU that holds every
+        // layer, leaving it to the CPU made each step wait for the CPU's memory (a
+        // vocabulary of 49k x 4096 is 113 MB of Q4_0 per token).
+        let max_window = cfg.windows.iter().map(|w| w.len()).max().unwrap_or(0);
+        let output_device = if accel.is_some() && output && cfg.accel_layers > max_window { Device::Accelerator } else { Device::Cpu };
+        let plan = WeightPlan { layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| placement(w, il))).collect(), embedding: cfg.windows.iter().any(|w| w.start == 0), output, output_device };
         // ggml's reference kernels (batch-invariant mode) know only the plain layouts.
         let weights = Weights::bind(file.clone(), &plan, accel.as_ref(), cfg.repack && !cfg.batch_invariant)?;
         let n_ctx_seq = cfg.n_ctx_seq.min(spec.n_ctx_train.max(1));

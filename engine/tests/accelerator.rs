@@ -85,21 +85,30 @@ fn layers_on_the_accelerator_compute_what_the_cpu_computes() {
     }
 }
 
-/// The oracle on the accelerator: llama.cpp with its repeating layers offloaded and the
-/// LM head on the CPU, as hearth places them (`Reference::load_offloaded`), against hearth
-/// with every layer of its window there.
+/// The oracle on the accelerator: llama.cpp with its repeating layers offloaded, as hearth
+/// places them (`Reference::load_offloaded`), against hearth with every layer of its
+/// window there: with the LM head on the CPU, and with it on the device too (one GPU
+/// layer more than the layers, llama.cpp's `-ngl n_layer+1`; the default model's LM head
+/// is its tied embedding, bound a second time on the device).
 #[test]
 fn llama_cpp_on_the_accelerator_computes_exactly_what_hearth_does() {
     let Some(info) = accelerator() else { return };
     let path = common::default_model();
-    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let n = ModelFile::open(&path).unwrap().spec.n_layer;
+    for gpu_layers in [n, n + 1] {
+        oracle_on_the_accelerator(&info, &path, gpu_layers);
+    }
+}
+
+fn oracle_on_the_accelerator(info: &AcceleratorInfo, path: &std::path::Path, gpu_layers: usize) {
+    let file = Arc::new(ModelFile::open(path).unwrap());
     let n = file.spec.n_layer;
-    let tok = Tokenizer::load(&path).unwrap();
+    let tok = Tokenizer::load(path).unwrap();
     let prompt = common::chat_prompt(&tok, "What is the capital of France? Answer in one sentence.");
-    let reference = engine::reference::Reference::load_offloaded(&path, common::THREADS, n).unwrap();
+    let reference = engine::reference::Reference::load_offloaded(path, common::THREADS, gpu_layers).unwrap();
     let expected = reference.greedy(&prompt, ORACLE_TOKENS).unwrap();
     let logits = reference.prompt_logits(&prompt).unwrap();
-    let cfg = StageConfig { accel_layers: n, ..stage_config(vec![0..n], 1) };
+    let cfg = StageConfig { accel_layers: gpu_layers, ..stage_config(vec![0..n], 1) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
     let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 0, pos: i as u32, logits: true }).collect();
     let ours = hearth.forward(&batch, &prompt).unwrap();
@@ -109,7 +118,8 @@ fn llama_cpp_on_the_accelerator_computes_exactly_what_hearth_does() {
         let l = hearth.forward(&[BatchToken { seq: 0, pos: (prompt.len() + got.len() - 1) as u32, logits: true }], &got[got.len() - 1..]).unwrap();
         got.push(argmax(l.row(0)));
     }
-    eprintln!("{n} layers on {} in both: prompt logits rel. RMS at most {worst:.2e}; greedy equal for {} of {ORACLE_TOKENS}", info.name, got.iter().zip(&expected).take_while(|(a, b)| a == b).count());
+    let output = if gpu_layers > n { "there too" } else { "on the CPU" };
+    eprintln!("{n} layers on {} in both, the output layer {output}: prompt logits rel. RMS at most {worst:.2e}; greedy equal for {} of {ORACLE_TOKENS}", info.name, got.iter().zip(&expected).take_while(|(a, b)| a == b).count());
     assert_eq!(got, expected);
     assert_eq!(worst, 0.0, "llama.cpp and hearth on the same device must compute the same numbers");
 }

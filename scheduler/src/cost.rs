@@ -288,10 +288,11 @@ fn head_fixed(dev: &DeviceProfile, model: &ModelProfile) -> (f64, f64) {
     (compute, memory)
 }
 
-/// The output layer's part of `head_fixed` for one token: its compute and its weights'
-/// read (the embedding row is the token's own, whatever the batch wants of the output).
+/// The output layer's part of `head_fixed` for one token: all of it but the embedding
+/// row's read (that row is the token's own, whatever the batch wants of the output).
 pub(crate) fn head_output_s(dev: &DeviceProfile, model: &ModelProfile) -> f64 {
-    model.output_flops.time_at(&dev.cpu_flops) + model.output_bytes / dev.cpu_read_bw
+    let (compute, memory) = head_fixed(dev, model);
+    compute + memory - model.lookup_bytes() / dev.cpu_read_bw
 }
 
 /// The ILP's objective coefficients for one device in one set: `a_m` (per window layer),

@@ -276,12 +276,10 @@ impl Pipelining {
         if depth <= 1 || self.stages.is_empty() {
             return max_batch;
         }
-        let mut sizes: Vec<usize> = (1..=max_batch / MIN_PROMPT_CHUNK).map(|i| i * MIN_PROMPT_CHUNK).collect();
-        if sizes.last() != Some(&max_batch) {
-            sizes.push(max_batch);
-        }
-        let best = sizes.iter().map(|&b| self.ttft_s(n, b, depth)).fold(f64::INFINITY, f64::min);
-        sizes.into_iter().rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
+        // Called per micro-batch while prompts wait: the sizes are an iterator, not a Vec.
+        let sizes = || (1..=max_batch / MIN_PROMPT_CHUNK).map(|i| i * MIN_PROMPT_CHUNK).chain((max_batch % MIN_PROMPT_CHUNK != 0).then_some(max_batch));
+        let best = sizes().map(|b| self.ttft_s(n, b, depth)).fold(f64::INFINITY, f64::min);
+        sizes().rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
     }
 
     /// Aggregate decode tokens/s of `streams` sequences with `context` tokens in their

@@ -16,6 +16,9 @@ use crate::cli::BenchArgs;
 /// `scripts/load.py` ask to continue a 300-character passage).
 const BATCHED_PROMPT_TOKENS: usize = 64;
 
+/// Decode steps of the untimed warm-up round on an accelerator.
+const WARM_UP_TOKENS: usize = 4;
+
 /// Text repeated to build a prompt of the requested length from real tokens.
 const FILLER: &str = "The quick brown fox jumps over the lazy dog while the old clock in the hall counts the hours of a quiet afternoon. ";
 
@@ -33,7 +36,8 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let gpu = crate::runtime::GpuPlacement { layers: crate::runtime::GpuLayers::Count(args.gpu_layers), experts_in_ram: crate::runtime::GpuLayers::Count(args.experts_in_ram) };
     gpu.check(spec.moe.is_some())?;
     let (n, e) = gpu.resolve(0, 0);
-    let (accel_layers, experts_in_ram) = (n.min(spec.n_layer), e.min(spec.n_layer));
+    // One more than the layers: the output layer goes to the device too, in both engines.
+    let (accel_layers, experts_in_ram) = (n.min(spec.n_layer + 1), e.min(spec.n_layer));
     let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, ..StageConfig::whole(&spec) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file.clone(), cfg.clone())?])?;
     // The batched test: its own pipeline with a KV slot per sequence, sized as llama.cpp's streams.
@@ -46,14 +50,27 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         None
     };
     // llama.cpp offloads the last N layers: the experts kept in RAM are the first of those.
-    let first_gpu = spec.n_layer - accel_layers;
+    let first_gpu = spec.n_layer - accel_layers.min(spec.n_layer);
     let reference = Reference::load_offloaded_moe(&path, args.threads, accel_layers, first_gpu..first_gpu + experts_in_ram)?;
 
     println!("model: {} ({} layers, {})", path.display(), spec.n_layer, spec.arch_name);
     println!("threads: {}, prompt: {} tokens, decode: {} tokens, rounds: {}", args.threads, prompt.len(), args.gen_tokens, args.reps);
     if accel_layers > 0 {
         let device = engine::accelerators().first().map_or_else(String::new, |a| a.description.clone());
-        println!("accelerator: {device}, {accel_layers} layers in both engines, of them {experts_in_ram} with their experts in RAM");
+        let output = if accel_layers > spec.n_layer { "on the device" } else { "on the CPU" };
+        println!("accelerator: {device}, {} layers in both engines, of them {experts_in_ram} with their experts in RAM; the output layer {output}", accel_layers.min(spec.n_layer));
+    }
+    if accel_layers > 0 {
+        // A GPU backend builds its kernels for each shape at first use (on an H100 under
+        // Vulkan the first 512-token prompt ran 19x slower than the next): one untimed
+        // round of every shape first, as llama-bench warms up.
+        reference.bench(&prompt, WARM_UP_TOKENS)?;
+        bench_hearth(&mut hearth, &prompt, WARM_UP_TOKENS)?;
+        if let Some(p) = batched.as_mut() {
+            let prompts = vec![short.to_vec(); n_seq];
+            reference.decode_together(&prompts, WARM_UP_TOKENS, false)?;
+            p.decode_together(&prompts, WARM_UP_TOKENS, short.len())?;
+        }
     }
     let mut best_ref: Option<Timing> = None;
     let mut best_hearth: Option<Timing> = None;
@@ -83,15 +100,15 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         if let Some(p) = batched.as_mut() {
             // The first token comes from the prompt: gen_tokens decode steps follow it.
             let prompts = vec![short.to_vec(); n_seq];
-            let (r, h) = if round % 2 == 0 {
-                let r = reference.decode_together(&prompts, args.gen_tokens + 1, false)?.1;
-                (r, p.decode_together(&prompts, args.gen_tokens + 1, short.len())?.1)
+            let ((rt, r), (ht, h)) = if round % 2 == 0 {
+                let r = reference.decode_together(&prompts, args.gen_tokens + 1, false)?;
+                (r, p.decode_together(&prompts, args.gen_tokens + 1, short.len())?)
             } else {
-                let h = p.decode_together(&prompts, args.gen_tokens + 1, short.len())?.1;
-                (reference.decode_together(&prompts, args.gen_tokens + 1, false)?.1, h)
+                let h = p.decode_together(&prompts, args.gen_tokens + 1, short.len())?;
+                (reference.decode_together(&prompts, args.gen_tokens + 1, false)?, h)
             };
             batched_ratios.push(h.gen_tps() / r.gen_tps());
-            println!("round {}: {n_seq} sequences decoding together: llama.cpp {:.1} tok/s | hearth {:.1} tok/s", round + 1, r.gen_tps(), h.gen_tps());
+            println!("round {}: {n_seq} sequences decoding together: llama.cpp {:.1} tok/s | hearth {:.1} tok/s; {}", round + 1, r.gen_tps(), h.gen_tps(), agreement(&rt, &ht));
             best_ref_batched = Some(best(best_ref_batched, r));
             best_hearth_batched = Some(best(best_hearth_batched, h));
         }
@@ -144,6 +161,17 @@ fn print_ops(n_seq: usize, n_gen: usize, r: &OpProfile, h: &OpProfile) {
         for (k, t) in p.by_shape().into_iter().take(OPS_SHAPES_LISTED) {
             println!("  {:>8.3} {:>4}  {k}", per_step(t), t.count / n_gen as u64);
         }
+    }
+}
+
+/// Whether both engines wrote the same greedy text: a speed figure is worth little if the
+/// engines computed different things (on a GPU, the kernels differ from the CPU's).
+fn agreement(reference: &[Vec<i32>], hearth: &[Vec<i32>]) -> String {
+    let n: usize = reference.iter().map(Vec::len).sum();
+    let first = reference.iter().zip(hearth).enumerate().find_map(|(s, (r, h))| r.iter().zip(h).position(|(a, b)| a != b).or((r.len() != h.len()).then(|| r.len().min(h.len()))).map(|k| (s, k)));
+    match first {
+        None => format!("greedy tokens identical ({n})"),
+        Some((s, k)) => format!("greedy tokens differ: sequence {s} from step {k}"),
     }
 }
 

@@ -374,8 +374,10 @@ pub struct ServeArgs {
     pub no_repack: bool,
     /// Layers of each of this machine's windows to run on its GPU: a number, or `auto`
     /// (the scheduler's choice: in a ring the plan's GPU layers for the head, on a single
-    /// node as many as fit in the GPU's free memory). A build without a GPU backend
-    /// refuses a number above 0.
+    /// node as many as fit in the GPU's free memory, and the output layer too when every
+    /// layer fits). A number above every window's layers also puts the output layer (its
+    /// norm and LM head) there, as llama.cpp's `-ngl` counts it: `99` is everything. A build
+    /// without a GPU backend refuses a number above 0.
     #[arg(long, env = "HEARTH_GPU_LAYERS", default_value = "auto")]
     pub gpu_layers: crate::runtime::GpuLayers,
     /// Mixture-of-Experts models: of each window's GPU layers, how many keep their routed
@@ -534,7 +536,8 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Layers on the accelerator, in both engines (llama.cpp's `-ngl`: its last N layers;
-    /// hearth's first N, as a ring window's; a GPU build only).
+    /// hearth's first N, as a ring window's; a GPU build only). More than the model's
+    /// layers puts the output layer there too, in both.
     #[arg(long, default_value_t = 0)]
     pub gpu_layers: usize,
     /// MoE models: of those GPU layers, how many keep their routed experts in RAM, in both

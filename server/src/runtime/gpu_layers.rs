@@ -84,6 +84,8 @@ const ACCEL_RESERVE_BYTES: u64 = 512 << 20;
 /// `n_seq` sequences of `n_ctx_seq` cells. Whole layers first; for a MoE model whose
 /// layers do not all fit, every layer whose dense part fits goes on the GPU and the
 /// fewest of them keep their experts in RAM (what llama.cpp's `--fit` searches for).
+/// Every layer whole with room to spare for the output layer: `n_layer + 1` (it goes there
+/// too).
 /// `experts`: the user's count of layers with experts in RAM, when given. (0, 0) without
 /// an accelerator.
 pub fn fitting_layers(file: &ModelFile, accel: Option<&AcceleratorInfo>, n_seq: usize, n_ctx_seq: usize, experts: GpuLayers) -> (usize, usize) {
@@ -95,7 +97,18 @@ pub fn fitting_layers(file: &ModelFile, accel: Option<&AcceleratorInfo>, n_seq: 
     let kv = 2 * file.spec.n_embd_kv() as u64 * 2 * (n_seq * n_ctx_seq) as u64;
     let whole = (weights / n_layer as u64 + kv).max(1);
     let dense = whole.saturating_sub(expert_bytes / n_layer as u64).max(1);
-    fit(a.memory_free.saturating_sub(ACCEL_RESERVE_BYTES), n_layer, whole, dense, experts)
+    let meta = file.gguf.meta();
+    let head = if file.spec.tied_output { "token_embd.weight" } else { "output.weight" };
+    let output: u64 = [head, "output_norm.weight", "output.bias"].iter().filter_map(|n| meta.tensor(n)).map(|t| t.n_bytes).sum();
+    let room = a.memory_free.saturating_sub(ACCEL_RESERVE_BYTES);
+    with_output(room, n_layer, whole, output, fit(room, n_layer, whole, dense, experts))
+}
+
+/// Every layer whole and room left for the output layer's `output` bytes: it goes there
+/// too (one more than the layers), so a decode step never waits for the CPU's LM head.
+fn with_output(room: u64, n_layer: usize, whole: u64, output: u64, (n, e): (usize, usize)) -> (usize, usize) {
+    let fits = n == n_layer && e == 0 && room.saturating_sub(n_layer as u64 * whole) >= output;
+    (if fits { n_layer + 1 } else { n }, e)
 }
 
 /// The placement rule of [`fitting_layers`] on plain numbers: `room` bytes, `whole` and
@@ -168,5 +181,16 @@ mod tests {
         // A dense model: whole layers only, whatever the count.
         assert_eq!(fit(8000 * mb, 48, 365 * mb, 365 * mb, GpuLayers::Auto), (21, 0));
         assert_eq!(fit(8000 * mb, 48, 365 * mb, 365 * mb, GpuLayers::Count(4)), (21, 0));
+    }
+
+    #[test]
+    fn the_output_layer_joins_the_layers_only_when_all_of_them_fit_with_room_for_it() {
+        let mb = 1_000_000u64;
+        // 32 layers of 150 MB and a 300 MB LM head: 5,100 MB holds both, 4,900 the layers only.
+        assert_eq!(with_output(5100 * mb, 32, 150 * mb, 300 * mb, fit(5100 * mb, 32, 150 * mb, 150 * mb, GpuLayers::Auto)), (33, 0));
+        assert_eq!(with_output(4900 * mb, 32, 150 * mb, 300 * mb, fit(4900 * mb, 32, 150 * mb, 150 * mb, GpuLayers::Auto)), (32, 0));
+        // Not every layer, or experts kept in RAM: the output layer stays on the CPU.
+        assert_eq!(with_output(3000 * mb, 32, 150 * mb, 300 * mb, (20, 0)), (20, 0));
+        assert_eq!(with_output(9000 * mb, 48, 365 * mb, 10 * mb, (48, 28)), (48, 28));
     }
 }

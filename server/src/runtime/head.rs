@@ -102,13 +102,15 @@ impl Head {
                 let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None);
                 let (fit, fit_experts) = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq, cfg.gpu_layers.experts_in_ram);
                 let (accel_layers, experts_in_ram) = cfg.gpu_layers.resolve(fit, fit_experts);
-                let accel_layers = accel_layers.min(spec.n_layer);
+                // One beyond the layers: the output layer too (llama.cpp's count).
+                let accel_layers = accel_layers.min(spec.n_layer + 1);
+                let layers = accel_layers.min(spec.n_layer);
                 if accel_layers > 0 {
-                    tracing::info!(layers = accel_layers, of = spec.n_layer, experts_in_ram, "layers on the accelerator (of them, with their routed experts in RAM)");
+                    tracing::info!(layers, of = spec.n_layer, experts_in_ram, output_layer = accel_layers > spec.n_layer, "layers on the accelerator (of them, with their routed experts in RAM; and the output layer)");
                 }
                 let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, accel_layers, experts_in_ram, ..stage.clone() };
                 let board = Arc::new(PlanBoard::single(spec.n_layer));
-                board.placed(0, accel_layers, experts_in_ram);
+                board.placed(0, layers, experts_in_ram);
                 (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), board)
             }
         };

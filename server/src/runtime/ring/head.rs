@@ -1,7 +1,10 @@
 //! The head's side of the ring: a `Pipeline` (the batching loop's) whose windows are partly local
 //! (the head's own, plus the embedding `0..0` and the output layer `L..L`) and partly on
 //! workers, reached over one authenticated link to the first worker and back from the
-//! last. One micro-batch is in the ring at a time, as in prima.cpp.
+//! last. Several micro-batches travel the ring at once (by default one per member that
+//! computes, `pace`); frames come back in the order they left, and the head takes each
+//! through its own windows as it returns. One at a time (`--micro-batches 1`) is
+//! prima.cpp's way, and what a ring paging its windows from disk runs.
 //!
 //! A failed hop breaks the ring: the links are dropped and every step fails fast until
 //! `recover` forms the ring again (plans re-sent, links re-opened, a probe frame sent all
