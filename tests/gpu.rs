@@ -128,25 +128,27 @@ fn gpu_layers_on_a_single_node_and_in_a_ring_answer_as_the_cpu_does() {
     let cpu = Served::start(&["--threads", "1", "--gpu-layers", "0"]);
     let expected = complete(&cpu.addr);
     drop(cpu);
-    // Every layer, and a third, on one node.
-    for n in ["30", "10"] {
+    // Every layer and the output layer (one more than the 30 layers), and a third, on one
+    // node.
+    for n in ["31", "10"] {
         let node = Served::start(&["--threads", "1", "--gpu-layers", n]);
         assert_same_or_near_tie(&format!("single node, {n} layers on the accelerator"), &complete(&node.addr), &expected);
     }
-    // A ring of real processes: the head and the first worker put the first 4 layers of
-    // each window on their accelerator (k = 2: windows of 5 split GPU/CPU), the second
+    // A ring of real processes (k = 2: two windows of 5 layers each): the head puts all of
+    // its windows and the output layer on its accelerator (6, more than a window's layers),
+    // the first worker the first 4 layers of each window (split GPU/CPU), the second
     // worker computes on its CPU.
     let w1 = Served::worker(&["--threads", "1", "--gpu-layers", "4"]);
     let w2 = Served::worker(&["--threads", "1", "--gpu-layers", "0"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    let head = Served::start(&["--threads", "1", "--workers", &workers, "--windows", "5,5,5", "--gpu-layers", "4", "--admin-key", ADMIN]);
-    assert_same_or_near_tie("ring 5,5,5 (k = 2), 4 layers of each head and first-worker window on the accelerator", &complete(&head.addr), &expected);
-    // The plan says where the head's layers ran (8 of its 10: 4 of each window); the
-    // metrics carry the same.
+    let head = Served::start(&["--threads", "1", "--workers", &workers, "--windows", "5,5,5", "--gpu-layers", "6", "--admin-key", ADMIN]);
+    assert_same_or_near_tie("ring 5,5,5 (k = 2), the head's windows and output layer and 4 layers of each first-worker window on the accelerator", &complete(&head.addr), &expected);
+    // The plan says where the head's layers ran (all 10: 5 of each window); the metrics
+    // carry the same.
     let plan: Value = serde_json::from_str(&admin(&head.addr, "/admin/plan")).unwrap();
-    assert_eq!(plan["members"][0]["gpu_layers"], 4, "{plan}");
+    assert_eq!(plan["members"][0]["gpu_layers"], 5, "{plan}");
     let metrics = common::http(&head.addr, "GET", "/metrics", "", "").unwrap().body;
-    assert!(metrics.lines().any(|l| l.starts_with("hearth_device_gpu_layers{device=\"head\"} 8")), "{}", metrics.lines().filter(|l| l.contains("gpu_layers")).collect::<Vec<_>>().join("\n"));
+    assert!(metrics.lines().any(|l| l.starts_with("hearth_device_gpu_layers{device=\"head\"} 10")), "{}", metrics.lines().filter(|l| l.contains("gpu_layers")).collect::<Vec<_>>().join("\n"));
 }
 
 /// Characters of docs/scheduler.md in the long prompt: over 1,000 tokens (past the 512 of

@@ -117,8 +117,6 @@ pub struct Weights {
     pub output: Option<*mut sys::ggml_tensor>,
     pub output_b: Option<*mut sys::ggml_tensor>,
     pub layers: BTreeMap<usize, LayerWeights>,
-    /// Bytes of weights copied into CPU extra buffer types (repacked).
-    pub repacked: u64,
     /// Everything this value allocated in ggml, freed when it drops.
     alloc: crate::ggml::Allocations,
 }
@@ -200,7 +198,6 @@ impl Weights {
             output: None,
             output_b: None,
             layers: BTreeMap::new(),
-            repacked: 0,
             alloc: crate::ggml::Allocations::default(),
         };
         let meta = file.gguf.meta();
@@ -330,7 +327,6 @@ impl Weights {
                 }
             }
         }
-        weights.repacked = copied.iter().filter(|c| Some(c.0) != accel.map(|a| a.buffer_type)).map(|c| c.2.iter().map(|(_, i)| i.n_bytes).sum::<u64>()).sum();
 
         let get = |n: &str| bound.get(n).copied();
         weights.tok_embd = get("token_embd.weight");

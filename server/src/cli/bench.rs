@@ -43,6 +43,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     // The batched test: its own pipeline with a KV slot per sequence, sized as llama.cpp's streams.
     let n_seq = args.sequences;
     let short = &prompt[..prompt.len().min(BATCHED_PROMPT_TOKENS)];
+    let prompts = vec![short.to_vec(); n_seq];
     let mut batched = if n_seq > 1 {
         let n_ctx_seq = (short.len() + args.gen_tokens + 1).min(spec.n_ctx_train);
         Some(LocalPipeline::new(vec![Stage::new(file, StageConfig { n_seq, n_ctx_seq, max_batch: short.len().max(n_seq), ..cfg })?])?)
@@ -59,15 +60,12 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         let device = engine::accelerators().first().map_or_else(String::new, |a| a.description.clone());
         let output = if accel_layers > spec.n_layer { "on the device" } else { "on the CPU" };
         println!("accelerator: {device}, {} layers in both engines, of them {experts_in_ram} with their experts in RAM; the output layer {output}", accel_layers.min(spec.n_layer));
-    }
-    if accel_layers > 0 {
         // A GPU backend builds its kernels for each shape at first use (on an H100 under
         // Vulkan the first 512-token prompt ran 19x slower than the next): one untimed
         // round of every shape first, as llama-bench warms up.
         reference.bench(&prompt, WARM_UP_TOKENS)?;
         bench_hearth(&mut hearth, &prompt, WARM_UP_TOKENS)?;
         if let Some(p) = batched.as_mut() {
-            let prompts = vec![short.to_vec(); n_seq];
             reference.decode_together(&prompts, WARM_UP_TOKENS, false)?;
             p.decode_together(&prompts, WARM_UP_TOKENS, short.len())?;
         }
@@ -99,7 +97,6 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         best_hearth = Some(best(best_hearth, h));
         if let Some(p) = batched.as_mut() {
             // The first token comes from the prompt: gen_tokens decode steps follow it.
-            let prompts = vec![short.to_vec(); n_seq];
             let ((rt, r), (ht, h)) = if round % 2 == 0 {
                 let r = reference.decode_together(&prompts, args.gen_tokens + 1, false)?;
                 (r, p.decode_together(&prompts, args.gen_tokens + 1, short.len())?)
@@ -114,7 +111,6 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     if let (true, Some(p)) = (args.ops, batched.as_mut()) {
-        let prompts = vec![short.to_vec(); n_seq];
         let (mut r, mut h) = (OpProfile::default(), OpProfile::default());
         reference.decode_together_with(&prompts, args.gen_tokens + 1, false, Some(&mut r))?;
         p.decode_together_with(&prompts, args.gen_tokens + 1, short.len(), Some(&mut h))?;

@@ -97,9 +97,8 @@ pub fn fitting_layers(file: &ModelFile, accel: Option<&AcceleratorInfo>, n_seq: 
     let kv = 2 * file.spec.n_embd_kv() as u64 * 2 * (n_seq * n_ctx_seq) as u64;
     let whole = (weights / n_layer as u64 + kv).max(1);
     let dense = whole.saturating_sub(expert_bytes / n_layer as u64).max(1);
-    let meta = file.gguf.meta();
-    let head = if file.spec.tied_output { "token_embd.weight" } else { "output.weight" };
-    let output: u64 = [head, "output_norm.weight", "output.bias"].iter().filter_map(|n| meta.tensor(n)).map(|t| t.n_bytes).sum();
+    // The output layer's bytes as the scheduler counts them (a tied head is the embedding).
+    let output = super::profiling::model::from_gguf(file, "", n_ctx_seq).output_bytes as u64;
     let room = a.memory_free.saturating_sub(ACCEL_RESERVE_BYTES);
     with_output(room, n_layer, whole, output, fit(room, n_layer, whole, dense, experts))
 }
