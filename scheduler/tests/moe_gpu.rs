@@ -58,7 +58,7 @@ fn gaming_pc(vram: f64) -> DeviceProfile {
         bytes_can_swap: 0.0,
         gpu: Some(GpuProfile { backend: GpuBackend::Cuda, flops: rates(8e12), read_bw: 400.0 * GB, memory_available: vram, kv_copy_s: 5e-6, ram_to_vram_s: 2e-5, vram_to_ram_s: 2e-5, uma: false }),
         comm_s: 0.0,
-        prompt_token_share: 0.0,
+        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
     }
 }
 

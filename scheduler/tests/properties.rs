@@ -28,7 +28,7 @@ prop_compose! {
         DeviceProfile {
             name: format!("{os:?}"), os, head: false, cpu_flops: rates(cpu * 1e9), cpu_read_bw: bw * GB, kv_copy_cpu_s: 2e-6,
             disk_seq_read: disk * GB, disk_rand_read: disk * GB * 0.8, ram_total: 16.0 * GB, ram_available: ram * GB,
-            swap_available: swap * GB, bytes_can_swap: swap * GB * 0.5, gpu, comm_s: comm * 1e-3, prompt_token_share: 0.0,
+            swap_available: swap * GB, bytes_can_swap: swap * GB * 0.5, gpu, comm_s: comm * 1e-3, prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
         }
     }
 }
@@ -135,8 +135,8 @@ proptest! {
             "{} against {}", many.prediction.tpot_s, one.prediction.tpot_s);
         let rate = |s: &scheduler::Schedule| {
             let profs: Vec<DeviceProfile> = s.members.iter().map(|&i| devices[i].clone()).collect();
-            let depth = auto_depth(&s.plan, &s.prediction);
-            Pipelining::of(&profs, &m, &s.plan).tokens_per_s(8, depth, FORECAST_CONTEXT)
+            let pipelining = Pipelining::of(&profs, &m, &s.plan);
+            pipelining.tokens_per_s(8, auto_depth(&s.plan, &s.prediction, &pipelining), FORECAST_CONTEXT)
         };
         prop_assert!(rate(&many) >= rate(&one) * (1.0 - 1e-9), "{} against {}", rate(&many), rate(&one));
     }

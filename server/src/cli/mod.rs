@@ -412,9 +412,10 @@ pub struct ServeArgs {
     #[arg(long, env = "HEARTH_RING_WAIT", default_value_t = 60)]
     pub ring_wait: u64,
     /// Micro-batches travelling the ring at once: a number (1: one at a time, as
-    /// prima.cpp), or `auto` (one per member that computes, so every device has work when
-    /// several requests run or a long prompt is cut into chunks; one when windows are paged
-    /// from disk, where each would read them again).
+    /// prima.cpp), or `auto` (at least one per member that computes, so every device has
+    /// work when several requests run or a long prompt is cut into chunks, and more where
+    /// the members' measured small-batch steps forecast faster decoding of 8 streams; one
+    /// when windows are paged from disk, where each would read them again).
     #[arg(long, env = "HEARTH_MICRO_BATCHES", default_value = "auto")]
     pub micro_batches: AutoCount,
     /// Tokens per prompt chunk with micro-batches in flight, instead of the chunk planned

@@ -35,7 +35,8 @@ struct Cached {
 pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, fresh: bool) -> Result<(DeviceProfile, Option<Duration>, PathBuf)> {
     let (disk_dir, kv_bytes, key) = target(threads, model, None)?;
     let cache = cache_path();
-    let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten();
+    // A profile calibrated by an older hearth lacks the small-batch steps: measured again.
+    let cached = (!fresh).then(|| read_cache(&cache, &key)).flatten().filter(|p| model.is_none() || !p.row_steps.is_empty());
     let (profile, took) = match cached {
         Some(p) => (p, None),
         None => {
@@ -106,7 +107,7 @@ fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<(&std::path
         gpu: gpu_profile(model, kv_bytes)?,
         // Measured by the head on the real ring links.
         comm_s: 0.0,
-        prompt_token_share: 0.0,
+        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
     };
     refresh_memory(&mut profile);
     Ok(profile)
@@ -191,7 +192,12 @@ const CALIBRATION_WARMUP: usize = 4;
 const CALIBRATION_TOKENS: usize = 16;
 /// Tokens of the prompt-shaped batch timed beside decode: the middle of the chunk sizes a
 /// pipelined prompt uses, large enough that the per-token cost dominates.
-const CALIBRATION_PROMPT: usize = 64;
+const CALIBRATION_PROMPT: usize = scheduler::pipelining::PROMPT_BATCH;
+/// Decode batches timed from one row up to this many: the groups micro-batches of a
+/// family's streams carry (`scheduler::pipelining::auto_depth` weighs them), each timed
+/// this many times (the fastest counts) after one that builds its graph.
+const CALIBRATION_ROWS: usize = 8;
+const CALIBRATION_ROW_REPS: usize = 3;
 /// The timed window spans at least this many weight bytes (or the whole model), so it
 /// streams from memory as a real step does instead of staying in the CPU's caches.
 const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
@@ -216,7 +222,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     // A model small enough is timed whole, output layer included, as the head runs it.
     let whole = layers == n_layer;
     let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false };
-    let mut stage = Stage::new(file, cfg)?;
+    let mut stage = Stage::new(file.clone(), cfg.clone())?;
     let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
     for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {
         let t = Instant::now();
@@ -238,6 +244,23 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
         prompt_s = prompt_s.min(t.elapsed().as_secs_f64());
     }
     p.prompt_token_share = ((prompt_s / measured - 1.0) / (CALIBRATION_PROMPT - 1) as f64).clamp(0.0, 1.0);
+    drop(stage);
+    // Small batches, through the layers alone and, where it weighs, the output layer alone
+    // (the head's; its kernel's row tiles differ from the layers').
+    let rows_cfg = |windows, owns_output| StageConfig { windows, n_seq: CALIBRATION_ROWS, n_ctx_seq: CALIBRATION_ROW_REPS + 1, max_batch: CALIBRATION_ROWS, owns_output, ..cfg.clone() };
+    let ids = vec![1; CALIBRATION_ROWS];
+    let mut layers_stage = Stage::new(file.clone(), rows_cfg(vec![0..layers], false))?;
+    p.row_steps = row_steps(&mut layers_stage, |b| StageInput::Tokens(&ids[..b]), false)?;
+    drop(layers_stage);
+    p.output_row_steps = if whole {
+        // Hidden states of a plausible size (the output norm scales them anyway).
+        let n_embd = file.spec.n_embd;
+        let hidden: Vec<f32> = (0..CALIBRATION_ROWS * n_embd).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect();
+        let mut output_stage = Stage::new(file.clone(), rows_cfg(vec![n_layer..n_layer], true))?;
+        row_steps(&mut output_stage, |b| StageInput::Hidden(&hidden[..b * n_embd]), true)?
+    } else {
+        Vec::new()
+    };
     let l = layers as f64;
     let mut compute = l * model.layer_flops.time_at(&p.cpu_flops);
     let mut memory = l * (p.kv_copy_cpu_s + model.layer_read_bytes() / p.cpu_read_bw);
@@ -251,9 +274,31 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
         for rate in p.cpu_flops.values_mut() {
             *rate *= scale;
         }
-        tracing::info!(layers, whole, measured_ms = measured * 1e3, scale, prompt_token_share = p.prompt_token_share, "CPU rates calibrated on the model's own layers");
+        tracing::info!(layers, whole, measured_ms = measured * 1e3, scale, prompt_token_share = p.prompt_token_share, row_steps = ?p.row_steps, output_row_steps = ?p.output_row_steps, "CPU rates calibrated on the model's own layers");
     }
     Ok(())
+}
+
+/// `stage`'s window 0 on batches of 1 to `CALIBRATION_ROWS` decode tokens (one of each of
+/// that many sequences, `input(b)` their input), each as a multiple of one token's time:
+/// the fastest of `CALIBRATION_ROW_REPS` after one that builds the graph.
+fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::StageInput<'a>, logits: bool) -> Result<Vec<f64>> {
+    let mut times = Vec::with_capacity(CALIBRATION_ROWS);
+    for b in 1..=CALIBRATION_ROWS {
+        (0..b).for_each(|s| stage.clear_sequence(s as engine::SeqId));
+        let mut best = f64::INFINITY;
+        for pos in 0..=CALIBRATION_ROW_REPS {
+            let batch: Vec<engine::BatchToken> = (0..b).map(|s| engine::BatchToken { seq: s as engine::SeqId, pos: pos as u32, logits }).collect();
+            let t = Instant::now();
+            stage.forward(0, &batch, input(b))?;
+            if pos > 0 {
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+        }
+        times.push(best);
+    }
+    let one = times[0].max(f64::MIN_POSITIVE);
+    Ok(times.iter().map(|t| t / one).collect())
 }
 
 fn cache_key(threads: usize, disk_dir: &std::path::Path, kv_bytes: usize, model: Option<&engine::ModelFile>) -> String {

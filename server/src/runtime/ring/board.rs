@@ -417,7 +417,7 @@ mod tests {
             bytes_can_swap: 0.0,
             gpu: None,
             comm_s,
-            prompt_token_share: 0.0,
+            prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
         }
     }
 

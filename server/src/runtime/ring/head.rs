@@ -360,21 +360,24 @@ impl RingPipeline {
     }
 
     /// How many micro-batches the running plan holds in flight, and the stage times that
-    /// cut prompts into chunks: one per member that computes (the head always does: it
-    /// holds the output layer), unless `--micro-batches` says otherwise. A ring that pages
+    /// cut prompts into chunks: as many as the forecast decodes a family's streams fastest
+    /// with, at least one per member that computes (`scheduler::pipelining::auto_depth`),
+    /// unless `--micro-batches` says otherwise. A ring that pages
     /// windows from disk takes one at a time, as prima.cpp does: each micro-batch in flight
     /// would read every released window again.
     fn pace(&mut self, prediction: &Prediction) {
         let r = &self.replan;
         let profiles: Vec<DeviceProfile> = r.members.iter().map(|&m| r.devices[m].clone()).collect();
         let pages = self.cfg.setup.release == Some(true) || self.layout.pager.as_ref().is_some_and(|p| p.release());
-        self.depth = match self.cfg.setup.micro_batches {
-            _ if !self.layout.workers_compute => 1,
-            Some(n) => n.max(1),
-            None if pages => 1,
-            None => scheduler::pipelining::auto_depth(&self.plan, prediction),
-        };
         self.pipelining = (profiles.len() == prediction.devices.len()).then(|| scheduler::Pipelining::of(&profiles, &r.planner.model, &self.plan));
+        self.depth = match (self.cfg.setup.micro_batches, &self.pipelining) {
+            _ if !self.layout.workers_compute => 1,
+            (Some(n), _) => n.max(1),
+            (None, _) if pages => 1,
+            (None, Some(p)) => scheduler::pipelining::auto_depth(&self.plan, prediction, p),
+            // Profiles that do not match the plan's members: one per member that computes.
+            (None, None) => 1 + self.plan.devices.iter().skip(1).filter(|d| d.window > 0).count(),
+        };
         tracing::info!(micro_batches = self.depth, pages, "micro-batches in flight");
     }
 

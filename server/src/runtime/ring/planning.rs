@@ -130,8 +130,8 @@ fn ms(s: f64) -> String {
 /// micro-batches in flight as `--micro-batches auto` keeps (see `scheduler::pipelining`).
 pub fn forecast(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule) -> scheduler::Forecast {
     let profiles: Vec<DeviceProfile> = s.members.iter().map(|&m| devices[m].clone()).collect();
-    let depth = scheduler::pipelining::auto_depth(&s.plan, &s.prediction);
-    scheduler::Pipelining::of(&profiles, model, &s.plan).forecast(depth, FORECAST_MAX_BATCH)
+    let pipelining = scheduler::Pipelining::of(&profiles, model, &s.plan);
+    pipelining.forecast(scheduler::pipelining::auto_depth(&s.plan, &s.prediction, &pipelining), FORECAST_MAX_BATCH)
 }
 
 pub fn table(devices: &[DeviceProfile], model: &ModelProfile, s: &Schedule, others: &[(Strategy, Result<f64, String>)]) -> String {
