@@ -206,7 +206,7 @@ fn speculation_on_long_prompts_gives_the_plain_answer() {
 }
 
 /// Eight requests of every kind users send at once through a ring with micro-batches in
-/// flight (one per member: the sequences go round in groups, the long prompt in chunks that
+/// flight (one per member: the sequences go round in groups of two or three, the long prompt in chunks that
 /// follow one another): each gets the answer it gets alone on the single node. Then a client
 /// that goes away while its prompt's chunks are in flight frees its sequence without
 /// disturbing the next request.
@@ -238,11 +238,17 @@ fn eight_mixed_requests_through_a_pipelined_ring_give_their_answers_alone() {
     drop(node);
 
     let (_w1, _w2, list) = workers();
-    let h = Served::start(&["--threads", "1", "--parallel", "8", "--ctx-size", &ctx, "--workers", &list, "--windows", "10,10,10", "--batch-invariant", "--admin-key", "admin-key"]);
+    // Pinned at one per member: `auto` may keep one per stream here (the small model's
+    // batches of a few rows cost nearly as many single rows), and groups of several
+    // sequences are what this test is for.
+    let h = Served::start(&["--threads", "1", "--parallel", "8", "--ctx-size", &ctx, "--workers", &list, "--windows", "10,10,10", "--batch-invariant", "--admin-key", "admin-key", "--micro-batches", "3"]);
     let plan: Value = serde_json::from_str(&common::http(&h.addr, "GET", "/admin/plan", "Authorization: Bearer admin-key\r\n", "").unwrap().body).unwrap();
     assert_eq!(plan["micro_batches"], 3, "one micro-batch per member: {plan}");
     let f = &plan["forecast"];
-    assert!(f["streams"][2]["pipelined_tokens_per_s"].as_f64().unwrap() > f["streams"][2]["one_at_a_time_tokens_per_s"].as_f64().unwrap(), "{f}");
+    // Several streams sustain more than one. (Against one micro-batch at a time the
+    // forecast at this pinned depth may lose: the default model's output layer takes 3
+    // rows at several times the cost of 1 or 8 on a CPU, which is why `auto` keeps more.)
+    assert!(f["streams"][2]["pipelined_tokens_per_s"].as_f64().unwrap() > f["streams"][0]["pipelined_tokens_per_s"].as_f64().unwrap(), "{f}");
     assert!(f["prompts"][1]["chunk"].as_u64().unwrap() < 512, "a 2,000-token prompt is cut into chunks: {f}");
     std::thread::scope(|s| {
         let addr = h.addr.as_str();
