@@ -521,7 +521,14 @@ impl Loop {
             if a.pending.is_empty() || budget == 0 || prompt_room == 0 {
                 continue;
             }
-            let take = a.pending.len().min(budget).min(a.chunk);
+            let mut take = a.pending.len().min(budget).min(a.chunk);
+            // A piece cut short by the batch's room (decode rows took some) and not the
+            // prompt's last: whole tiles of query rows, as a planned chunk is (ggml's
+            // attention reads every cached cell for a part tile as for a whole one).
+            let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+            if take < a.pending.len() && take < a.chunk && take > tile {
+                take -= take % tile;
+            }
             budget -= take;
             prompt_room = prompt_room.saturating_sub(take);
             for _ in 0..take {

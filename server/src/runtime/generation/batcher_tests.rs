@@ -219,6 +219,28 @@ fn a_long_prompt_is_fed_in_chunks_while_a_running_stream_keeps_going() {
     assert_eq!(log.violations, Vec::<String>::new());
 }
 
+/// Beside a running stream, a long prompt's pieces are cut to whole tiles of 64 query rows
+/// (a part tile costs ggml's attention as much as a whole one), not to the room the decode
+/// row leaves; only the prompt's last piece is what remains.
+#[test]
+fn a_prompt_piece_cut_by_the_batch_room_keeps_whole_tiles() {
+    const MAX_BATCH: usize = 200;
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_delay(Duration::from_millis(1));
+    let rig = Rig::start(pipeline, 2, 4, MAX_BATCH, None);
+    let mut running = rig.submit(&prompt("Go:"), 10_000, &[]);
+    assert!(matches!(next(&mut running), Some(Event::Started { .. })));
+    let long: Vec<i32> = prompt(&"the quick brown fox jumps over the lazy dog ".repeat(80));
+    assert!(long.len() > 3 * MAX_BATCH, "{} tokens", long.len());
+    assert_eq!(answer(rig.submit(&long, 2, &[])).completion_tokens, 2);
+    drop(running);
+    let log = rig.log.lock().unwrap();
+    let pieces: Vec<usize> = log.batches.iter().map(|b| b.iter().filter(|t| t.0 == 1).count()).filter(|&n| n > 1).collect();
+    let (last, rest) = pieces.split_last().expect("the prompt was fed");
+    assert!(rest.len() >= 2 && rest.iter().all(|&n| n == 192), "pieces {pieces:?}");
+    assert_eq!(rest.iter().sum::<usize>() + last, long.len());
+    assert_eq!(log.violations, Vec::<String>::new());
+}
+
 #[test]
 fn a_shared_prefix_is_reused_from_the_cache() {
     let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting()), 1, 2, 64, None);
