@@ -34,6 +34,12 @@ fn prompt_logits_match_llama_cpp() {
     assert!((30..=60).contains(&prompt.len()), "prompt has {} tokens", prompt.len());
     let worst = common::assert_logits_match(&path, &prompt);
     eprintln!("default model: worst relative RMS error over {} positions {worst:.3e}", prompt.len());
+    // Odd row counts: hearth pads the output layer's Q8_0 product by a zero row (graph.rs
+    // `mul_mat_acc`), llama.cpp does not; every kept row is still bit-identical.
+    for n in [3, 5, 7, 31] {
+        let worst = common::assert_logits_match(&path, &prompt[..n]);
+        assert_eq!(worst, 0.0, "{n} rows: relative RMS error {worst:e}");
+    }
 }
 
 #[test]
@@ -122,6 +128,14 @@ fn sequences_decoding_together_match_llama_cpps_streams() {
         for (s, (g, e)) in got.iter().zip(&expected).enumerate() {
             assert_eq!(g, e, "sequence {s} ({} prompt tokens) differs from llama.cpp's stream, {} stages", prompts[s].len(), stages.len());
         }
+    }
+    // Three at once: an odd row count, which hearth pads by a zero row for the output
+    // layer's Q8_0 product (graph.rs `mul_mat_acc`); the rows kept must not change.
+    let three = &prompts[1..];
+    let (expected, _) = Reference::load(&path, THREADS).unwrap().decode_together(three, 48, true).unwrap();
+    let (got, _) = pipeline(&path, &windows(&[0..30]), three.len()).decode_together(three, 48, 256).unwrap();
+    for (s, (g, e)) in got.iter().zip(&expected).enumerate() {
+        assert_eq!(g, e, "sequence {s} of three differs from llama.cpp's stream");
     }
 }
 
