@@ -184,9 +184,10 @@ pub struct DeviceProfile {
     /// A step of `b` decode tokens (one of each of `b` sequences) as a multiple of one
     /// token's step over the same layers, for b = 1, 2, ... (the first is 1): measured on
     /// the model's own layers. Small batches do not cost in proportion: a matrix kernel
-    /// takes rows in tiles, so an odd count can pay an extra pass over the weights (a
-    /// 2-core AVX2 host, the default model's Q8_0 output layer: 3 rows 1.5x the time of 4).
-    /// Empty when not measured (an older profile): the line through σ stands in.
+    /// takes rows in tiles, and a kernel for few rows can be slower per row than the one
+    /// for a single row (a 2-core AVX2 host, one thread, the default model's Q8_0 output
+    /// layer: 2 rows 2.8x one row's time, 8 rows 4.2x). Empty when not measured (an older
+    /// profile): the line through σ stands in.
     #[serde(default)]
     pub row_steps: Vec<f64>,
     /// The same for the output layer alone, measured where it weighs (a model small enough
