@@ -135,11 +135,17 @@ pub fn auto_depth(plan: &Plan, prediction: &Prediction, pipelining: &Pipelining)
     if prediction.devices.iter().any(|d| d.overloaded) {
         return 1;
     }
-    let members = 1 + plan.devices.iter().skip(1).filter(|d| d.window > 0).count();
+    let members = computing_members(plan);
     let rate = |m| pipelining.tokens_per_s(BALANCE_STREAMS, m, FORECAST_CONTEXT);
     let most = members.max(BALANCE_STREAMS);
     let best = (members..=most).map(rate).fold(0.0, f64::max);
     (members..=most).find(|&m| rate(m) >= best * (1.0 - DEPTH_TIE)).unwrap_or(members)
+}
+
+/// Members of `plan` that compute: the head always (it holds the output layer), and every
+/// worker with layers (a relay without layers only forwards).
+pub fn computing_members(plan: &Plan) -> usize {
+    1 + plan.devices.iter().skip(1).filter(|d| d.window > 0).count()
 }
 
 /// Depths whose forecasts are this close decode alike: the smaller keeps fuller batches

@@ -376,7 +376,7 @@ impl RingPipeline {
             (None, _) if pages => 1,
             (None, Some(p)) => scheduler::pipelining::auto_depth(&self.plan, prediction, p),
             // Profiles that do not match the plan's members: one per member that computes.
-            (None, None) => 1 + self.plan.devices.iter().skip(1).filter(|d| d.window > 0).count(),
+            (None, None) => scheduler::pipelining::computing_members(&self.plan),
         };
         tracing::info!(micro_batches = self.depth, pages, "micro-batches in flight");
     }
