@@ -373,6 +373,13 @@ fn shutdown_lets_running_answers_finish() {
     assert_eq!(answer(b).completion_tokens, 40);
 }
 
+/// An answer with how much of its prompt came from the cache left out: requests submitted
+/// together reach the batcher while it runs, so whether one finds another's prefix already
+/// cached depends on thread timing, not on the depth (CI saw depth 1 reuse 2 tokens once).
+fn without_cache_hits(a: Answer) -> Answer {
+    Answer { cached: a.cached.map(|_| 0), ..a }
+}
+
 /// Runs the same requests at once through pipelines of depth 1 and `depth`: their answers,
 /// and the deeper pipeline's log.
 fn at_depth(depth: usize, ngram: bool, requests: &[(Vec<i32>, usize)]) -> (Vec<Answer>, Vec<Answer>, Arc<Mutex<super::scripted::Log>>) {
@@ -380,7 +387,7 @@ fn at_depth(depth: usize, ngram: bool, requests: &[(Vec<i32>, usize)]) -> (Vec<A
         let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(d);
         let rig = Rig::start(pipeline, requests.len(), 8, 64, ngram.then_some(Proposer::Ngram));
         let rxs: Vec<_> = requests.iter().map(|(p, n)| rig.submit(p, *n, &[])).collect();
-        let answers: Vec<Answer> = rxs.into_iter().map(answer).collect();
+        let answers: Vec<Answer> = rxs.into_iter().map(answer).map(without_cache_hits).collect();
         (answers, rig.log.clone())
     };
     let (alone, _) = run(1);
@@ -426,7 +433,7 @@ fn prompts_arriving_together_follow_one_another_through_the_pipeline() {
         let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(depth).with_shortest_chunk(40);
         let rig = Rig::start(pipeline, requests.len(), 8, 256, None);
         let rxs: Vec<_> = requests.iter().map(|(p, n)| rig.submit(p, *n, &[])).collect();
-        let answers: Vec<Answer> = rxs.into_iter().map(answer).collect();
+        let answers: Vec<Answer> = rxs.into_iter().map(answer).map(without_cache_hits).collect();
         (answers, rig.log.clone())
     };
     let (alone, _) = run(1);
