@@ -65,13 +65,22 @@ pub struct Sampler {
     pick: LlamaSampler,
     n_vocab: usize,
     /// When the chain's first step is top-k (nothing before it reads the whole
-    /// distribution), only the k best logits are handed to llama.cpp: the same result
-    /// without copying and sorting the whole vocabulary every token.
+    /// distribution, and at most a logit bias changes it), only the k best logits are
+    /// handed to llama.cpp: the same result without copying and sorting the whole
+    /// vocabulary every token.
     prefilter: Option<usize>,
+    /// The logit bias, applied here before the prefilter (as llama.cpp's sampler adds it,
+    /// entry by entry in f32) instead of by `adjust`; empty when there is no prefilter.
+    biases: Vec<(usize, f32)>,
+    /// The biased logits, kept between tokens.
+    biased: Vec<f32>,
     /// With a grammar: which allowed candidates can decide the token. `None`: all of them
     /// (plain temperature sampling, or top-p without top-k), and the grammar must judge the
     /// whole vocabulary.
     decisive: Option<Decisive>,
+    /// The whole vocabulary's candidates, kept between tokens: a fresh array each token
+    /// (590 KB for 49,152 tokens) cost more in page faults than filling it.
+    candidates: Vec<LlamaTokenData>,
 }
 
 /// The allowed candidates the pick can choose from, without judging all the others: the
@@ -146,15 +155,22 @@ impl Sampler {
         };
         let min_p_cut = (p.temperature > 0.0 && p.min_p > 0.0 && p.top_p >= 1.0).then(|| p.min_p.ln());
         let decisive = (count.is_some() || min_p_cut.is_some()).then_some(Decisive { count, min_p_cut, id_order: count.is_none() });
-        let plain = adjust.is_empty() && grammar.is_none();
+        // A bias moves single logits: top-k of the biased logits is what the chain's top-k
+        // would see. Penalties read the history and a grammar judges candidates: not plain.
+        let penalties = p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
+        let plain = !penalties && grammar.is_none();
         let prefilter = if plain { count } else { None };
+        let biases = if prefilter.is_some() { p.logit_bias.iter().map(|&(t, b)| (t as usize, b)).collect() } else { Vec::new() };
         Ok(Sampler {
             adjust: (!adjust.is_empty()).then(|| LlamaSampler::chain_simple(adjust)),
             grammar,
             pick: LlamaSampler::chain_simple(pick),
             n_vocab,
             prefilter,
+            biases,
+            biased: Vec::new(),
             decisive,
+            candidates: Vec::new(),
         })
     }
 
@@ -163,18 +179,19 @@ impl Sampler {
         self.check_len(logits)?;
         let tok = match (self.grammar.is_some(), self.decisive) {
             (true, Some(d)) => self.pick_constrained(logits, d)?,
-            _ => self.pick_whole(logits)?,
+            _ => self.pick_whole(logits, false)?,
         };
         self.accept(tok);
         Ok(tok.0)
     }
 
-    /// `sample` with the grammar judging every token of the vocabulary, as llama.cpp's
-    /// chain does: what the bounded path must agree with (tests, benchmarks).
+    /// `sample` with llama.cpp's whole chain on every token of the vocabulary (the
+    /// grammar judging each, no prefilter): what the bounded paths must agree with (tests,
+    /// benchmarks).
     #[doc(hidden)]
     pub fn sample_judging_every_token(&mut self, logits: &[f32]) -> Result<i32> {
         self.check_len(logits)?;
-        let tok = self.pick_whole(logits)?;
+        let tok = self.pick_whole(logits, true)?;
         self.accept(tok);
         Ok(tok.0)
     }
@@ -192,18 +209,44 @@ impl Sampler {
         }
     }
 
-    fn pick_whole(&mut self, logits: &[f32]) -> Result<LlamaToken> {
-        let mut arr = match self.prefilter {
-            Some(k) if k < logits.len() => {
-                let top = top_k(logits, k);
+    /// `whole`: the whole vocabulary through the whole chain even where a prefilter would
+    /// do.
+    fn pick_whole(&mut self, logits: &[f32], whole: bool) -> Result<LlamaToken> {
+        let prefilter = self.prefilter.filter(|&k| k < logits.len() && !whole);
+        let mut arr = match prefilter {
+            Some(k) => {
+                let top = if self.biases.is_empty() {
+                    top_k(logits, k)
+                } else {
+                    self.biased.clear();
+                    self.biased.extend_from_slice(logits);
+                    for &(t, b) in &self.biases {
+                        self.biased[t] += b;
+                    }
+                    top_k(&self.biased, k)
+                };
                 LlamaTokenDataArray::from_iter(top.into_iter().map(|(i, l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false)
             }
-            _ => LlamaTokenDataArray::from_iter(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false),
+            None => self.whole_vocabulary(logits),
         };
-        for s in [self.adjust.as_mut(), self.grammar.as_mut(), Some(&mut self.pick)].into_iter().flatten() {
+        // A prefilter applied the bias already.
+        let adjust = if prefilter.is_some() { None } else { self.adjust.as_mut() };
+        for s in [adjust, self.grammar.as_mut(), Some(&mut self.pick)].into_iter().flatten() {
             s.apply(&mut arr);
         }
-        arr.selected_token().ok_or_else(|| Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()))
+        let picked = arr.selected_token();
+        if prefilter.is_none() {
+            self.candidates = arr.data;
+        }
+        picked.ok_or_else(|| Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()))
+    }
+
+    /// Every token of the vocabulary as a candidate, in id order, in the kept buffer.
+    fn whole_vocabulary(&mut self, logits: &[f32]) -> LlamaTokenDataArray {
+        let mut data = std::mem::take(&mut self.candidates);
+        data.clear();
+        data.extend(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)));
+        LlamaTokenDataArray::new(data, false)
     }
 
     /// The grammar's cost bounded by what decides the token: the grammar judges the best
@@ -218,7 +261,7 @@ impl Sampler {
     /// at the k-th place may be ordered differently: llama.cpp's partial sort does not
     /// define their order either.)
     fn pick_constrained(&mut self, logits: &[f32], d: Decisive) -> Result<LlamaToken> {
-        let mut arr = LlamaTokenDataArray::from_iter(logits.iter().enumerate().map(|(i, &l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false);
+        let mut arr = self.whole_vocabulary(logits);
         if let Some(adjust) = self.adjust.as_mut() {
             adjust.apply(&mut arr);
         }
@@ -250,6 +293,7 @@ impl Sampler {
             rest = tail;
             round = round.saturating_mul(GRAMMAR_ROUND_GROWTH);
         }
+        self.candidates = arr.data;
         if allowed.is_empty() {
             return Err(Error::Sampler("no token is allowed here (the grammar rejects every candidate)".into()));
         }
@@ -369,6 +413,45 @@ mod tests {
                 }
             }
             assert!(ended > 0, "the grammar never completed; the test walks too little of it ({p:?})");
+        }
+    }
+
+    /// Without a grammar, the prefiltered path (top-k of the logits, the logit bias added
+    /// first) picks what llama.cpp's chain over the whole vocabulary picks: greedy and
+    /// seeded top-k, biases that lift a token to the top, sink the best one, or tie it.
+    #[test]
+    fn prefiltered_sampling_with_a_logit_bias_picks_what_the_whole_chain_picks() {
+        let tok = tokenizer();
+        let n_vocab = tok.n_vocab();
+        let mut rng = StdRng::seed_from_u64(5);
+        let biases = vec![(7, 30.0), (11, -100.0), (13, 0.5), (13, 0.25), (n_vocab as i32 - 1, 12.0)];
+        let cases = [
+            SamplingParams { logit_bias: biases.clone(), ..SamplingParams::greedy() },
+            SamplingParams { logit_bias: biases.clone(), seed: 3, ..SamplingParams::default() },
+            SamplingParams { logit_bias: biases.clone(), seed: 4, temperature: 1.3, top_k: 5, top_p: 1.0, min_p: 0.0, ..SamplingParams::default() },
+        ];
+        for p in &cases {
+            let (mut fast, mut whole) = (Sampler::new(&tok, p).unwrap(), Sampler::new(&tok, p).unwrap());
+            let mut lifted = 0;
+            for step in 0..300 {
+                let mut l = logits(&mut rng, n_vocab, &[]);
+                match step % 4 {
+                    // The best logit biased away, and (greedy) one that the bias ties with
+                    // the lifted one: the lower id wins. Sampling orders exact ties as
+                    // llama.cpp's partial sort happens to leave them, so not there.
+                    0 => {
+                        l[11] = 40.0;
+                        l[7] = 10.0;
+                        l[13] = if p.temperature <= 0.0 { 39.25 } else { 39.0 };
+                    }
+                    1 => l[n_vocab - 1] = 9.0,
+                    _ => {}
+                }
+                let a = fast.sample(&l).unwrap();
+                assert_eq!(a, whole.sample_judging_every_token(&l).unwrap(), "step {step} of {p:?}");
+                lifted += usize::from(a == 7 || a == n_vocab as i32 - 1);
+            }
+            assert!(lifted > 0, "no bias ever decided a token ({p:?})");
         }
     }
 
