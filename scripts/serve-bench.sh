@@ -4,9 +4,11 @@
 # alternating order round after round, measured with scripts/load.py through each one's
 # OpenAI API:
 #   TPOT of one greedy stream, and the aggregate tokens/s of STREAMS concurrent streams
-# (end-of-text suppressed so every stream runs its TOKENS tokens). Then `hearth bench` in
-# the same run gives llama.cpp's bare decode loop (no server) on a prompt of the streams'
-# length: the API's TPOT over the bare loop's is what the server costs per token.
+# (end-of-text suppressed so every stream runs its TOKENS tokens). Each round ends with
+# llama.cpp's bare decode loop (no server, `hearth bench`) on a prompt of the streams'
+# length: the API's TPOT over that round's bare loop is what the server costs per token
+# (this host's speed drifts by 10-20% within minutes, so each round is its own yardstick).
+# Then `hearth bench` decodes 8 sequences together in both bare engines.
 #
 #   scripts/serve-bench.sh
 #
@@ -57,6 +59,7 @@ start() {
 }
 
 declare -A TPOTS AGGS
+BARES=""
 printf '%-6s %-13s %10s %16s\n' round server "TPOT ms" "${STREAMS} streams t/s"
 for r in $(seq 1 "$ROUNDS"); do
   order=(hearth llama-server)
@@ -70,22 +73,27 @@ for r in $(seq 1 "$ROUNDS"); do
     AGGS[$s]="${AGGS[$s]:-} $agg"
     printf '%-6s %-13s %10.2f %16.1f\n' "$r" "$s" "$(python3 -c "print($tpot * 1000)")" "$agg"
   done
+  "$HEARTH" bench --model "$MODEL" --threads "$THREADS" --prompt-tokens 80 --gen-tokens "$TOKENS" --reps 1 --sequences 0 >"$LOGS/bare.txt"
+  bare="$(python3 -c "import sys; print(next(l for l in open(sys.argv[1]) if l.startswith('| decode (tg')).split('|')[2].strip())" "$LOGS/bare.txt")"
+  BARES="$BARES $bare"
+  printf '%-6s %-13s %10.2f\n' "$r" "bare llama.cpp" "$(python3 -c "print(1000 / $bare)")"
 done
 # llama.cpp's (and hearth's engine's) bare decode loop on a prompt like the streams'.
 "$HEARTH" bench --model "$MODEL" --threads "$THREADS" --prompt-tokens 80 --gen-tokens "$TOKENS" --reps "$ROUNDS" --sequences "$STREAMS" | tee "$LOGS/bench.txt"
-python3 - "$LOGS/bench.txt" "${TPOTS[hearth]}" "${TPOTS[llama-server]}" "${AGGS[hearth]}" "${AGGS[llama-server]}" <<'EOF'
-import re, statistics, sys
-bench, ht, lt, ha, la = sys.argv[1:]
-med = lambda s: statistics.median(float(x) for x in s.split())
-ht, lt, ha, la = med(ht), med(lt), med(ha), med(la)
-# The best round of llama.cpp's bare decode (tokens/s), from hearth bench's table.
-row = next(l for l in open(bench) if l.startswith("| decode (tg"))
-bare = float(row.split("|")[2])
+python3 - "${TPOTS[hearth]}" "${TPOTS[llama-server]}" "${AGGS[hearth]}" "${AGGS[llama-server]}" "$BARES" <<'EOF'
+import statistics, sys
+ht, lt, ha, la, bares = sys.argv[1:]
+rounds = lambda s: [float(x) for x in s.split()]
+# Through the API against the same round's bare loop (tokens/s), the median of the rounds.
+api_ratio = lambda tpots: statistics.median(1 / (t * b) for t, b in zip(rounds(tpots), rounds(bares)))
+hr, lr = api_ratio(ht), api_ratio(lt)
+med = lambda s: statistics.median(rounds(s))
+ht, lt, ha, la, bare = med(ht), med(lt), med(ha), med(la), med(bares)
 print()
 print(f"medians over the rounds: TPOT hearth {ht*1e3:.2f} ms, llama-server {lt*1e3:.2f} ms; "
       f"streams hearth {ha:.1f} t/s, llama-server {la:.1f} t/s")
 print(f"hearth vs llama-server: one stream's TPOT {ht/lt:.3f}x (lower is better), "
       f"aggregate tokens/s of the streams {ha/la:.3f}x")
-print(f"one stream through the API vs llama.cpp's bare decode loop ({1e3/bare:.2f} ms/token): "
-      f"hearth {1/(ht*bare):.3f}x, llama-server {1/(lt*bare):.3f}x of its speed")
+print(f"one stream through the API vs llama.cpp's bare decode loop in the same round (median {1e3/bare:.2f} ms/token): "
+      f"hearth {hr:.3f}x, llama-server {lr:.3f}x of its speed (median of the rounds)")
 EOF
