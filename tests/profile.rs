@@ -35,15 +35,12 @@ fn a_measured_profile_is_cached_and_plans_a_ring() {
     // Calibrated on the model: a prompt token's share, and decode batches of 1 to 8 rows
     // through the layers and (the model is timed whole) through the output layer alone,
     // as multiples of one row. More rows never take less than one (a 2-core machine's
-    // noise stays well inside that), nor more than as many rows apart through the layers;
-    // through the output layer one row takes ggml's vec_dot and more take tinyBLAS's tiles
-    // (2 rows measured 2.8x one on a quiet host, 4.7x with another job on the cores), so
-    // there the bound is three times as many rows.
+    // noise stays well inside that), nor more than as many rows apart.
     assert!(p.prompt_token_share > 0.0 && p.prompt_token_share <= 1.0, "{}", p.prompt_token_share);
-    for (steps, per_row) in [(&p.row_steps, 2.0), (&p.output_row_steps, 3.0)] {
+    for steps in [&p.row_steps, &p.output_row_steps] {
         assert_eq!(steps.len(), 8, "{steps:?}");
         assert_eq!(steps[0], 1.0);
-        assert!(steps.iter().enumerate().all(|(i, &t)| t > 0.8 && t < per_row * (i + 1) as f64), "{steps:?}");
+        assert!(steps.iter().enumerate().all(|(i, &t)| t > 0.8 && t < 2.0 * (i + 1) as f64), "{steps:?}");
     }
     // The second run reuses the cache: the same figures, and the table says so.
     let again: DeviceProfile = serde_json::from_str(&hearth(&dir, &["profile", "--model", model, "--threads", "1", "--name", "ci", "--head", "--json"])).unwrap();
