@@ -35,13 +35,20 @@ fn a_measured_profile_is_cached_and_plans_a_ring() {
     // Calibrated on the model: a prompt token's share, and decode batches of 1 to 8 rows
     // through the layers and (the model is timed whole) through the output layer alone,
     // as multiples of one row. More rows never take less than one (a 2-core machine's
-    // noise stays well inside that), nor more than as many rows apart.
+    // noise stays well inside that), nor more than as many rows apart. Through the output
+    // layer one row takes ggml's vec_dot and two or more take tinyBLAS's tiles, a jump
+    // (2.8x at -O2, 4.7-5.8x since llama.cpp is built at -O3): there "as many rows apart"
+    // counts from the two-row step, which itself stays under 8x one row.
     assert!(p.prompt_token_share > 0.0 && p.prompt_token_share <= 1.0, "{}", p.prompt_token_share);
     for steps in [&p.row_steps, &p.output_row_steps] {
         assert_eq!(steps.len(), 8, "{steps:?}");
         assert_eq!(steps[0], 1.0);
-        assert!(steps.iter().enumerate().all(|(i, &t)| t > 0.8 && t < 2.0 * (i + 1) as f64), "{steps:?}");
+        assert!(steps.iter().all(|&t| t > 0.8), "{steps:?}");
     }
+    assert!(p.row_steps.iter().enumerate().all(|(i, &t)| t < 2.0 * (i + 1) as f64), "{:?}", p.row_steps);
+    let two = p.output_row_steps[1];
+    assert!(two < 8.0, "{:?}", p.output_row_steps);
+    assert!(p.output_row_steps.iter().enumerate().skip(1).all(|(i, &t)| t < two * (i + 1) as f64), "{:?}", p.output_row_steps);
     // The second run reuses the cache: the same figures, and the table says so.
     let again: DeviceProfile = serde_json::from_str(&hearth(&dir, &["profile", "--model", model, "--threads", "1", "--name", "ci", "--head", "--json"])).unwrap();
     assert_eq!(again, p);
