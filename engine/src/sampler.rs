@@ -72,7 +72,7 @@ pub struct Sampler {
     /// The logit bias, applied here before the prefilter (as llama.cpp's sampler adds it,
     /// entry by entry in f32) instead of by `adjust`; empty when there is no prefilter.
     biases: Vec<(usize, f32)>,
-    /// The biased logits, kept between tokens.
+    /// The biased logits when there are too many biases to merge, kept between tokens.
     biased: Vec<f32>,
     /// With a grammar: which allowed candidates can decide the token. `None`: all of them
     /// (plain temperature sampling, or top-p without top-k), and the grammar must judge the
@@ -215,16 +215,7 @@ impl Sampler {
         let prefilter = self.prefilter.filter(|&k| k < logits.len() && !whole);
         let mut arr = match prefilter {
             Some(k) => {
-                let top = if self.biases.is_empty() {
-                    top_k(logits, k)
-                } else {
-                    self.biased.clear();
-                    self.biased.extend_from_slice(logits);
-                    for &(t, b) in &self.biases {
-                        self.biased[t] += b;
-                    }
-                    top_k(&self.biased, k)
-                };
+                let top = top_k_biased(logits, k, &self.biases, &mut self.biased);
                 LlamaTokenDataArray::from_iter(top.into_iter().map(|(i, l)| LlamaTokenData::new(LlamaToken(i as i32), l, 0.0)), false)
             }
             None => self.whole_vocabulary(logits),
@@ -320,18 +311,81 @@ pub fn json_schema_grammar(schema: &str) -> Result<String> {
     llama_cpp_2::json_schema_to_grammar(schema).map_err(|e| Error::Sampler(format!("cannot turn the JSON schema into a grammar: {e}")))
 }
 
+/// Logits scanned per block by `top_k`: a block whose largest logit cannot enter the k
+/// best is skipped after one vectorised max, so the scan costs a few microseconds instead
+/// of a compare-and-branch per token of the vocabulary (measured: greedy with a logit
+/// bias took 67 us per token of the default model's 49,152, 0.7% of a decode step).
+const TOP_K_BLOCK: usize = 32;
+
 /// The `k` largest logits, best first; ties keep the lower token id first, as llama.cpp's
 /// top-k (a stable sort by logit) does.
 fn top_k(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+    if k == 0 {
+        return Vec::new();
+    }
     let mut top: Vec<(usize, f32)> = Vec::with_capacity(k + 1);
-    for (i, &l) in logits.iter().enumerate() {
+    let offer = |top: &mut Vec<(usize, f32)>, i: usize, l: f32| {
         if top.len() < k || l > top[top.len() - 1].1 {
             let at = top.partition_point(|&(_, x)| x >= l);
             top.insert(at, (i, l));
             top.truncate(k);
         }
+    };
+    let blocks = logits.chunks_exact(TOP_K_BLOCK);
+    let tail = blocks.remainder();
+    for (b, block) in blocks.enumerate() {
+        if top.len() == k {
+            // `>` as the offer compares (a NaN never enters a full top, nor lifts a max).
+            let max = block.iter().fold(f32::NEG_INFINITY, |m, &l| if l > m { l } else { m });
+            if !(max > top[top.len() - 1].1) {
+                continue;
+            }
+        }
+        for (j, &l) in block.iter().enumerate() {
+            offer(&mut top, b * TOP_K_BLOCK + j, l);
+        }
+    }
+    let base = logits.len() - tail.len();
+    for (j, &l) in tail.iter().enumerate() {
+        offer(&mut top, base + j, l);
     }
     top
+}
+
+/// Most logit-bias entries merged into the prefilter's candidates; more than this (a
+/// client suppressing a whole script, say) and the biased logits are copied whole.
+const MAX_MERGED_BIASES: usize = 64;
+
+/// `top_k` of the logits with `biases` added (entry by entry in f32, as llama.cpp's
+/// logit-bias sampler adds them), without copying the logits: an unbiased token among the
+/// k best is within the k + (biased tokens) best raw logits, and every biased token is a
+/// candidate with its biased logit. `scratch` holds the whole biased copy when there are
+/// too many biases for that.
+fn top_k_biased(logits: &[f32], k: usize, biases: &[(usize, f32)], scratch: &mut Vec<f32>) -> Vec<(usize, f32)> {
+    if biases.is_empty() {
+        return top_k(logits, k);
+    }
+    if biases.len() > MAX_MERGED_BIASES {
+        scratch.clear();
+        scratch.extend_from_slice(logits);
+        for &(t, b) in biases {
+            scratch[t] += b;
+        }
+        return top_k(scratch, k);
+    }
+    let mut biased: Vec<(usize, f32)> = Vec::with_capacity(biases.len());
+    for &(t, b) in biases {
+        match biased.iter_mut().find(|(u, _)| *u == t) {
+            Some((_, l)) => *l += b,
+            None => biased.push((t, logits[t] + b)),
+        }
+    }
+    let mut merged: Vec<(usize, f32)> = top_k(logits, k + biased.len()).into_iter().filter(|(i, _)| !biased.iter().any(|(t, _)| t == i)).collect();
+    merged.extend_from_slice(&biased);
+    // Best first, equal logits (-0 as +0, as the scan's comparisons have it) lower id first.
+    merged.sort_by(|a, b| (b.1 + 0.0).total_cmp(&(a.1 + 0.0)).then(a.0.cmp(&b.0)));
+    merged.truncate(k);
+    merged
 }
 
 #[cfg(test)]
@@ -452,6 +506,44 @@ mod tests {
                 lifted += usize::from(a == 7 || a == n_vocab as i32 - 1);
             }
             assert!(lifted > 0, "no bias ever decided a token ({p:?})");
+        }
+    }
+
+    /// The k best by (logit desc, id asc), -0 equal to +0: what `top_k` must return.
+    fn sorted_top(logits: &[f32], k: usize) -> Vec<(usize, f32)> {
+        let mut all: Vec<(usize, f32)> = logits.iter().copied().enumerate().collect();
+        all.sort_by(|a, b| (b.1 + 0.0).total_cmp(&(a.1 + 0.0)).then(a.0.cmp(&b.0)));
+        all.truncate(k);
+        all
+    }
+
+    /// The block-skipping scan and the bias merge against a plain sort, on vocabularies of
+    /// many lengths (whole blocks or not) with ties, signed zeros and -inf, k from one
+    /// (greedy) to more than the vocabulary, and biases that repeat a token, lift one to
+    /// the top, sink the best one or tie it; more biases than are merged take the copy.
+    #[test]
+    fn top_k_with_and_without_biases_is_the_sorted_top() {
+        let mut rng = StdRng::seed_from_u64(9);
+        let mut scratch = Vec::new();
+        for case in 0..400 {
+            let n = [1, 31, 32, 33, 95, 1000, 4099][case % 7];
+            // Few distinct values: ties everywhere.
+            let mut l: Vec<f32> = (0..n).map(|_| rng.gen_range(-4..4) as f32 * 0.5).collect();
+            for x in l.iter_mut().filter(|x| **x == 0.0).step_by(2) {
+                *x = -0.0;
+            }
+            if case % 5 == 0 {
+                l[rng.gen_range(0..n)] = f32::NEG_INFINITY;
+            }
+            let k = [1, 2, 5, 40, n + 3][case % 5].min(n + 3);
+            assert_eq!(super::top_k(&l, k), sorted_top(&l, k), "n {n} k {k}");
+            let n_bias = [1, 3, 70][case % 3];
+            let biases: Vec<(usize, f32)> = (0..n_bias).map(|i| (if i % 4 == 1 { 0 } else { rng.gen_range(0..n) }, [2.0, -100.0, 0.5, 1.5][i % 4])).collect();
+            let mut biased = l.clone();
+            for &(t, b) in &biases {
+                biased[t] += b;
+            }
+            assert_eq!(super::top_k_biased(&l, k, &biases, &mut scratch), sorted_top(&biased, k), "n {n} k {k} biases {biases:?}");
         }
     }
 
