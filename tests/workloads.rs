@@ -93,7 +93,13 @@ fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_sha
     let too_long = excerpt_tokens(CTX);
     let r = common::http(&node.addr, "POST", "/v1/completions", "", &json!({"model": "", "prompt": too_long, "max_tokens": 4}).to_string()).unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("context_length_exceeded"), "{}", r.body);
+    let e: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!((e["error"]["code"].as_str(), e["error"]["param"].as_str()), (Some("context_length_exceeded"), Some("prompt")), "{}", r.body);
+    // A chat names its messages as the field too long.
+    let chat = json!({"model": "", "messages": [{"role": "user", "content": excerpt()}], "max_tokens": 4});
+    let r = common::http(&node.addr, "POST", "/v1/chat/completions", "", &chat.to_string()).unwrap();
+    let e: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!((r.status, e["error"]["code"].as_str(), e["error"]["param"].as_str()), (400, Some("context_length_exceeded"), Some("messages")), "{}", r.body);
     drop(node);
 
     let (_w1, _w2, list) = workers();

@@ -41,6 +41,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
         stop: req.stop_sequences(),
         logprobs: req.logprobs_requested().map(|k| k as usize),
         seed: req.seed,
+        prompt_field: "messages",
     };
     let n = req.choices() as usize;
     let receivers = generate::start(&state, &spec, n)?;
@@ -70,12 +71,12 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
     req.validate(&state.limits)?;
     check_model(state, &req.model)?;
     // The content alone may show the prompt cannot fit; then nothing is rendered.
-    generate::check_prompt_bytes(state, req.messages.iter().map(|m| m.text().len()).sum())?;
+    generate::check_prompt_bytes(state, req.messages.iter().map(|m| m.text().len()).sum(), "messages")?;
     let tool_use = tool_use(req);
     let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
     let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
     let rendered = state.template.render_chat_with(&messages, tools_for_template.as_ref(), true, &req.template_variables())?;
-    generate::check_prompt_bytes(state, rendered.text.len())?;
+    generate::check_prompt_bytes(state, rendered.text.len(), "messages")?;
     let prompt = state.tokenizer.tokenize_chat(&rendered)?;
     let opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
 

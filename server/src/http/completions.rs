@@ -32,7 +32,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
     let mut prompt_tokens = 0;
     for (p, _) in &prompts {
         prompt_tokens += p.len();
-        let spec = GenSpec { id: id.clone(), prompt: p.clone(), sampling: sampling.clone(), max_tokens: Some(req.max_new_tokens()), stop: req.stop_sequences(), logprobs, seed: req.seed };
+        let spec = GenSpec { id: id.clone(), prompt: p.clone(), sampling: sampling.clone(), max_tokens: Some(req.max_new_tokens()), stop: req.stop_sequences(), logprobs, seed: req.seed, prompt_field: "prompt" };
         receivers.extend(generate::start(&state, &spec, n)?);
     }
     let echoes: Vec<String> = prompts.iter().flat_map(|(_, text)| std::iter::repeat_n(text.clone(), n)).map(|t| if req.echo { t } else { String::new() }).collect();
@@ -126,7 +126,7 @@ fn prepare(state: &AppState, req: &CompletionRequest) -> Result<(SamplingParams,
         match input {
             // The client writes the whole prompt, so its control-token text is meant.
             PromptInput::Text(t) => {
-                generate::check_prompt_bytes(state, t.len())?;
+                generate::check_prompt_bytes(state, t.len(), "prompt")?;
                 prompts.push((state.tokenizer.tokenize(t, true), t.to_string()))
             }
             PromptInput::Tokens(ids) => {

@@ -15,10 +15,10 @@ pub enum ApiError {
     #[error("{0}")]
     InvalidJson(String),
     #[error("This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens.")]
-    ContextLengthExceeded { max: usize, prompt: usize },
+    ContextLengthExceeded { max: usize, prompt: usize, field: &'static str },
     /// Found from the prompt's size alone, before tokenizing it.
     #[error("This model's maximum context length is {max} tokens, but the prompt has at least {at_least} tokens.")]
-    PromptTooLong { max: usize, at_least: usize },
+    PromptTooLong { max: usize, at_least: usize, field: &'static str },
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` with the key the server was started with.")]
@@ -108,7 +108,7 @@ impl ApiError {
         let (kind, param, code) = match self {
             ApiError::InvalidParameter { param, .. } => ("invalid_request_error", param.clone(), None),
             ApiError::InvalidJson(_) => ("invalid_request_error", None, Some("invalid_json")),
-            ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => ("invalid_request_error", Some("messages".to_string()), Some("context_length_exceeded")),
+            ApiError::ContextLengthExceeded { field, .. } | ApiError::PromptTooLong { field, .. } => ("invalid_request_error", Some(field.to_string()), Some("context_length_exceeded")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model".to_string()), Some("model_not_found")),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::AdminUnauthorized => ("invalid_request_error", None, Some("invalid_admin_key")),

@@ -58,15 +58,18 @@ pub struct GenSpec {
     pub logprobs: Option<usize>,
     /// `Some` when the client fixed the seed: choice i uses seed + i.
     pub seed: Option<i64>,
+    /// The request field the prompt came from (`messages`, `prompt`): the `param` of an
+    /// error about it.
+    pub prompt_field: &'static str,
 }
 
 /// Refuses prompt text that cannot fit the context whatever its tokens, before tokenizing
 /// it: a 4 MiB prompt takes about 100 MB and half a second to tokenize.
-pub fn check_prompt_bytes(state: &AppState, bytes: usize) -> Result<(), ApiError> {
+pub fn check_prompt_bytes(state: &AppState, bytes: usize, field: &'static str) -> Result<(), ApiError> {
     let max = state.runtime.n_ctx();
     let at_least = state.tokenizer.min_tokens(bytes);
     if at_least >= max {
-        return Err(ApiError::PromptTooLong { max, at_least });
+        return Err(ApiError::PromptTooLong { max, at_least, field });
     }
     Ok(())
 }
@@ -75,10 +78,10 @@ pub fn check_prompt_bytes(state: &AppState, bytes: usize) -> Result<(), ApiError
 pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, ApiError> {
     let n_ctx = state.runtime.n_ctx();
     if spec.prompt.is_empty() {
-        return Err(ApiError::InvalidParameter { param: Some("prompt".into()), message: "the prompt is empty".into() });
+        return Err(ApiError::InvalidParameter { param: Some(spec.prompt_field.into()), message: "the prompt is empty".into() });
     }
     if spec.prompt.len() >= n_ctx {
-        return Err(ApiError::ContextLengthExceeded { max: n_ctx, prompt: spec.prompt.len() });
+        return Err(ApiError::ContextLengthExceeded { max: n_ctx, prompt: spec.prompt.len(), field: spec.prompt_field });
     }
     if n > state.runtime.parallel() {
         return Err(ApiError::InvalidParameter {
