@@ -262,7 +262,19 @@ fn single_node_answers() -> (String, String) {
 
 /// A head in `lan.a` with discovery on, the secret and the admin key.
 fn start_head(lan: &Lan, model: &std::path::Path) -> Served {
-    Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN], model, "listening on http://", &on("false")).unwrap()
+    start_head_with(lan, model, &[])
+}
+
+fn start_head_with(lan: &Lan, model: &std::path::Path, extra: &[&str]) -> Served {
+    let args = [&["--threads", "1", "--cluster-secret", SECRET, "--admin-key", ADMIN][..], extra].concat();
+    Served::spawn_in_netns(&lan.a, &["serve", "--port", "0"], &args, model, "listening on http://", &on("false")).unwrap()
+}
+
+/// A head that plans `even` from the start, as the fetch tests then ask it to: the head
+/// plans a worker's join at once, and a plan of its default strategy could give the worker
+/// other windows, fetched too before the test's own plan (bytes the tests count).
+fn start_even_head(lan: &Lan, model: &std::path::Path) -> Served {
+    start_head_with(lan, model, &["--plan-strategy", "even"])
 }
 
 /// A worker in `lan.b` started without `--model`: it fetches the head's into `dir`.
@@ -318,7 +330,7 @@ fn a_worker_without_the_model_fetches_its_windows_from_the_head_and_answers_as_t
     let lan = Lan::new("ship").unwrap();
     let dir = std::env::temp_dir().join(format!("hearth-ship-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let head = start_head(&lan, &model);
+    let head = start_even_head(&lan, &model);
     let _worker = start_worker_without_model(&lan, &dir);
     let (h, w) = (head.addr.clone(), format!("{}:9090", lan.b_ip));
     let (plan, answers, served, needed) = netns::run_in(&lan.a, move || {
@@ -354,7 +366,7 @@ fn a_fetch_killed_halfway_resumes_and_a_byte_changed_on_disk_is_fetched_again() 
     lan.throttle_a_to_b("16mbit").unwrap();
     let dir = std::env::temp_dir().join(format!("hearth-resume-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let head = start_head(&lan, &model);
+    let head = start_even_head(&lan, &model);
     let mut worker = start_worker_without_model(&lan, &dir);
     let (h, w) = (head.addr.clone(), format!("{}:9090", lan.b_ip));
     let (h2, w2) = (h.clone(), w.clone());
