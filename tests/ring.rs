@@ -101,16 +101,20 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
 /// A prompt of real text that nearly fills a context of `CTX_NEAR_FULL` cells, answered
 /// until the context is full: (text, finish reason, completion tokens).
 fn fill_the_context(addr: &str) -> (String, String, u64) {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let prompt: String = text.chars().take(3000).collect();
-    let body = serde_json::json!({"model": "", "prompt": prompt, "max_tokens": CTX_NEAR_FULL, "temperature": 0}).to_string();
-    let (status, body) = raw(addr, "POST /v1/completions", &body);
-    assert_eq!(status, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
+    let v = common::complete_real_text(addr, 3000, CTX_NEAR_FULL);
     let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt_tokens > 1000 && prompt_tokens + 16 < CTX_NEAR_FULL as u64, "{}", v["usage"]);
     let choice = &v["choices"][0];
     (choice["text"].as_str().unwrap().to_string(), choice["finish_reason"].as_str().unwrap().to_string(), v["usage"]["completion_tokens"].as_u64().unwrap())
+}
+
+/// A greedy chat with a logit bias (end-of-text and end-of-turn suppressed, one token
+/// lifted): the head's sampler merges biased tokens into its top candidates.
+fn biased_chat(addr: &str) -> String {
+    let body = format!(r#"{{"model":"","messages":[{{"role":"user","content":"{PROMPT}"}}],"max_tokens":{TOKENS},"temperature":0,"logit_bias":{{"0":-100,"2":-100,"30":4}}}}"#);
+    let (status, body) = raw(addr, "POST /v1/chat/completions", &body);
+    assert_eq!(status, 200, "{body}");
+    common::chat_content(&body, false)
 }
 
 /// Context of the near-full test: a little over its prompt of 3,000 characters.
@@ -119,8 +123,8 @@ const CTX_NEAR_FULL: usize = 1280;
 /// Weight types other than the default model's through the ring: the default model
 /// requantized by `hearth quantize` to Q8_0 (whose odd row counts hearth pads) and to
 /// Q5_K_M (K-quants, two block types in one file), served by a head and two workers
-/// holding that file, give the single node's answer for a short chat (plain and
-/// streamed) and for a prompt of over 1,000 tokens answered until the context is full.
+/// holding that file, give the single node's answer for a short chat (plain, streamed
+/// and with a logit bias) and for a prompt of over 1,000 tokens answered until the context is full.
 /// Prompt chunks are pinned to the single node's batch (the rounding of a prompt's rows
 /// depends on the micro-batch it is computed in).
 #[test]
@@ -137,7 +141,7 @@ fn other_weight_types_give_the_single_node_output_through_the_ring_up_to_a_full_
             .unwrap();
         assert!(out.status.success(), "hearth quantize --type {ty}: {}", String::from_utf8_lossy(&out.stderr));
         let single = Served::start_model(&path, &["--threads", "1", "--ctx-size", &ctx, "--max-batch", CHUNK]);
-        let (short, full) = (chat(&single.addr, false), fill_the_context(&single.addr));
+        let (short, biased, full) = (chat(&single.addr, false), biased_chat(&single.addr), fill_the_context(&single.addr));
         drop(single);
         assert_eq!(full.1, "length", "{ty}: the answer ends when the context is full");
         let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
@@ -147,6 +151,7 @@ fn other_weight_types_give_the_single_node_output_through_the_ring_up_to_a_full_
             let head = Served::start_model(&path, &["--threads", "1", "--ctx-size", &ctx, "--workers", &workers, "--windows", windows, "--max-batch", CHUNK, "--prompt-chunk", CHUNK]);
             assert_eq!(chat(&head.addr, false), short, "{ty}, windows {windows}");
             assert_eq!(chat(&head.addr, true), short, "{ty}, windows {windows}, streamed");
+            assert_eq!(biased_chat(&head.addr), biased, "{ty}, windows {windows}, with a logit bias");
             assert_eq!(fill_the_context(&head.addr), full, "{ty}, windows {windows}, a prompt answered until the context is full");
         }
     }

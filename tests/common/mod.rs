@@ -185,14 +185,20 @@ pub fn chat_content(body: &str, stream: bool) -> String {
 /// A greedy completion (24 tokens) of a prompt of real text over 1,000 tokens (prefilled
 /// in several chunks, so sliding windows start past the first 256 cells).
 pub fn complete_long(addr: &str) -> String {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let prompt: String = text.chars().take(5000).collect();
-    let body = serde_json::json!({"model": "", "prompt": prompt, "max_tokens": 24, "temperature": 0}).to_string();
-    let r = http(addr, "POST", "/v1/completions", "", &body).unwrap();
-    assert_eq!(r.status, 200, "{}", r.body);
-    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let v = complete_real_text(addr, 5000, 24);
     assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 1000, "{}", v["usage"]);
     v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// A greedy completion of `max_tokens` of the first `chars` characters of real text
+/// (docs/scheduler.md): the whole response.
+pub fn complete_real_text(addr: &str, chars: usize, max_tokens: usize) -> serde_json::Value {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let prompt: String = text.chars().take(chars).collect();
+    let body = serde_json::json!({"model": "", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).to_string();
+    let r = http(addr, "POST", "/v1/completions", "", &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    serde_json::from_str(&r.body).unwrap()
 }
 
 /// Polls `check` until it gives a value; panics naming `what` after `limit`.
