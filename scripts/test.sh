@@ -14,6 +14,11 @@ phase() { echo "test: $1 at $((SECONDS / 60)) min $((SECONDS % 60)) s" >&2; }
 phase "build"
 cargo test --release --workspace --no-run "$@" || status=$?
 phase "CPU tests"
+# Every test's seconds (scripts/test-timer.sh runs each test binary): the slowest are
+# listed at the end, so a run shows where its time goes.
+export HEARTH_TEST_TIMES="${HEARTH_TEST_TIMES:-$(mktemp -t hearth-test-times.XXXXXX)}"
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/test-timer.sh"
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/scripts/test-timer.sh"
 cargo test --release --workspace --no-fail-fast "$@" || status=$?
 phase "Vulkan build and tests"
 if [ "${HEARTH_SKIP_VULKAN:-0}" = 1 ]; then
@@ -27,4 +32,8 @@ else
   echo "test: Vulkan tests skipped: they install Debian/Ubuntu packages (apt)" >&2
 fi
 phase "done"
+if [ -s "$HEARTH_TEST_TIMES" ]; then
+  echo "test: the 15 slowest of $(wc -l <"$HEARTH_TEST_TIMES") tests (seconds, result, binary::test):" >&2
+  sort -t$'\t' -k1,1 -rn "$HEARTH_TEST_TIMES" | head -15 | sed 's/^/  /' >&2
+fi
 exit "$status"

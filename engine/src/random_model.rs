@@ -42,6 +42,17 @@ pub struct RandomModel {
     pub seed: u64,
 }
 
+/// A vocabulary-only copy of the GGUF `from`: every metadata key (architecture,
+/// hyper-parameters, tokenizer, chat template) and no tensors; its size in bytes. llama.cpp
+/// loads it vocab-only as it loads the original, and [`RandomModel::write`] takes its
+/// tokenizer from it: tests that need a real vocabulary and no weights carry such a file
+/// (`testdata/`) instead of downloading a model.
+pub fn write_vocabulary(from: &Path, out: &Path) -> Result<u64> {
+    let real = GgufFile::open(from)?;
+    GgufWriter::from_meta(real.meta()).write_to(out)?;
+    Ok(std::fs::metadata(out).map_err(|source| Error::Io { path: out.to_path_buf(), source })?.len())
+}
+
 impl RandomModel {
     /// A model of `arch` with the given size and typical defaults for the rest.
     pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
@@ -104,10 +115,12 @@ impl RandomModel {
     pub fn write(&self, tokenizer_from: &Path, out: &Path) -> Result<u64> {
         self.validate()?;
         let real = GgufFile::open(tokenizer_from)?;
+        // A vocabulary-only file (see `write_vocabulary`) has no embedding to size it by.
         let n_vocab = real
             .tensor("token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
-            .ok_or_else(|| Error::InvalidModel(format!("{} has no token_embd.weight to take the vocabulary size from", tokenizer_from.display())))?;
+            .or_else(|| real.meta().get("tokenizer.ggml.tokens").and_then(Value::as_array).map(|t| t.len() as u64))
+            .ok_or_else(|| Error::InvalidModel(format!("{} has neither token_embd.weight nor a token list to take the vocabulary size from", tokenizer_from.display())))?;
         let mut w = GgufWriter::new();
         for (k, v) in real.meta().metadata() {
             if k.starts_with("tokenizer.") {

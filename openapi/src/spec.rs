@@ -177,8 +177,9 @@ fn metrics() {}
 /// plan's strategy).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReplanRequest {
-    /// Solve with this strategy from now on: `halda`, `memory`, `compute` or `even`. The
-    /// new plan is adopted whenever it differs; without it, only on a predicted gain of 5%.
+    /// Solve with this strategy from now on: `halda`, `memory`, `compute` or `even`
+    /// (without it: the running plan's). The plan it gives over every candidate device is
+    /// adopted whenever it differs from the running one, whatever its predicted gain.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = "halda", pattern = "^(halda|memory|compute|even)$")]
     pub strategy: Option<String>,
@@ -212,9 +213,13 @@ fn get_plan() {}
 
 /// Solves the ring's plan again now (hearth extension).
 ///
-/// Runs the next time the queue is idle, on freshly gathered device profiles; answers the
-/// new `/admin/plan` view, or 202 if the server stayed busy for a minute (the re-plan still
-/// runs when it is next idle).
+/// Runs the next time the queue is idle, on freshly gathered device profiles, over every
+/// candidate device. A request is not a drift check: the plan the strategy gives is adopted
+/// whenever it differs from the running one. Answers the new `/admin/plan` view
+/// (`last_check.applied` false and its `reason` when the running plan is already that plan),
+/// or 202 when the new plan waits for workers fetching their windows from the head
+/// (`status: fetching`; it is adopted once they have them) or the server stayed busy for a
+/// minute (`status: pending`; the re-plan still runs when it is next idle).
 #[utoipa::path(
     post,
     path = "/admin/replan",
@@ -224,7 +229,7 @@ fn get_plan() {}
     request_body(content = ReplanRequest, description = "Optional"),
     responses(
         (status = 200, description = "The plan after re-planning (see `last_check` for what was decided)", body = Object),
-        (status = 202, description = "Busy: the re-plan runs when the queue is next idle", body = Object),
+        (status = 202, description = "Accepted, not yet adopted: `fetching` (workers are fetching their windows) or `pending` (busy; runs when the queue is next idle)", body = Object),
         (status = 400, description = "Malformed JSON or an unknown strategy", body = ErrorResponse),
         AdminRefusals,
         (status = 409, description = "No workers to plan for, or the re-plan failed (`conflict`)", body = ErrorResponse),

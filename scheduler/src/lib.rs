@@ -29,4 +29,4 @@ pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DI
 pub use pipelining::{Forecast, Pipelining};
 pub use plan::{DevicePlan, Plan, PlanError};
 pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, MoeProfile, Os, PerQuant};
-pub use replan::{decide, drift, Current, Decision, ReplanPolicy};
+pub use replan::{decide, drift, Current, Decision, ReplanPolicy, Trigger};

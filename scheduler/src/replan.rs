@@ -1,7 +1,8 @@
 //! Halda's online part: when a running ring should change its plan. The head gathers
 //! fresh profiles while its queue is idle; [`drift`] says whether they moved enough to be
 //! worth solving again, and [`decide`] whether a new schedule predicts a gain large enough
-//! to pay for re-forming the ring (the caches start empty after a change).
+//! to pay for re-forming the ring (the caches start empty after a change). An operator's
+//! request is not a drift check: the plan asked for is applied whenever it differs.
 //!
 //! Pure, like the rest of the crate: profiles and plans in, a verdict out.
 
@@ -81,6 +82,18 @@ pub struct Current<'a> {
     pub plan: &'a Plan,
 }
 
+/// Why a candidate schedule is judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// The head looked by itself (profiles drifted, a worker joined): a new plan must
+    /// predict a real gain, or the ring would be re-formed for the model's noise.
+    Drift,
+    /// An operator asked for a plan (`POST /admin/replan`): it is applied whenever it
+    /// differs from the running one. A request is not a drift check — an answer that
+    /// depends on a few percent of predicted TPOT would depend on the host's speed.
+    Asked,
+}
+
 /// The verdict on a candidate schedule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
@@ -95,7 +108,7 @@ pub struct Decision {
 /// Whether to replace the running plan with `candidate` (solved on `devices`, the fresh
 /// profiles of every input device, the head first). Both plans are judged by the same
 /// model on the same profiles, so only the plan differs.
-pub fn decide(devices: &[DeviceProfile], model: &ModelProfile, current: Current<'_>, candidate: &Schedule, policy: &ReplanPolicy, disk_threshold: f64) -> Decision {
+pub fn decide(devices: &[DeviceProfile], model: &ModelProfile, current: Current<'_>, candidate: &Schedule, policy: &ReplanPolicy, disk_threshold: f64, trigger: Trigger) -> Decision {
     let members: Vec<DeviceProfile> = current.members.iter().map(|&m| devices[m].clone()).collect();
     let current_tpot_s = predict_ring(&members, model, current.plan, disk_threshold).tpot_s;
     let candidate_tpot_s = candidate.prediction.tpot_s;
@@ -103,6 +116,8 @@ pub fn decide(devices: &[DeviceProfile], model: &ModelProfile, current: Current<
     let gain = if current_tpot_s > 0.0 { 1.0 - candidate_tpot_s / current_tpot_s } else { 0.0 };
     let (apply, reason) = if same {
         (false, "the scheduler chose the running plan again".to_string())
+    } else if trigger == Trigger::Asked {
+        (true, format!("asked for: predicted TPOT {:.1} -> {:.1} ms", current_tpot_s * 1e3, candidate_tpot_s * 1e3))
     } else if let Some(why) = overflow(&members, model, current.plan) {
         // The model does not charge a GPU overflow (it assumes plans respect VRAM), so the
         // running plan's prediction is too kind: it must go whatever the figures say.

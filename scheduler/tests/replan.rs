@@ -5,7 +5,7 @@
 mod common;
 
 use common::{model, testbed_d1_d4};
-use scheduler::{decide, drift, schedule, Current, Options, ReplanPolicy, DEFAULT_DISK_THRESHOLD};
+use scheduler::{decide, drift, schedule, Current, Options, ReplanPolicy, Trigger, DEFAULT_DISK_THRESHOLD};
 
 #[test]
 fn unchanged_or_jittered_profiles_are_not_drift() {
@@ -45,7 +45,7 @@ fn a_plan_that_no_longer_fits_is_replaced_and_a_fitting_one_is_kept() {
     let current = Current { members: &running.members, plan: &running.plan };
     // Solved again on the same profiles: the same plan, nothing to do.
     let again = schedule(&devices, &m, &Options::default()).unwrap();
-    let d = decide(&devices, &m, current.clone(), &again, &policy, DEFAULT_DISK_THRESHOLD);
+    let d = decide(&devices, &m, current.clone(), &again, &policy, DEFAULT_DISK_THRESHOLD, Trigger::Drift);
     assert!(!d.apply, "{d:?}");
     assert!((d.current_tpot_s - running.prediction.tpot_s).abs() < 1e-9);
 
@@ -59,7 +59,7 @@ fn a_plan_that_no_longer_fits_is_replaced_and_a_fitting_one_is_kept() {
     assert!(drift(&devices, &squeezed, &policy).iter().any(|l| l.contains("GPU memory")));
     let fresh = schedule(&squeezed, &m, &Options::default()).unwrap();
     assert_ne!(fresh.plan, running.plan);
-    let d = decide(&squeezed, &m, current, &fresh, &policy, DEFAULT_DISK_THRESHOLD);
+    let d = decide(&squeezed, &m, current, &fresh, &policy, DEFAULT_DISK_THRESHOLD, Trigger::Drift);
     assert!(d.apply, "{d:?}");
     assert!(d.reason.contains("no longer fits") && d.reason.contains("D2"), "{}", d.reason);
 }
@@ -73,11 +73,33 @@ fn a_small_gain_is_not_worth_reforming_the_ring() {
     let mut candidate = running.clone();
     candidate.plan.devices[0].gpu_layers -= 1;
     candidate.prediction.tpot_s = running.prediction.tpot_s * 0.98;
-    let d = decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &candidate, &ReplanPolicy::default(), DEFAULT_DISK_THRESHOLD);
+    let d = decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &candidate, &ReplanPolicy::default(), DEFAULT_DISK_THRESHOLD, Trigger::Drift);
     assert!(!d.apply, "{d:?}");
     assert!(d.reason.contains("below the 5%"), "{}", d.reason);
     let eager = ReplanPolicy { min_gain: 0.01, ..ReplanPolicy::default() };
-    assert!(decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &candidate, &eager, DEFAULT_DISK_THRESHOLD).apply);
+    assert!(decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &candidate, &eager, DEFAULT_DISK_THRESHOLD, Trigger::Drift).apply);
+}
+
+#[test]
+fn a_plan_an_operator_asks_for_is_applied_whatever_the_gain_unless_it_is_the_running_one() {
+    let devices = testbed_d1_d4();
+    let m = model("llama3-70b");
+    let running = schedule(&devices, &m, &Options::default()).unwrap();
+    let current = Current { members: &running.members, plan: &running.plan };
+    let policy = ReplanPolicy::default();
+    // No gain at all, even a small loss: asked for, so applied (the verdict may not hang
+    // on a few percent of predicted TPOT, which is where a fast and a slow host differ).
+    let mut candidate = running.clone();
+    candidate.plan.devices[0].gpu_layers -= 1;
+    candidate.prediction.tpot_s = running.prediction.tpot_s * 1.01;
+    assert!(!decide(&devices, &m, current.clone(), &candidate, &policy, DEFAULT_DISK_THRESHOLD, Trigger::Drift).apply);
+    let d = decide(&devices, &m, current.clone(), &candidate, &policy, DEFAULT_DISK_THRESHOLD, Trigger::Asked);
+    assert!(d.apply, "{d:?}");
+    assert!(d.reason.starts_with("asked for"), "{}", d.reason);
+    // The running plan itself: nothing to apply, and the reason says so.
+    let d = decide(&devices, &m, current, &running, &policy, DEFAULT_DISK_THRESHOLD, Trigger::Asked);
+    assert!(!d.apply, "{d:?}");
+    assert!(d.reason.contains("running plan again"), "{}", d.reason);
 }
 
 #[test]
@@ -93,6 +115,6 @@ fn a_member_behind_a_very_slow_link_is_left_out() {
     assert!(!s.members.contains(&d2), "{s:?}");
     assert!(s.prediction.tpot_s < 0.6, "{}", s.prediction.tpot_s);
     // And it is worth re-planning for.
-    let d = decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &s, &ReplanPolicy::default(), DEFAULT_DISK_THRESHOLD);
+    let d = decide(&devices, &m, Current { members: &running.members, plan: &running.plan }, &s, &ReplanPolicy::default(), DEFAULT_DISK_THRESHOLD, Trigger::Drift);
     assert!(d.apply, "{d:?}");
 }

@@ -32,3 +32,11 @@ pub fn ensure_default_model(dir: &Path) -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// The default model's vocabulary without its weights (`testdata/`, checked in; made by
+/// `engine::random_model::write_vocabulary`): what the in-process tests tokenize with, so
+/// `cargo test --lib` downloads nothing.
+#[cfg(test)]
+pub(crate) fn vocabulary_fixture() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/smollm2-vocab.gguf")
+}

@@ -16,7 +16,8 @@ use hearth::error::ReplanError;
 use hearth::http::reasoning::ReasoningFormat;
 use hearth::http::AppState;
 use hearth::runtime::generation::{Event, Finish, GenerationRequest, SubmitError};
-use hearth::runtime::ring::board::{ClusterView, PlanBoard, PlanView};
+use hearth::runtime::ring::board::PlanBoard;
+use hearth::runtime::views::{ClusterView, PlanView};
 use hearth::runtime::{ReplanReply, Runtime};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -104,7 +105,7 @@ impl Runtime for Fake {
 
 fn vocabulary() -> Arc<Tokenizer> {
     static TOKENIZER: std::sync::OnceLock<Arc<Tokenizer>> = std::sync::OnceLock::new();
-    TOKENIZER.get_or_init(|| Arc::new(Tokenizer::load(common::default_model()).expect("the default model's vocabulary"))).clone()
+    TOKENIZER.get_or_init(|| Arc::new(Tokenizer::load(common::vocabulary_fixture()).expect("the vocabulary fixture"))).clone()
 }
 
 fn app(fake: Arc<Fake>, admin_key: Option<&str>) -> axum::Router {

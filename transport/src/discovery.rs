@@ -5,6 +5,8 @@
 //! head   -> LAN   Announce { port }          every few seconds, to the multicast group and
 //!                                            to each interface's broadcast address
 //! worker -> head  Join     { port, name }    "my ring server listens at <source ip>:<port>"
+//! head   -> worker Welcome { port, name }    in answer to each join it recorded: the
+//!                                            worker says it joined only once it hears it
 //! worker -> head  Leave    { port, name }    sent on SIGTERM, before the worker stops
 //! ```
 //!
@@ -57,6 +59,9 @@ pub enum Message {
     Join { port: u16, name: String },
     /// A worker about to stop: plan without it.
     Leave { port: u16, name: String },
+    /// A head, to a worker whose join it recorded: it is a candidate of this head, whose
+    /// own discovery port is `port`.
+    Welcome { port: u16, name: String },
 }
 
 #[derive(Serialize, Deserialize)]
@@ -82,7 +87,7 @@ impl Heard {
     /// The address the message points at: its source IP with the port it names.
     pub fn addr(&self) -> SocketAddr {
         let port = match &self.message {
-            Message::Announce { port, .. } | Message::Join { port, .. } | Message::Leave { port, .. } => *port,
+            Message::Announce { port, .. } | Message::Join { port, .. } | Message::Leave { port, .. } | Message::Welcome { port, .. } => *port,
         };
         SocketAddr::new(self.from.ip(), port)
     }
@@ -101,6 +106,7 @@ fn cut_name(message: &Message) -> Message {
         Message::Announce { port, name } => Message::Announce { port: *port, name: cut(name) },
         Message::Join { port, name } => Message::Join { port: *port, name: cut(name) },
         Message::Leave { port, name } => Message::Leave { port: *port, name: cut(name) },
+        Message::Welcome { port, name } => Message::Welcome { port: *port, name: cut(name) },
     }
 }
 

@@ -15,7 +15,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::{bearer_is, ApiError, AppState};
-use crate::runtime::ring::board::{ClusterView, PlanView};
+use crate::runtime::views::{ClusterView, PlanView};
 
 /// How long `POST /admin/replan` waits for the ring to be idle and finish; after that it
 /// answers 202 and the re-plan still runs at the next idle moment.
@@ -46,7 +46,12 @@ pub async fn replan(State(state): State<Arc<AppState>>, body: Bytes) -> Result<R
     let strategy = body.strategy.map(|s| s.parse()).transpose().map_err(|e: String| ApiError::InvalidParameter { param: Some("strategy".into()), message: e })?;
     let answer = state.runtime.replan(strategy)?;
     match tokio::time::timeout(REPLAN_WAIT, answer).await {
-        Ok(Ok(Ok(view))) => Ok(Json(view).into_response()),
+        Ok(Ok(Ok(view))) => match view.last_check.as_ref().and_then(|c| c.fetching.clone()) {
+            // Asked for and chosen, but not running yet: not an answer to give as a 200.
+            Some(progress) => Ok((StatusCode::ACCEPTED, Json(json!({"status": "fetching", "message": format!("the new plan is adopted once its workers have fetched their windows from the head: {progress} (see GET /admin/plan)"), "plan": view})))
+                .into_response()),
+            None => Ok(Json(view).into_response()),
+        },
         Ok(Ok(Err(e))) => Err(e.into()),
         Ok(Err(_)) => Err(ApiError::ShuttingDown),
         Err(_) => Ok((StatusCode::ACCEPTED, Json(json!({"status": "pending", "message": "the server is busy; the re-plan runs when the queue is next idle (see GET /admin/plan)"})))

@@ -10,7 +10,8 @@ use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 use super::gpu_layers::{GpuLayers, GpuPlacement};
 
 use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, Proposer, SubmitError};
-use super::ring::board::{ClusterView, PlanBoard, PlanView, ReplanRequest};
+use super::ring::board::{PlanBoard, ReplanRequest};
+use super::views::{ClusterView, PlanView};
 use super::ring::head::RingConfig;
 use super::ring::RingSetup;
 use super::ring::planning::Planner;

@@ -8,6 +8,7 @@ pub mod gpu_layers;
 pub mod head;
 pub mod profiling;
 pub mod ring;
+pub mod views;
 
 pub use gpu_layers::{GpuLayers, GpuPlacement};
 pub use head::{Head, HeadConfig, Speculation};
@@ -15,7 +16,7 @@ pub use ring::RingSetup;
 
 use crate::error::ReplanError;
 use generation::{GenerationRequest, SubmitError};
-use ring::board::{ClusterView, PlanView};
+use views::{ClusterView, PlanView};
 
 /// A re-plan's outcome, when the ring gets to it (the next time the queue is idle).
 pub type ReplanReply = tokio::sync::oneshot::Receiver<Result<PlanView, ReplanError>>;

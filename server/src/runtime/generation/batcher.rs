@@ -823,7 +823,6 @@ fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 mod tests {
     use super::*;
     use engine::sampler::SamplingParams;
-    use std::path::PathBuf;
     use tokio::sync::mpsc;
 
     /// A model that always says the same token, a step taking a few milliseconds: its
@@ -857,8 +856,7 @@ mod tests {
 
     fn batcher(parallel: usize, queue: usize) -> Batcher {
         crate::metrics::install();
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-        let tokenizer = Arc::new(Tokenizer::load(crate::models::ensure_default_model(&dir).expect("fetch the default model")).unwrap());
+        let tokenizer = Arc::new(Tokenizer::load(crate::models::vocabulary_fixture()).unwrap());
         let say = tokenizer.tokenize("a", false)[0] as usize;
         let pipeline = Box::new(Endless { n_vocab: tokenizer.n_vocab(), say });
         Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0 }, None)

@@ -19,10 +19,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 fn vocabulary() -> Arc<Tokenizer> {
     static VOCAB: OnceLock<Arc<Tokenizer>> = OnceLock::new();
     VOCAB
-        .get_or_init(|| {
-            let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-            Arc::new(Tokenizer::load(crate::models::ensure_default_model(&dir).expect("the default model")).unwrap())
-        })
+        .get_or_init(|| Arc::new(Tokenizer::load(crate::models::vocabulary_fixture()).unwrap()))
         .clone()
 }
 

@@ -23,7 +23,8 @@ use engine::{BatchToken, Logits, ModelFile, SeqId, Stage, StageConfig, StageInpu
 use scheduler::{DeviceProfile, Plan, Prediction, ReplanPolicy, Strategy};
 use transport::{Activations, ControlClient, Dtype, Frame, FrameSink, FrameStream, KvOp, Link, LinkConfig, LinkServer, TokenMeta};
 
-use super::board::{self, CheckView, PlanBoard};
+use super::board::{self, PlanBoard};
+use crate::runtime::views::CheckView;
 use super::paging::WindowPager;
 use super::planning::{addresses, Planner, HEAD_NAME};
 use super::shipping::{self, FetchRequest, FetchStatus, ManifestStore};
@@ -118,9 +119,17 @@ struct Replanning {
     strategy: Option<Strategy>,
     last_check: Instant,
     /// A plan chosen while some of its workers were still fetching their windows from
-    /// this head: checked again at idle moments until they have them, with the strategy
-    /// that was asked for (`Some(None)`: the running one).
-    awaiting_fetch: Option<Option<Strategy>>,
+    /// this head: checked again at idle moments until they have them, as it was asked for.
+    awaiting_fetch: Option<Ask>,
+}
+
+/// What a look at the plan was asked for: the strategy (`None`: the running one) and
+/// whether an operator asked (then a plan that differs is applied whatever its gain) or
+/// the head looked by itself (then it must predict a real gain).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Ask {
+    strategy: Option<Strategy>,
+    trigger: scheduler::Trigger,
 }
 
 struct Links {
@@ -434,11 +443,12 @@ impl RingPipeline {
         }
     }
 
-    /// Gathers fresh profiles and, when they drifted (or `forced`), solves again and
-    /// adopts the new plan if it predicts a real gain — or, when `strategy` names another
-    /// strategy than the running plan's, whenever it differs. `Ok(true)`: a plan was
-    /// adopted and every cache is empty.
-    fn check_plan(&mut self, forced: bool, strategy: Option<Strategy>) -> Result<bool> {
+    /// Gathers fresh profiles and, when they drifted (or `forced`), solves again over every
+    /// candidate and adopts the new plan if it predicts a real gain — or, when an operator
+    /// asked, whenever it differs from the running one. `Ok(true)`: a plan was adopted and
+    /// every cache is empty.
+    fn check_plan(&mut self, forced: bool, ask: Ask) -> Result<bool> {
+        let strategy = ask.strategy;
         let r = &mut self.replan;
         r.last_check = Instant::now();
         let mut devices = r.planner.gather(&self.rt, Duration::ZERO, Some(&self.members))?;
@@ -469,14 +479,15 @@ impl RingPipeline {
         let strategy_now = strategy.or(r.strategy).unwrap_or(r.planner.options.strategy);
         let candidate = r.planner.schedule(&devices, strategy_now)?;
         let plan = &self.plan;
-        let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &running, plan }, &candidate, &r.policy, r.planner.options.disk_threshold);
-        let same = candidate.plan == *plan && addresses(&devices, &candidate.members) == self.members;
-        let switch = strategy.is_some_and(|s| Some(s) != r.strategy) && !same;
-        let apply = decision.apply || switch;
+        let decision = scheduler::decide(&devices, &r.planner.model, scheduler::Current { members: &running, plan }, &candidate, &r.policy, r.planner.options.disk_threshold, ask.trigger);
+        let apply = decision.apply;
         check.applied = apply;
         check.current_tpot_ms = Some(decision.current_tpot_s * 1e3);
         check.candidate_tpot_ms = Some(decision.candidate_tpot_s * 1e3);
-        check.reason = if switch && !decision.apply { format!("strategy {strategy_now} asked for; {}", decision.reason) } else { decision.reason };
+        check.reason = match ask.trigger {
+            scheduler::Trigger::Asked => format!("strategy {strategy_now} over {} candidate(s): {}", devices.len() - 1, decision.reason),
+            scheduler::Trigger::Drift => decision.reason,
+        };
         tracing::info!(drift = ?drift, applied = apply, "re-planning: {}", check.reason);
         // Later drift is measured from what this decision saw.
         r.devices = devices;
@@ -489,8 +500,9 @@ impl RingPipeline {
         // The new plan's workers fetch what they lack while the running plan serves on.
         let wanted = self.wanted(&candidate.plan, &addresses(&self.replan.devices, &candidate.members));
         if let Some(progress) = self.fetch_windows(&wanted)? {
-            self.replan.awaiting_fetch = Some(strategy);
-            let mut check = CheckView::new(forced, Vec::new(), format!("a better plan waits for workers fetching their windows: {progress}"));
+            self.replan.awaiting_fetch = Some(ask);
+            let mut check = CheckView::new(forced, Vec::new(), format!("the new plan waits for workers fetching their windows: {progress}"));
+            check.fetching = Some(progress);
             check.candidate_tpot_ms = Some(candidate.prediction.tpot_s * 1e3);
             self.board.checked(check);
             return Ok(false);
@@ -1000,7 +1012,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         // pinned); a broken ring keeps the news for when it is whole.
         let members_changed = r.strategy.is_some() && !broken && r.planner.membership.take_changed();
         let fetch_check = r.awaiting_fetch.is_some() && !broken && r.last_check.elapsed() >= FETCH_POLL;
-        let awaited = r.awaiting_fetch.flatten();
+        let awaited = r.awaiting_fetch;
         let members_changed = members_changed || fetch_check;
         if requests.is_empty() && !due && !members_changed {
             return Ok(false);
@@ -1012,9 +1024,14 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
             }
             return Ok(false);
         }
-        let strategy = requests.iter().find_map(|q| q.strategy).or(awaited);
+        // An operator's request outranks a plan awaited from an earlier look.
+        let ask = match (requests.is_empty(), awaited) {
+            (false, _) => Ask { strategy: requests.iter().find_map(|q| q.strategy), trigger: scheduler::Trigger::Asked },
+            (true, Some(a)) => a,
+            (true, None) => Ask { strategy: None, trigger: scheduler::Trigger::Drift },
+        };
         let forced = !requests.is_empty() || members_changed;
-        let result = self.check_plan(forced, strategy);
+        let result = self.check_plan(forced, ask);
         if let Err(e) = &result {
             tracing::warn!("re-planning failed: {e}");
             let reason = format!("re-planning failed: {e}");

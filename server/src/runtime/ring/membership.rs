@@ -4,23 +4,30 @@
 //! every gathering, and the ring re-plans at its next idle moment when they changed.
 //! Whether a candidate is used stays the plan's decision (the gain rule), as for a worker
 //! named on the command line. On a worker: answering each head's announcement with a join
-//! (or joining `--head` directly), and saying it leaves when it stops.
+//! (or joining `--head` directly), saying it joined only once the head acknowledged it
+//! (a `Welcome`), and saying it leaves when it stops.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use transport::discovery::{Discovery, Heard, Message};
 use transport::ClusterSecret;
 
 use super::WorkerDiscovery;
+use crate::runtime::views::CandidateView;
 use crate::error::{Error, Result};
 
 /// How often the head announces itself: a worker started after the head finds it within
 /// this long, and the joins it answers with keep the head's view of it fresh.
 pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
+/// How long a worker waits for the head named with `--head` to acknowledge its joins
+/// before it looks into why: five joins' time, so one lost datagram or a head still
+/// starting is not taken for a wrong address.
+const WELCOME_WAIT: Duration = Duration::from_secs(10);
+/// How long the look at a silent `--head` address may wait for a TCP connection.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A worker that joined by discovery.
 #[derive(Debug, Clone)]
@@ -45,26 +52,6 @@ struct Inner {
 #[derive(Default)]
 pub struct Membership {
     inner: Mutex<Inner>,
-}
-
-/// A candidate as `/admin/cluster` shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct CandidateView {
-    /// The worker's ring address (what the head dials).
-    pub addr: String,
-    /// The name it gave (`hearth worker --name`, default its host name); the address for a
-    /// worker from `--workers`.
-    pub name: String,
-    /// `workers` (named on the command line) or `discovery`.
-    pub origin: &'static str,
-    /// `candidate`, or `left` (it said it leaves; planned with again once it joins again).
-    pub state: &'static str,
-    /// Unix seconds of its first join (discovered workers).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub joined_at: Option<u64>,
-    /// Seconds since the head last heard it (discovered workers answer every announcement).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_heard_s: Option<f64>,
 }
 
 impl Membership {
@@ -181,6 +168,7 @@ pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name:
     let announce = Message::Announce { port: discovery.direct_port(), name };
     let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
     let mut warned = false;
+    let welcome = Message::Welcome { port: discovery.direct_port(), name: match &announce { Message::Announce { name, .. } => name.clone(), _ => String::new() } };
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -194,7 +182,15 @@ pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name:
                 }
             }
             heard = discovery.recv() => match heard {
-                Ok(h) => on_heard(&membership, h),
+                Ok(h) => {
+                    // Answered from this head's own port, to where the join came from.
+                    let from = h.from;
+                    if on_heard(&membership, h) {
+                        if let Err(e) = discovery.send_to(&welcome, from).await {
+                            tracing::debug!(worker = %from, "could not acknowledge a join: {e}");
+                        }
+                    }
+                }
                 Err(e) => {
                     tracing::warn!("discovery socket failed: {e}");
                     tokio::time::sleep(ANNOUNCE_EVERY).await;
@@ -204,21 +200,29 @@ pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name:
     }
 }
 
-fn on_heard(membership: &Membership, heard: Heard) {
+/// Records what a worker said; `true` when it was a join to acknowledge (every join,
+/// keep-alives too: a worker that missed the first welcome hears the next).
+fn on_heard(membership: &Membership, heard: Heard) -> bool {
     let addr = heard.addr();
     match heard.message {
         Message::Join { name, .. } => {
             if membership.joined(addr, &name) {
                 tracing::info!(worker = %addr, %name, "a worker joined by discovery: it is a candidate at the next plan");
             }
+            true
         }
         Message::Leave { name, .. } => {
             if membership.left(addr) {
                 tracing::info!(worker = %addr, %name, "a worker is leaving: the next plan goes without it");
             }
+            false
         }
         // Another head on the same LAN and secret: two heads would fight over workers.
-        Message::Announce { name, .. } => tracing::warn!(head = %addr, %name, "another head announces itself with this cluster secret"),
+        Message::Announce { name, .. } => {
+            tracing::warn!(head = %addr, %name, "another head announces itself with this cluster secret");
+            false
+        }
+        Message::Welcome { .. } => false,
     }
 }
 
@@ -229,9 +233,24 @@ pub struct Joining {
     leave: Message,
     /// Set once leaving: no more joins (they would undo the leave).
     leaving: Arc<AtomicBool>,
+    /// Why the head named with `--head` can never acknowledge a join (a wrong port): the
+    /// worker stops with it.
+    refused: Option<tokio::sync::oneshot::Receiver<String>>,
 }
 
 impl Joining {
+    /// Resolves when the `--head` address turned out to be no head's discovery port, with
+    /// the error to stop on; never otherwise.
+    pub async fn refused(&mut self) -> String {
+        match self.refused.as_mut() {
+            Some(rx) => match rx.await {
+                Ok(why) => why,
+                Err(_) => std::future::pending().await,
+            },
+            None => std::future::pending().await,
+        }
+    }
+
     /// Tells every head this worker joined that it is leaving (best effort: one datagram
     /// each; a head that misses it sees the links close), and stops joining.
     pub async fn leave(&self) {
@@ -267,13 +286,41 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
         Some(head) => tracing::info!(%head, "joining the head named with --head"),
         None => tracing::info!(port = d.port, "looking for a head on the LAN"),
     }
+    let (refuse, refused) = tokio::sync::oneshot::channel();
+    let named = d.head.clone().unwrap_or_default();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(ANNOUNCE_EVERY);
+        // Heads that acknowledged a join, by the address their welcome came from.
+        let mut welcomed: Vec<SocketAddr> = Vec::new();
+        let started = Instant::now();
+        let mut refuse = Some(refuse);
         loop {
+            // The head named with --head stayed silent: find out why, once.
+            if let (Some(head), true) = (direct, started.elapsed() >= WELCOME_WAIT) {
+                if !welcomed.iter().any(|w| w.ip() == head.ip()) {
+                    if let Some(tx) = refuse.take() {
+                        match silent_head(&named, head).await {
+                            Some(why) => {
+                                let _ = tx.send(why);
+                                return;
+                            }
+                            None => tracing::warn!(%head, "no head has acknowledged this worker's joins yet: is one running there with the same --cluster-secret, and is {} its discovery port (UDP, {} unless the head sets --discovery-port)? Still trying", head.port(), transport::discovery::DEFAULT_PORT),
+                        }
+                    }
+                }
+            }
             let head = tokio::select! {
                 _ = tick.tick(), if direct.is_some() => direct,
                 heard = task_discovery.recv() => match heard {
                     Ok(h @ Heard { message: Message::Announce { .. }, .. }) => Some(h.addr()),
+                    Ok(Heard { message: Message::Welcome { name, .. }, from, .. }) => {
+                        let asked = task_heads.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|h| h.ip() == from.ip());
+                        if asked && !welcomed.contains(&from) {
+                            welcomed.push(from);
+                            tracing::info!(head = %from, %name, "joined the head at {from}: it acknowledged this worker");
+                        }
+                        None
+                    }
                     Ok(_) => None,
                     Err(e) => {
                         tracing::warn!("discovery socket failed: {e}");
@@ -292,13 +339,29 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
                 new
             };
             match task_discovery.send_to(&join, head).await {
-                Ok(()) if new => tracing::info!(%head, "found a head: joined it"),
+                // Joined only once it answers (see the welcome above).
+                Ok(()) if new => tracing::info!(%head, "found a head: asked to join it"),
                 Ok(()) => {}
                 Err(e) => tracing::warn!(%head, "could not send a join: {e}"),
             }
         }
     });
-    Ok(Joining { discovery, heads, leave: Message::Leave { port: ring_port, name: d.name }, leaving })
+    Ok(Joining { discovery, heads, leave: Message::Leave { port: ring_port, name: d.name }, leaving, refused: Some(refused) })
+}
+
+/// Why the head named with `--head NAMED` (resolved to `head`) answered no join, when that
+/// is certain: something there accepts TCP connections, which a discovery port (UDP) does
+/// not — most likely the head's ring (`--ring-listen`) or API port. `None`: nothing to
+/// tell yet (a head still starting, another secret, a firewall).
+async fn silent_head(named: &str, head: SocketAddr) -> Option<String> {
+    let tcp = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(head)).await;
+    matches!(tcp, Ok(Ok(_))).then(|| {
+        format!(
+            "--head {named}: {head} answers TCP connections but no join: that is not a head's discovery port (perhaps its ring or API port). Name the head's discovery port (UDP, {port} unless the head sets --discovery-port), e.g. --head {ip}:{port}, or just --head {ip}",
+            port = transport::discovery::DEFAULT_PORT,
+            ip = head.ip()
+        )
+    })
 }
 
 #[cfg(test)]

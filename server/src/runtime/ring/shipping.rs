@@ -681,8 +681,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_worker_fetches_only_its_windows_refuses_wrong_bytes_and_resumes() {
         let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-        let models = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-        let file = Arc::new(ModelFile::open(crate::models::ensure_default_model(&models).expect("the default model")).unwrap());
+        // A small random model with the checked-in vocabulary: nothing to download.
+        let model = std::env::temp_dir().join(format!("hearth-shipping-model-{}.gguf", std::process::id()));
+        engine::random_model::RandomModel::new("llama", 6, 256, 512, 4, 2).write(&crate::models::vocabulary_fixture(), &model).unwrap();
+        let file = Arc::new(ModelFile::open(&model).unwrap());
         let meta = file.gguf.meta();
         let data = file.gguf.data_offset();
         let windows = vec![(1usize, 3usize)];
@@ -750,5 +752,6 @@ mod tests {
         assert!(status.error.is_some(), "{status:?}");
         assert_eq!(sent.load(Ordering::SeqCst), before, "bytes went to a peer without the secret");
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_file(&model);
     }
 }

@@ -209,7 +209,7 @@ pub fn run(cfg: WorkerConfig) -> Result<()> {
         let stop = crate::process::shutdown_signal()?;
         tokio::pin!(stop);
         tracing::info!("hearth worker listening on {}", server.local_addr());
-        let heads = match discovery {
+        let mut heads = match discovery {
             Some(d) => Some(super::membership::serve_worker(d, server.local_addr().port(), secret_for_discovery).await?),
             None => None,
         };
@@ -219,6 +219,9 @@ pub fn run(cfg: WorkerConfig) -> Result<()> {
         let mut poll = tokio::time::interval(LEAVE_POLL);
         loop {
             tokio::select! {
+                why = async { heads.as_mut().expect("checked").refused().await }, if heads.is_some() => {
+                    return Err(Error::Config(why));
+                }
                 _ = &mut stop, if leaving.is_none() => {
                     // The heads that know this worker hear it is going and plan without it
                     // at their next idle moment: a stream running through it completes.

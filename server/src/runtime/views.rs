@@ -1,0 +1,138 @@
+//! What the admin API shows of a head: the running plan (`GET /admin/plan`), the cluster's
+//! devices and candidates (`GET /admin/cluster`), and the outcome of each look at the plan.
+//! Plain serialisable data, written by the ring (or a single node) and read by `http`: a
+//! neutral home, so the HTTP room needs none of the ring's internals.
+
+use scheduler::{Breakdown, DeviceProfile, DeviceSet};
+use serde::Serialize;
+
+/// One ring member of the running plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView {
+    /// `head`, or the worker's address.
+    pub name: String,
+    /// Layers per window (w) and of them on the GPU (n), as the member placed them.
+    pub window: usize,
+    pub gpu_layers: usize,
+    /// Of the GPU layers, those whose routed experts run from RAM (MoE models).
+    pub experts_in_ram: usize,
+    /// The plan's figures, where the member's own `--gpu-layers` / `--experts-in-ram`
+    /// placed otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_gpu_layers: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planned_experts_in_ram: Option<usize>,
+    /// Its layer windows, one per round: `[start, end)`.
+    pub layers: Vec<[usize; 2]>,
+    /// The cost model's view of it, when the plan came from the scheduler.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set: Option<DeviceSet>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overloaded: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted: Option<Breakdown>,
+}
+
+/// The outcome of one look at the cluster while idle (or of a forced re-plan).
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckView {
+    /// Unix seconds.
+    pub at: u64,
+    pub forced: bool,
+    /// What moved since the profiles the running plan was judged on (empty: nothing).
+    pub drift: Vec<String>,
+    pub applied: bool,
+    /// Why it was applied or not, in words.
+    pub reason: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_tpot_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate_tpot_ms: Option<f64>,
+    /// The plan chosen waits for these workers to fetch their windows (progress in words);
+    /// the head adopts it once they have them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fetching: Option<String>,
+}
+
+impl CheckView {
+    /// A look that applied nothing (yet), now.
+    pub fn new(forced: bool, drift: Vec<String>, reason: String) -> CheckView {
+        CheckView { at: crate::process::now_secs(), forced, drift, applied: false, reason, current_tpot_ms: None, candidate_tpot_ms: None, fetching: None }
+    }
+}
+
+/// `GET /admin/plan`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanView {
+    /// `halda`, `memory`, `compute`, `even`; `windows` for a plan from `--windows`;
+    /// `single` for a head without workers.
+    pub source: String,
+    /// Whether the head re-plans by itself when idle and a profile drifted.
+    pub automatic: bool,
+    pub n_layer: usize,
+    /// k: rounds per token.
+    pub rounds: usize,
+    pub members: Vec<MemberView>,
+    /// Workers the plan leaves out (they would slow the ring down).
+    pub dropped: Vec<String>,
+    pub predicted_tpot_ms: Option<f64>,
+    /// Mean time of the last decode steps of a single token under this plan.
+    pub measured_tpot_ms: Option<f64>,
+    pub measured_steps: usize,
+    /// Mean tokens in the KV cache during those steps.
+    pub measured_context: Option<f64>,
+    /// Mean time of one hop between members in those steps: each round trip less the
+    /// workers' reported compute, over its hops (absent without workers).
+    pub measured_hop_ms: Option<f64>,
+    /// MoE models: the share of a non-resident layer's expert bytes the overloaded members
+    /// read from disk per token in those steps (the cost model's `disk_share`, which
+    /// otherwise assumes every expert a token uses misses the cache).
+    pub measured_disk_share: Option<f64>,
+    /// The cost model's TPOT for the running plan at that context (the plan itself is
+    /// made for the full `--ctx-size`), with the measured hop in place of the profiles'
+    /// control-call estimate: the figure to hold `measured_tpot_ms` against.
+    pub predicted_tpot_ms_at_measured_context: Option<f64>,
+    /// Micro-batches the ring holds in flight at once (1 on a single node).
+    pub micro_batches: usize,
+    /// What the running plan sustains with several requests or a long prompt: aggregate
+    /// decode tokens/s for a few stream counts and the time to first token for a few
+    /// prompt lengths, one micro-batch at a time and with `micro_batches` in flight.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<scheduler::Forecast>,
+    /// Plans adopted after the first.
+    pub replans: u64,
+    pub last_check: Option<CheckView>,
+}
+
+/// `GET /admin/cluster`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ClusterView {
+    /// The head first, then every configured worker, as last gathered; `comm_s` is the
+    /// measured one-way hop latency.
+    pub devices: Vec<DeviceProfile>,
+    /// Unix seconds of that gathering.
+    pub gathered_at: Option<u64>,
+    /// Every candidate worker, configured or joined by discovery, live (the plan decides
+    /// which it uses: `/admin/plan`).
+    pub candidates: Vec<CandidateView>,
+}
+
+/// A candidate as `/admin/cluster` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CandidateView {
+    /// The worker's ring address (what the head dials).
+    pub addr: String,
+    /// The name it gave (`hearth worker --name`, default its host name); the address for a
+    /// worker from `--workers`.
+    pub name: String,
+    /// `workers` (named on the command line) or `discovery`.
+    pub origin: &'static str,
+    /// `candidate`, or `left` (it said it leaves; planned with again once it joins again).
+    pub state: &'static str,
+    /// Unix seconds of its first join (discovered workers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub joined_at: Option<u64>,
+    /// Seconds since the head last heard it (discovered workers answer every announcement).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_heard_s: Option<f64>,
+}
