@@ -1,6 +1,6 @@
 #!/bin/bash
 # x86-64 CPU variants of the hearth image: one build of llama.cpp's CPU kernels per
-# instruction-set level, the best one picked when the container starts (issue 15). A
+# instruction-set level, the best one picked when the container starts. A
 # plain build compiles llama.cpp for AVX2/FMA/F16C (ggml's default with GGML_NATIVE off),
 # which dies with SIGILL on the older desktops homes still run (no AVX2 before Intel's
 # 2013 and AMD's 2015 CPUs) and leaves AVX-512 unused where a CPU has it. ggml's own

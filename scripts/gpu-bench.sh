@@ -9,12 +9,12 @@
 #
 #   scripts/gpu-bench.sh HEARTH_BINARY TOKENIZER_GGUF OUT_DIR
 #
-# The models are random-weight (`hearth make-model`, written in seconds), shaped as the
+# The models are random-weight (`hearth-lab make-model`, written in seconds), shaped as the
 # models homes run: a Llama-3-8B-shaped dense model (q4_0, ~4 GB) and a Qwen3-MoE-shaped
 # one (64 experts, 8 used). TOKENIZER_GGUF lends them its vocabulary (any GGUF: the
 # default model, or a small one made from it). Env: THREADS (default: all cores), MODELS
 # (where the models go, default /tmp/hearth-gpu-models), REPS (default 3), DENSE_SHAPE and
-# MOE_SHAPE (`hearth make-model` arguments, to try the script on a small machine).
+# MOE_SHAPE (`hearth-lab make-model` arguments, to try the script on a small machine).
 set -uo pipefail
 bin=$(realpath "$1"); tok=$(realpath "$2"); out=$3
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -17,10 +17,10 @@
 #
 # Usage: scripts/memory-experiment.sh [scenario...]     (default: single k1 prp noprf)
 # Settings (environment):
-#   HEARTH       the binary             (default $CARGO_TARGET_DIR/release/hearth)
+#   HEARTH       the binary             (default $CARGO_TARGET_DIR/release/hearth-lab)
 #   MODEL        the GGUF               (default models/random-llama-30x2048-q8_0.gguf,
-#                                        written by `hearth make-model` if missing)
-#   MAKE_MODEL   `hearth make-model` arguments that write MODEL when it is missing
+#                                        written by `hearth-lab make-model` if missing)
+#   MAKE_MODEL   `hearth-lab make-model` arguments that write MODEL when it is missing
 #                (default: the dense llama above; docs/benchmarks.md has the MoE one)
 #   LIMIT_MIB    memory limit of each ring member (default 480)
 #   HEAD_LIMIT_MIB  of the head         (default LIMIT_MIB)
@@ -38,7 +38,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
+HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth-lab}"
 MODEL="${MODEL:-$root/models/random-llama-30x2048-q8_0.gguf}"
 LIMIT_MIB="${LIMIT_MIB:-480}"
 HEAD_LIMIT_MIB="${HEAD_LIMIT_MIB:-$LIMIT_MIB}"

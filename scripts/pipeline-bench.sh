@@ -22,7 +22,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
+HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth-lab}"
 MODEL="${MODEL:-$(scripts/fetch-model.sh)}"
 LAYERS="${LAYERS:-30}"
 CORES="${CORES:-0.6}"

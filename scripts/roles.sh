@@ -1,7 +1,8 @@
 # Sourced by the benchmark scripts, from the repository root: start hearth roles (serve,
 # worker) in the background on loopback and stop them all at exit. HEARTH is the release
-# binary, MODEL the default model (fetched if missing).
-HEARTH="${CARGO_TARGET_DIR:-target}/release/hearth"
+# `hearth-lab` binary (`hearth` with the settings benchmarks use), MODEL the default model
+# (fetched if missing).
+HEARTH="${CARGO_TARGET_DIR:-target}/release/hearth-lab"
 MODEL="$(scripts/fetch-model.sh)"
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }

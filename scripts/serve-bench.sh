@@ -21,7 +21,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
+HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth-lab}"
 MODEL="${MODEL:-$(scripts/fetch-model.sh)}"
 THREADS="${THREADS:-2}"
 STREAMS="${STREAMS:-8}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU path on a real Vulkan device without a GPU (issue 15): builds hearth with the
+# The GPU path on a real Vulkan device without a GPU: builds hearth with the
 # `vulkan` feature and runs the accelerator tests on Mesa's lavapipe, which ggml-vulkan
 # lists only when GGML_VK_VISIBLE_DEVICES names it. The tests fail, rather than skip,
 # when no accelerator is seen. The build shares the CPU build's target directory: cargo

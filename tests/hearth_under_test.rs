@@ -1,5 +1,6 @@
-//! The `hearth` binary as the system tests run it: the same body as `server/src/main.rs`.
+//! The server as the system tests run it: `hearth-lab`'s body (`hearth` and the settings
+//! that emulate a home cluster on one machine).
 
 fn main() -> std::process::ExitCode {
-    hearth::cli::main()
+    hearth::cli::lab_main()
 }

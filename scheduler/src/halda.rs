@@ -239,7 +239,7 @@ pub fn solve_fixed_with(devices: &[DeviceProfile], model: &ModelProfile, sets: &
     let mut w_lo = Vec::new();
     let mut w_hi = Vec::new();
     let mut n_hi = Vec::new();
-    // GPU layers that keep their experts in RAM (hearth's addition, issue 15), on a
+    // GPU layers that keep their experts in RAM (hearth's addition), on a
     // discrete GPU: they trade GPU memory for RAM, so the rows below count those experts
     // in RAM, not in VRAM. On a device that holds its layers (M4) the RAM must hold them;
     // on an overloaded Linux/Android device (M3) what does not fit is paged like any

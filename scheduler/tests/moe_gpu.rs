@@ -1,4 +1,4 @@
-//! MoE with one GPU (issue 15): a GPU too small for whole MoE layers takes their
+//! MoE with one GPU: a GPU too small for whole MoE layers takes their
 //! every-token part (attention, norms, router, shared experts) while their routed experts
 //! stay in RAM, as llama.cpp's `--n-cpu-moe` does by hand. Halda decides per device how
 //! many GPU layers keep their experts in RAM; the cost model charges each part where it

@@ -1,6 +1,7 @@
 //! hearth: one OpenAI-compatible server for 30–70B models across the devices of a
 //! home. The engine, scheduler, transport and wire types live in their own crates and
-//! never depend on this one. This crate holds four rooms, with arrows one way only:
+//! never depend on this one. This crate holds three rooms over four leaves, with arrows
+//! one way only (`tests/module_arrows.rs` holds them; `docs/architecture.md` maps the rooms):
 //!
 //! ```text
 //!   cli ──► http ──► runtime ──► (engine, scheduler, transport)

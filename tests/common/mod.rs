@@ -151,9 +151,10 @@ pub fn http(addr: &str, method: &str, path: &str, headers: &str, body: &str) -> 
     http_within(addr, method, path, headers, body, HTTP_READ_TIMEOUT)
 }
 
-/// How long `http` waits for the server to say anything: a stalled server fails the test
-/// instead of hanging it.
-const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long `http` waits for a whole answer: a stalled server fails the test instead of
+/// hanging it. Long non-streamed answers (a 2,000-token prompt through a ring of 1-thread
+/// members) take minutes on a host slowed to half a core.
+const HTTP_READ_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// [`http`] with its own read timeout (a slow device answering a long request).
 pub fn http_within(addr: &str, method: &str, path: &str, headers: &str, body: &str, read_timeout: Duration) -> Result<Response, String> {

@@ -70,16 +70,51 @@ pub enum Command {
     /// Plan a ring offline: Halda (or a baseline) on device profiles (JSON) and a model
     /// (GGUF, or a model-profile JSON); prints the windows per device and the predicted TPOT.
     Plan(PlanArgs),
-    /// Write a random-weight GGUF of any supported architecture and size (for memory
-    /// experiments and benchmarks).
-    #[command(hide = true)]
-    MakeModel(MakeModelArgs),
     /// Requantize a GGUF into another weight type with llama.cpp's own quantizer
     /// (e.g. `--type q4_k_m`).
     Quantize(QuantizeArgs),
+}
+
+/// `hearth-lab`: the `hearth` commands with the settings experiments need and users do not
+/// (emulated hop latency, released windows, a pinned prompt chunk), and the tools behind
+/// the tests and benchmarks. The system tests run it; docs/benchmarks.md's commands use it.
+#[derive(Parser, Debug)]
+#[command(name = "hearth-lab", version, about = "hearth for tests and benchmarks: emulate a home cluster on one machine")]
+pub struct LabCli {
+    #[command(subcommand)]
+    pub command: LabCommand,
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand, Debug)]
+pub enum LabCommand {
+    /// `hearth serve`, with the lab's settings.
+    Serve(LabServeArgs),
+    /// `hearth worker`, with the lab's settings.
+    Worker(LabWorkerArgs),
+    /// Write a random-weight GGUF of any supported architecture and size (for memory
+    /// experiments and benchmarks).
+    MakeModel(MakeModelArgs),
     /// Print a worker's per-window statistics (the `profile` control method) as JSON.
-    #[command(hide = true)]
     WorkerProfile(WorkerProfileArgs),
+    #[command(flatten)]
+    User(Command),
+}
+
+#[derive(Args, Debug)]
+pub struct LabServeArgs {
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    #[command(flatten)]
+    pub lab: ServeLab,
+}
+
+#[derive(Args, Debug)]
+pub struct LabWorkerArgs {
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+    #[command(flatten)]
+    pub lab: HopLab,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -418,23 +453,38 @@ pub struct ServeArgs {
     /// when windows are paged from disk, where each would read them again).
     #[arg(long, env = "HEARTH_MICRO_BATCHES", default_value = "auto")]
     pub micro_batches: AutoCount,
+    /// Do not read the head's next window ahead while the workers compute (for comparison).
+    #[arg(long, env = "HEARTH_NO_PREFETCH")]
+    pub no_prefetch: bool,
+    /// Settings for experiments, not for users: only `hearth-lab serve` sets them.
+    #[arg(skip)]
+    pub lab: ServeLab,
+}
+
+/// `hearth-lab serve`'s settings beyond `hearth serve`'s: for tests and benchmarks that
+/// emulate a home cluster on one machine. Not in the user's `hearth`.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ServeLab {
     /// Tokens per prompt chunk with micro-batches in flight, instead of the chunk planned
     /// for each prompt. A chunk rounds as a batch of its size does: equal to `--max-batch`,
     /// prompts are fed exactly as the single node feeds them (and reach their first token
     /// later).
     #[arg(long, env = "HEARTH_PROMPT_CHUNK")]
     pub prompt_chunk: Option<usize>,
-    /// Do not read the head's next window ahead while the workers compute (for comparison).
-    #[arg(long, env = "HEARTH_NO_PREFETCH")]
-    pub no_prefetch: bool,
-    /// Benchmarks only: delay every ring frame this node sends by this many milliseconds,
-    /// to emulate a home network's link latency on one machine.
-    #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
-    pub emulate_hop_ms: f64,
-    /// Tests and benchmarks only: every device releases each window after running it, as
-    /// devices whose memory cannot hold their windows do (reads them from disk again).
-    #[arg(long, env = "HEARTH_RELEASE_WINDOWS", hide = true)]
+    #[command(flatten)]
+    pub hop: HopLab,
+    /// Every device releases each window after running it, as devices whose memory cannot
+    /// hold their windows do (reads them from disk again).
+    #[arg(long, env = "HEARTH_RELEASE_WINDOWS")]
     pub release_windows: bool,
+}
+
+/// A home network's link latency, emulated on one machine (`hearth-lab serve` and `worker`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct HopLab {
+    /// Delay every ring frame this node sends by this many milliseconds.
+    #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0)]
+    pub emulate_hop_ms: f64,
 }
 
 /// Finding each other on the LAN (`serve` and `worker`): on whenever a cluster secret is
@@ -513,9 +563,9 @@ pub struct WorkerArgs {
     /// experts in RAM: a number, or `auto` (what the head's plan says).
     #[arg(long, env = "HEARTH_EXPERTS_IN_RAM", default_value = "auto", alias = "n-cpu-moe")]
     pub experts_in_ram: crate::runtime::GpuLayers,
-    /// Benchmarks only: delay every ring frame this worker sends by this many milliseconds.
-    #[arg(long, env = "HEARTH_EMULATE_HOP_MS", default_value_t = 0.0, hide = true)]
-    pub emulate_hop_ms: f64,
+    /// Settings for experiments, not for users: only `hearth-lab worker` sets them.
+    #[arg(skip)]
+    pub lab: HopLab,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -573,9 +623,18 @@ pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
         Command::FetchModel(args) => fetch_model(args),
         Command::Plan(args) => plan::run(args),
         Command::Profile(args) => profile::run(args),
-        Command::MakeModel(args) => make_model::run(args),
         Command::Quantize(args) => quantize::run(args),
-        Command::WorkerProfile(args) => worker_profile::run(args),
+    }
+}
+
+/// Runs the `hearth-lab` command asked for.
+pub fn run_lab(cli: LabCli) -> Result<(), Box<dyn std::error::Error>> {
+    match cli.command {
+        LabCommand::Serve(LabServeArgs { serve, lab }) => serve::run(ServeArgs { lab, ..serve }),
+        LabCommand::Worker(LabWorkerArgs { worker, lab }) => worker::run(WorkerArgs { lab, ..worker }),
+        LabCommand::MakeModel(args) => make_model::run(args),
+        LabCommand::WorkerProfile(args) => worker_profile::run(args),
+        LabCommand::User(command) => run(Cli { command }),
     }
 }
 
@@ -586,8 +645,17 @@ fn fetch_model(args: FetchArgs) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The `hearth` binary's whole body, shared by the system tests' copy of it.
+/// The `hearth` binary's whole body.
 pub fn main() -> std::process::ExitCode {
+    start(|| run(Cli::parse()))
+}
+
+/// The `hearth-lab` binary's whole body, and the system tests' server under test.
+pub fn lab_main() -> std::process::ExitCode {
+    start(|| run_lab(LabCli::parse()))
+}
+
+fn start(command: impl FnOnce() -> Result<(), Box<dyn std::error::Error>>) -> std::process::ExitCode {
     crate::process::settle_openmp_environment();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HEARTH_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,llama-cpp-2=warn,llama_cpp_2=warn")))
@@ -595,8 +663,7 @@ pub fn main() -> std::process::ExitCode {
         // Colour codes only for a person at a terminal, never in log files or `docker logs`.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = run(Cli::parse());
-    match result {
+    match command() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hearth: {e}");

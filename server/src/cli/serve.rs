@@ -131,10 +131,10 @@ fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error:
         prefetch: !args.no_prefetch,
         startup_wait: Duration::from_secs(args.ring_wait),
         replan_idle: (args.replan_idle > 0).then(|| Duration::from_secs(args.replan_idle)),
-        hop_delay: hop_delay(args.emulate_hop_ms),
-        release: args.release_windows.then_some(true),
+        hop_delay: hop_delay(args.lab.hop.emulate_hop_ms),
+        release: args.lab.release_windows.then_some(true),
         micro_batches: args.micro_batches.count(),
-        prompt_chunk: args.prompt_chunk,
+        prompt_chunk: args.lab.prompt_chunk,
         discovery,
     }))
 }

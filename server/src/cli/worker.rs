@@ -25,7 +25,7 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         threads: args.threads.unwrap_or_else(engine::stage::default_threads),
         prefetch: !args.no_prefetch,
         repack: !args.no_repack,
-        hop_delay: hop_delay(args.emulate_hop_ms),
+        hop_delay: hop_delay(args.lab.emulate_hop_ms),
         gpu_layers: gpu,
         discovery: discovery.map(|port| crate::runtime::ring::WorkerDiscovery { port, head: args.head.clone(), name: args.name.clone().or_else(crate::process::hostname).unwrap_or_else(|| "worker".into()) }),
     };

@@ -4,8 +4,11 @@
 //! k = L / W times, one window per device per round; KV operations travel in-band, in
 //! step order, so every cache stays in step with the head's.
 
+mod adoption;
 pub mod board;
+mod flights;
 pub mod head;
+mod links;
 pub mod membership;
 pub mod paging;
 pub mod planning;
