@@ -57,6 +57,13 @@ pub enum Command {
     Serve(ServeArgs),
     /// Join a ring as a worker: wait for a head and run the layer windows it assigns.
     Worker(WorkerArgs),
+    #[command(flatten)]
+    Tool(Tool),
+}
+
+/// The commands besides the two roles, the same in `hearth` and `hearth-lab`.
+#[derive(Subcommand, Debug)]
+pub enum Tool {
     /// Benchmark hearth's engine against llama.cpp on the same GGUF, side by side.
     Bench(BenchArgs),
     /// Load-test the HTTP API: 1, 4 and 8 concurrent streaming clients against an
@@ -98,7 +105,7 @@ pub enum LabCommand {
     /// Print a worker's per-window statistics (the `profile` control method) as JSON.
     WorkerProfile(WorkerProfileArgs),
     #[command(flatten)]
-    User(Command),
+    Tool(Tool),
 }
 
 #[derive(Args, Debug)]
@@ -618,12 +625,18 @@ pub fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => worker::run(args),
-        Command::Bench(args) => bench::run(args),
-        Command::BenchServe(args) => bench_serve::run(args),
-        Command::FetchModel(args) => fetch_model(args),
-        Command::Plan(args) => plan::run(args),
-        Command::Profile(args) => profile::run(args),
-        Command::Quantize(args) => quantize::run(args),
+        Command::Tool(tool) => run_tool(tool),
+    }
+}
+
+fn run_tool(tool: Tool) -> Result<(), Box<dyn std::error::Error>> {
+    match tool {
+        Tool::Bench(args) => bench::run(args),
+        Tool::BenchServe(args) => bench_serve::run(args),
+        Tool::FetchModel(args) => fetch_model(args),
+        Tool::Plan(args) => plan::run(args),
+        Tool::Profile(args) => profile::run(args),
+        Tool::Quantize(args) => quantize::run(args),
     }
 }
 
@@ -634,7 +647,7 @@ pub fn run_lab(cli: LabCli) -> Result<(), Box<dyn std::error::Error>> {
         LabCommand::Worker(LabWorkerArgs { worker, lab }) => worker::run(WorkerArgs { lab, ..worker }),
         LabCommand::MakeModel(args) => make_model::run(args),
         LabCommand::WorkerProfile(args) => worker_profile::run(args),
-        LabCommand::User(command) => run(Cli { command }),
+        LabCommand::Tool(tool) => run_tool(tool),
     }
 }
 
