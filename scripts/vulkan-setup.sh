@@ -38,7 +38,7 @@ if ! grep -qs "LayerSettingEXT" "$cache/include/vulkan/vulkan_structs.hpp"; then
   (cd "$work" && apt-get "${apt_opts[@]}" download libvulkan-dev >/dev/null 2>&1)
   dpkg-deb -x "$work"/libvulkan-dev_*.deb "$work/root"
   # The package's own layout puts its headers under usr/include.
-  headers=$(find "$work/root" -type f -name vulkan.hpp -printf '%h\n' | head -1)
+  headers=$(find "$work/root" -type f -name vulkan.hpp -printf '%h\n' -quit)
   rm -rf "$cache"
   mkdir -p "$cache/include"
   cp -a "$(dirname "$headers")/." "$cache/include/"
