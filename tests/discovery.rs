@@ -466,3 +466,107 @@ fn a_fetch_killed_halfway_resumes_and_a_byte_changed_on_disk_is_fetched_again() 
     assert_eq!(sent_after - sent, tensor_bytes as f64, "only the changed tensor was fetched again");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A stranger on the LAN (an address on the head's side that is no hearth node) holding
+/// copies of signed datagrams: the head's announcement, a worker's join. Sent from its own
+/// address, neither is acted on — the worker does not join it, the head does not list it or
+/// dial it, so it never sees a handshake to guess the secret from — while the same copies
+/// sent from the addresses their senders signed are (which shows the test's datagrams do
+/// arrive, and that only the source makes the difference).
+#[test]
+fn copies_of_signed_datagrams_sent_by_a_stranger_are_not_acted_on() {
+    use std::net::{SocketAddr, UdpSocket};
+    use transport::discovery::{seal, Envelope, Message};
+    if skip_without_netns() {
+        return;
+    }
+    let model = common::default_model();
+    let lan = Lan::new("rogue").unwrap();
+    let stranger = lan.add_address_on_a(66).unwrap();
+    let head = start_head(&lan, &model);
+    let _worker = start_worker(&lan, &model);
+    let secret = transport::ClusterSecret::new(SECRET).unwrap();
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let (a_ip, b_ip) = (lan.a_ip.clone(), lan.b_ip.clone());
+
+    // The head's announcement, captured: it names the head's port for joins.
+    let head_env = Envelope { sender: [0x4e; 16], addrs: vec![a_ip.parse().unwrap()], to: None };
+    let worker_discovery: SocketAddr = format!("{b_ip}:7946").parse().unwrap();
+    let joins_at = |from: &str| -> bool {
+        let (from, secret, env) = (from.to_string(), secret.clone(), head_env.clone());
+        netns::run_in(&lan.a, move || {
+            let socket = UdpSocket::bind(format!("{from}:0")).unwrap();
+            let port = socket.local_addr().unwrap().port();
+            socket.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            let announce = Message::Announce { port, name: "head".into() };
+            let mut buf = [0u8; 2048];
+            // Bounded: a few announcements' time; a worker answers one at once.
+            for _ in 0..6 {
+                socket.send_to(&seal(&secret, &env, now(), &announce), worker_discovery).unwrap();
+                if let Ok((n, _)) = socket.recv_from(&mut buf) {
+                    if buf[..n].starts_with(b"HRTHDSC1") {
+                        return true;
+                    }
+                }
+            }
+            false
+        })
+    };
+    assert!(!joins_at(&stranger), "the worker joined the stranger that sent it the head's announcement");
+    assert!(joins_at(&a_ip), "the same announcement from the head's address must bring a join (else this test proves nothing)");
+
+    // A worker's join, captured, names the worker's ring port; the stranger listens there
+    // for the head's dial.
+    let (s, st, a, b) = (secret.clone(), stranger.clone(), a_ip.clone(), b_ip.clone());
+    let dial_port = netns::run_in(&lan.a, move || {
+        let listener = std::net::TcpListener::bind(format!("{st}:0")).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let worker_env = Envelope { sender: [0x77; 16], addrs: vec![b.parse().unwrap()], to: None };
+        let socket = UdpSocket::bind(format!("{st}:0")).unwrap();
+        let join = Message::Join { port, name: "rogue".into() };
+        for _ in 0..3 {
+            socket.send_to(&seal(&s, &worker_env, now(), &join), format!("{a}:7946")).unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        listener.set_nonblocking(true).unwrap();
+        (listener, port)
+    });
+    let (listener, port) = dial_port;
+    let h = head.addr.clone();
+    let rogue = format!("{stranger}:{port}");
+    let listed = netns::run_in(&lan.a, move || {
+        std::thread::sleep(Duration::from_secs(5));
+        discovered(&h).into_iter().any(|c| c["addr"] == rogue.as_str() || c["name"] == "rogue")
+    });
+    assert!(!listed, "the head listed the stranger as a candidate");
+    assert!(listener.accept().is_err(), "the head dialled the stranger");
+    // A flood of datagrams that do not verify (another secret) makes a few log lines,
+    // not one each.
+    let before = head.log_lines.load(std::sync::atomic::Ordering::Relaxed);
+    let (st, a) = (stranger.clone(), a_ip.clone());
+    netns::run_in(&lan.a, move || {
+        let other = transport::ClusterSecret::new("a neighbour's cluster secret").unwrap();
+        let env = Envelope { sender: [0x66; 16], addrs: vec![st.parse().unwrap()], to: None };
+        let socket = UdpSocket::bind(format!("{st}:0")).unwrap();
+        let datagram = seal(&other, &env, now(), &Message::Join { port: 1, name: "flood".into() });
+        for _ in 0..10_000 {
+            let _ = socket.send_to(&datagram, format!("{a}:7946"));
+        }
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let logged = head.log_lines.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert!(logged <= 20, "10,000 refused datagrams made {logged} log lines:\n{}", head.log.lock().unwrap());
+    assert!(head.log.lock().unwrap().contains("wrong signature"), "the refusals are still told");
+    // The same join from the worker's own address is a candidate (the datagrams arrive).
+    let (s, h, b) = (secret.clone(), head.addr.clone(), b_ip.clone());
+    let a = a_ip.clone();
+    netns::run_in(&lan.b, move || {
+        let worker_env = Envelope { sender: [0x78; 16], addrs: vec![b.parse().unwrap()], to: None };
+        let socket = UdpSocket::bind(format!("{b}:0")).unwrap();
+        socket.send_to(&seal(&s, &worker_env, now(), &Message::Join { port: 9999, name: "copied".into() }), format!("{a}:7946")).unwrap();
+    });
+    let w = format!("{b_ip}:9999");
+    netns::run_in(&lan.a, move || {
+        common::wait_for("the join from the worker's own address", Duration::from_secs(30), || discovered(&h).into_iter().find(|c| c["addr"] == w.as_str()));
+    });
+}

@@ -141,6 +141,58 @@ fn slow_and_idle_connections_do_not_lock_out_a_client() {
     drop(held);
 }
 
+/// Connections that sent their headers and trickle a body (a byte now and then) hold every
+/// slot: a real client still gets in (the connection sending a body the longest makes
+/// room), though none of them is idle.
+#[test]
+fn connections_trickling_bodies_do_not_lock_out_a_client() {
+    const CAP: usize = 32;
+    let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--max-connections", "32", "--header-timeout", "600"]);
+    let mut held = Vec::new();
+    for _ in 0..CAP + 8 {
+        if let Ok(mut s) = TcpStream::connect(&server.addr) {
+            let _ = write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{");
+            held.push(s);
+        }
+    }
+    // Every slot is taken by a connection whose request started.
+    std::thread::sleep(Duration::from_millis(500));
+    let resp = wait_for("a client gets an answer", Duration::from_secs(60), || http(&server.addr, "GET", "/health", "", "").ok());
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    let metrics = http(&server.addr, "GET", "/metrics", "", "").unwrap().body;
+    assert!(gauge(&metrics, "hearth_http_connections") <= CAP as f64, "{metrics}");
+    assert!(gauge(&metrics, "hearth_http_connections_displaced_total") > 0.0, "{metrics}");
+    drop(held);
+}
+
+/// A body that keeps coming, a byte every quarter second (never a pause the header timeout
+/// would see), is refused once the grace is over: it is far below the least rate.
+#[test]
+fn a_body_that_arrives_too_slowly_is_refused_after_the_grace() {
+    let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--header-timeout", "2"]);
+    let mut s = TcpStream::connect(&server.addr).unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n").unwrap();
+    let mut trickle = s.try_clone().unwrap();
+    let started = Instant::now();
+    let writer = std::thread::spawn(move || {
+        // Bounded: 400 bytes at most, then it stops whatever happened.
+        for _ in 0..400 {
+            if trickle.write_all(b" ").is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    let got = read_until_closed(&mut s, Duration::from_secs(60));
+    let took = started.elapsed();
+    assert!(got.is_empty() || got.starts_with("HTTP/1.1 400"), "{got}");
+    assert!(got.is_empty() || got.contains("too slowly"), "{got}");
+    assert!(took < Duration::from_secs(60), "open for {took:?}");
+    println!("a trickling body was refused after {took:?}: {}", got.lines().last().unwrap_or(""));
+    drop(s);
+    writer.join().unwrap();
+}
+
 /// A connection that does not finish its headers, or sits idle after a request, or stops
 /// sending its body, is closed after --header-timeout; a streamed answer that takes longer
 /// than that is not cut.
@@ -172,4 +224,39 @@ fn header_and_idle_timeouts_close_connections_but_streams_run_on() {
     assert!(all.starts_with("HTTP/1.1 200"), "{all}");
     assert!(all.contains("data: [DONE]"), "the stream was cut off: {all}");
     println!("stream of up to 300 tokens took {:?} under a 1 s header timeout", started.elapsed());
+}
+
+/// A model file truncated under a running server — what `cp new.gguf served.gguf` does
+/// first — while it streams: the process lives (a read past the new end would be SIGBUS),
+/// the stream ends with an error instead of tokens computed from the wrong bytes, the node
+/// says it is degraded and why, and every later request gets that reason (503).
+#[test]
+fn a_model_file_truncated_while_served_is_an_error_not_a_crash() {
+    let dir = std::env::temp_dir().join(format!("hearth-truncated-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("served.gguf");
+    std::fs::copy(common::default_model(), &model).unwrap();
+    let len = std::fs::metadata(&model).unwrap().len();
+    let mut server = Served::start_model(&model, &["--threads", "1", "--ctx-size", "2048", "--parallel", "1"]);
+    // Long and greedy, end-of-text banned: it streams until the file changes.
+    let body = r#"{"model":"","prompt":"Once upon a time","max_tokens":1500,"temperature":0,"stream":true,"logit_bias":{"0":-100,"2":-100}}"#;
+    let mut s = request(&server.addr, "POST /v1/completions", body);
+    let mut first = [0u8; 2048];
+    let n = s.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"), "{}", String::from_utf8_lossy(&first[..n]));
+    std::fs::OpenOptions::new().write(true).open(&model).unwrap().set_len(len / 3).unwrap();
+    let mut rest = String::new();
+    s.read_to_string(&mut rest).unwrap();
+    assert!(server.child.try_wait().unwrap().is_none(), "hearth died: {rest}");
+    assert!(rest.contains("\"error\"") && rest.contains("served.gguf"), "the stream did not end with the reason: {}", &rest[rest.len().saturating_sub(600)..]);
+    let health = http(&server.addr, "GET", "/health", "", "").unwrap();
+    assert!(health.body.contains("degraded") && health.body.contains("restart"), "{}", health.body);
+    let after = http(&server.addr, "POST", "/v1/completions", "", r#"{"model":"","prompt":"Hi","max_tokens":4}"#).unwrap();
+    assert_eq!(after.status, 503, "{}", after.body);
+    assert!(after.body.contains("served.gguf"), "{}", after.body);
+    server.terminate();
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "hearth exited with {status} after the file changed");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -8,6 +8,7 @@ use crate::gguf::{GgufFile, GgufMeta, TensorInfo};
 use crate::model::ModelSpec;
 use crate::Result;
 
+#[derive(Debug)]
 pub struct ModelFile {
     pub gguf: GgufFile,
     pub spec: ModelSpec,

@@ -306,7 +306,11 @@ pub fn disk_read(dir: &Path, existing: Option<&Path>, time: Duration) -> Result<
 }
 
 fn write_scratch(path: &Path) -> std::io::Result<()> {
-    let mut f = std::fs::File::create(path)?;
+    use std::os::unix::fs::OpenOptionsExt;
+    // A new file, never written through a link planted at its name: the folder may be one
+    // others can write (a shared models folder).
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
     let block: Vec<u8> = (0..DISK_BLOCK).map(|i| (i.wrapping_mul(31) >> 3) as u8).collect();
     for _ in 0..DISK_FILE_BYTES / DISK_BLOCK {
         f.write_all(&block)?;

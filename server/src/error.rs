@@ -21,6 +21,11 @@ pub enum Error {
     #[error("{0}")]
     RingRefused(String),
 
+    /// A model file changed under this node's mapping (a new version copied over it): what
+    /// is computed from it can no longer be trusted; the operator restarts the node.
+    #[error("{0}")]
+    ModelChanged(String),
+
     /// The scheduler found no plan, or a plan does not fit the ring.
     #[error("planning: {0}")]
     Plan(String),

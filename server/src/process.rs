@@ -100,10 +100,53 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
 }
 
 /// Writes `bytes` to `path` aside and renames it there (making the folder first): another
-/// hearth process reading it never sees half a file.
+/// hearth process reading it never sees half a file. The file aside is made new, never
+/// through a link planted at its name, and the rename replaces a link at `path` rather
+/// than write through it: whoever can write the folder cannot aim hearth's writes outside it.
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     path.parent().map_or(Ok(()), std::fs::create_dir_all)?;
-    std::fs::write(&tmp, bytes)?;
+    // A leftover of a process that had this id (or anything planted there) goes first.
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = open_in_dir(&tmp, Open::CreateNew)?;
+    file.write_all(bytes)?;
     std::fs::rename(&tmp, path)
+}
+
+/// How [`open_in_dir`] opens a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Open {
+    /// Read and write; created when missing, kept when there.
+    ReadWrite,
+    /// Write a file that must not exist yet.
+    CreateNew,
+}
+
+/// Opens a file hearth writes in a folder it was given (`--model-dir`, its cache, a disk
+/// to measure) without following a symbolic link at its name, and only if it is a regular
+/// file: a link or a device planted there by anyone who can write the folder would
+/// otherwise have hearth resize or write whatever it points at.
+pub fn open_in_dir(path: &std::path::Path, how: Open) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    match how {
+        Open::ReadWrite => options.read(true).write(true).create(true).truncate(false),
+        Open::CreateNew => options.write(true).create_new(true),
+    };
+    // O_NONBLOCK: opening a FIFO planted at the name must not wait for a reader.
+    let file = options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} is a symbolic link: hearth does not write through links", path.display()))
+        } else {
+            e
+        }
+    })?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} is not a regular file", path.display())));
+    }
+    Ok(file)
 }

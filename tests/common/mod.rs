@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub fn default_model() -> PathBuf {
@@ -18,6 +20,10 @@ pub struct Served {
     pub child: Child,
     /// host:port
     pub addr: String,
+    /// What it logged after starting (the first MiB).
+    pub log: Arc<Mutex<String>>,
+    /// Lines it logged after starting, all of them counted.
+    pub log_lines: Arc<AtomicUsize>,
 }
 
 impl Served {
@@ -113,9 +119,23 @@ impl Served {
             log.push_str(&line);
             log.push('\n');
         };
-        // Keep draining the log so the process never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Ok(Served { child, addr })
+        // Keep draining the log so the process never blocks on a full pipe; what it says
+        // after starting is kept for the test (the first MiB of it), every line counted.
+        let kept = Arc::new(Mutex::new(String::new()));
+        let counted = Arc::new(AtomicUsize::new(0));
+        let (k, c) = (kept.clone(), counted.clone());
+        std::thread::spawn(move || {
+            const KEPT_BYTES: usize = 1 << 20;
+            for line in lines.map_while(Result::ok) {
+                c.fetch_add(1, Ordering::Relaxed);
+                let mut k = k.lock().unwrap_or_else(|e| e.into_inner());
+                if k.len() + line.len() < KEPT_BYTES {
+                    k.push_str(&line);
+                    k.push('\n');
+                }
+            }
+        });
+        Ok(Served { child, addr, log: kept, log_lines: counted })
     }
 
     /// Sends SIGTERM (a user's Ctrl-C or `docker stop`).
@@ -291,6 +311,15 @@ pub mod netns {
     }
 
     impl Lan {
+        /// Gives `a`'s end of the link another address, `.<host>` of the LAN: a second
+        /// device on `a`'s side (a stranger), without a namespace of its own.
+        pub fn add_address_on_a(&self, host: u8) -> Result<String, String> {
+            let net = self.a_ip.rsplit_once('.').map_or("", |(n, _)| n);
+            let addr = format!("{net}.{host}");
+            ip(&["-n", &self.a, "addr", "add", &format!("{addr}/24"), "dev", &self.a_dev])?;
+            Ok(addr)
+        }
+
         /// Limits what `a` sends to `b` to `rate` (tc's token bucket, e.g. `16mbit`): a
         /// slow link from the head to a device.
         pub fn throttle_a_to_b(&self, rate: &str) -> Result<(), String> {

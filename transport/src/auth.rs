@@ -1,41 +1,56 @@
-//! Mutual authentication of ring links with the cluster secret, without the secret ever
-//! crossing the wire.
+//! Mutual authentication of ring links with the cluster secret, without the secret, or
+//! anything to test guesses of it against, ever crossing the wire.
 //!
-//! HMAC-SHA256 challenge-response, four messages:
+//! SPAKE2 (a password-authenticated key exchange, RustCrypto's `spake2`) with the cluster
+//! key as the password, then key confirmation; four messages:
 //!
 //! ```text
-//! client -> server  AuthHello     { client nonce }
-//! server -> client  AuthChallenge { server nonce, server id }
-//! client -> server  AuthProof     { HMAC(secret, label | "client" | client nonce | server nonce | server id) }
-//! server -> client  AuthWelcome   { HMAC(secret, label | "server" | client nonce | server nonce | server id) }
+//! client -> server  AuthHello     { client key share }
+//! server -> client  AuthChallenge { server key share, server id }
+//! client -> server  AuthProof     { HMAC(K, label | "client" | client share | server share | server id) }
+//! server -> client  AuthWelcome   { HMAC(K, label | "server" | client share | server share | server id) }
 //! ```
 //!
-//! It runs on the raw TCP connection before HTTP/2 starts (see `link`), so nothing of a
-//! peer that has not proved the secret reaches the HTTP/2 server. Both nonces are fresh per
-//! connection, so a recorded transcript proves nothing on a new one; the role labels stop a
-//! peer from reflecting one side's proof back as the other's. The server id is random per
-//! server process: the client learns it here, with the server's proof over it, and signs
-//! every control call for it (see `control`), so a call made for one member is refused by
-//! any other, and by the same member once it restarts.
-//! The client proves first because workers listen on the network: a stranger who connects
-//! to one learns nothing it could use to guess the secret offline. (The head dials only
-//! addresses it was given, so it is the side that can afford to reveal first.) Proofs are
+//! Each side's key share is a fresh random curve point blinded by the password; both sides
+//! derive the same key `K` only if they used the same password. What a peer without the
+//! secret sees — a share, and a proof made with a `K` it cannot compute — lets it test one
+//! guess per connection it makes or accepts, online, and none offline: unlike a
+//! challenge-response MAC, a recorded transcript is no oracle for a wordlist. This matters
+//! because either side may be talking to a stranger: a worker accepts connections from
+//! anyone, and the head dials addresses that discovery or an operator named, which a
+//! stranger may hold by then (a laptop left; its address was handed to another device).
+//!
+//! Fresh shares per connection make a recorded transcript prove nothing on a new one; the
+//! role labels stop a peer from reflecting one side's proof back as the other's. The server
+//! id is random per server process: the client learns it here, with the server's proof
+//! over it, and signs every control call for it (see `control`), so a call made for one
+//! member is refused by any other, and by the same member once it restarts. Proofs are
 //! compared in constant time.
+//!
+//! Every MAC in hearth (this handshake's password, control calls, discovery datagrams) is
+//! keyed not with the secret itself but with the cluster key, Argon2id of the secret
+//! ([`ClusterSecret::new`]). Discovery datagrams are heard by the whole LAN, so a stranger
+//! can always record a MAC over a known message and try guesses against it offline; the
+//! stretching makes each guess cost [`KEY_MEMORY_KIB`] of memory and a fraction of a
+//! second, and `hearth secret` makes secrets no wordlist holds (docs/security.md).
 //!
 //! This authenticates the connection; it does not encrypt it. The ring is meant for one
 //! home network, and hidden states are all that cross it.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use hmac::{Hmac, Mac};
 use rand::RngCore;
 use sha2::Sha256;
+use spake2::{Ed25519Group, Identity, Password, Spake2};
 
 use crate::error::{Error, Result};
 
-pub const NONCE_LEN: usize = 32;
-pub type Nonce = [u8; NONCE_LEN];
+/// A SPAKE2 message on Ed25519: a side byte and a compressed point.
+pub const KEY_SHARE_LEN: usize = 33;
+pub type KeyShare = [u8; KEY_SHARE_LEN];
 pub type Proof = [u8; 32];
 /// 128 random bits: two servers of one ring never share an id by chance.
 pub const PEER_ID_LEN: usize = 16;
@@ -45,34 +60,92 @@ pub type PeerId = [u8; PEER_ID_LEN];
 pub(crate) type HmacSha256 = Hmac<Sha256>;
 
 /// Domain separation: a MAC made for this protocol means nothing to any other use of the
-/// same secret (the control RPCs use their own labels).
-const LINK_LABEL: &[u8] = b"hearth ring link auth v1";
+/// same secret (the control RPCs use their own labels). Also SPAKE2's shared identity.
+const LINK_LABEL: &[u8] = b"hearth ring link auth v2";
 /// What `--insecure` runs with: every node knows it, so the handshake still runs (and still
 /// catches a node of another cluster or version) but proves nothing.
 const INSECURE_SECRET: &[u8] = b"hearth insecure cluster: no secret given";
 
-/// The cluster secret every ring member is started with. Cheap to clone; never printed.
+/// Argon2id's memory per derivation: RFC 9106's second recommended setting (64 MiB, three
+/// passes), which a phone affords once at start and a guesser pays for every guess.
+pub const KEY_MEMORY_KIB: u32 = 64 * 1024;
+const KEY_PASSES: u32 = 3;
+/// Argon2 needs a salt; the cluster has no other shared value to use, so a fixed one keeps
+/// hearth's keys apart from any other use of the same password (it does not stop a
+/// dictionary computed for hearth: that is what strong secrets are for).
+const KEY_SALT: &[u8] = b"hearth cluster key v1";
+/// Fewer characters than this draw a warning at start: `hearth secret` makes 32 hex
+/// characters (128 bits); a person's 16-character passphrase is about the least a wordlist
+/// run against a stretched key does not find in reasonable time.
+pub const SHORT_SECRET_CHARS: usize = 16;
+
+/// The cluster secret every ring member is started with, as its stretched key. Cheap to
+/// clone; never printed.
 #[derive(Clone)]
-pub struct ClusterSecret(Arc<[u8]>);
+pub struct ClusterSecret(Arc<[u8; 32]>);
 
 impl ClusterSecret {
     /// Refuses an empty secret so a missing flag cannot silently mean "no authentication";
-    /// use [`ClusterSecret::insecure`] for that, explicitly.
+    /// use [`ClusterSecret::insecure`] for that, explicitly. Derives the cluster key
+    /// (Argon2id, a fraction of a second; remembered for the process, so a test that makes
+    /// many nodes pays once).
     pub fn new(secret: impl AsRef<[u8]>) -> Result<Self> {
         let secret = secret.as_ref();
         if secret.is_empty() {
             return Err(Error::Secret("it is empty"));
         }
-        Ok(ClusterSecret(secret.into()))
+        Ok(ClusterSecret(Arc::new(derived(secret)?)))
     }
 
     pub fn insecure() -> Self {
-        ClusterSecret(INSECURE_SECRET.into())
+        // The insecure secret is fixed and valid: its derivation cannot fail.
+        ClusterSecret(Arc::new(derived(INSECURE_SECRET).unwrap_or([0; 32])))
+    }
+
+    /// A new secret for a cluster: 128 random bits, as 32 hex characters.
+    pub fn generate() -> String {
+        random::<16>().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Why `secret` is weak, if it is: shown at start so a person choosing one knows.
+    pub fn weakness(secret: &str) -> Option<String> {
+        let chars = secret.chars().count();
+        (chars < SHORT_SECRET_CHARS).then(|| {
+            format!(
+                "the cluster secret has {chars} characters: anyone on the LAN can record a discovery datagram and try guesses against it offline; use {SHORT_SECRET_CHARS} or more (`hearth secret` makes one)"
+            )
+        })
     }
 
     pub(crate) fn mac(&self) -> HmacSha256 {
-        HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+        HmacSha256::new_from_slice(self.0.as_slice()).expect("HMAC takes keys of any length")
     }
+
+    fn password(&self) -> Password {
+        Password::new(self.0.as_slice())
+    }
+}
+
+/// The cluster key for `secret`, derived once per process.
+fn derived(secret: &[u8]) -> Result<[u8; 32]> {
+    /// Distinct secrets a process derives keys for: one in production, a few in tests.
+    const REMEMBERED: usize = 64;
+    static KEYS: OnceLock<Mutex<HashMap<[u8; 32], [u8; 32]>>> = OnceLock::new();
+    let id: [u8; 32] = <Sha256 as sha2::Digest>::digest(secret).into();
+    let keys = KEYS.get_or_init(Mutex::default);
+    if let Some(key) = keys.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
+        return Ok(*key);
+    }
+    let params = argon2::Params::new(KEY_MEMORY_KIB, KEY_PASSES, 1, Some(32)).map_err(|_| Error::Secret("the key derivation's settings are invalid"))?;
+    let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
+    let mut key = [0u8; 32];
+    argon.hash_password_into(secret, KEY_SALT, &mut key).map_err(|_| Error::Secret("it cannot be stretched into a key (too long?)"))?;
+    let mut keys = keys.lock().unwrap_or_else(|e| e.into_inner());
+    if keys.len() >= REMEMBERED {
+        keys.clear();
+    }
+    keys.insert(id, key);
+    Ok(key)
 }
 
 impl fmt::Debug for ClusterSecret {
@@ -94,17 +167,30 @@ pub(crate) fn random<const N: usize>() -> [u8; N] {
     bytes
 }
 
-fn fresh_nonce() -> Nonce {
-    random()
-}
-
 /// A new server id, one per listening server.
 pub fn fresh_peer_id() -> PeerId {
     random()
 }
 
-fn keyed(secret: &ClusterSecret, role: Role, client: &Nonce, server: &Nonce, id: &PeerId) -> HmacSha256 {
-    let mut mac = secret.mac();
+/// Starts one side of the exchange: its state and the share to send.
+fn start(secret: &ClusterSecret) -> (Spake2<Ed25519Group>, KeyShare) {
+    let (state, share) = Spake2::<Ed25519Group>::start_symmetric(&secret.password(), &Identity::new(LINK_LABEL));
+    // The Ed25519 group's messages are always a side byte and a 32-byte point.
+    let share: KeyShare = share.try_into().unwrap_or([0; KEY_SHARE_LEN]);
+    (state, share)
+}
+
+/// The session key from our state and the peer's share; `None` for a share that is not a
+/// point (a stranger's bytes) or is our own sent back.
+fn finish(state: Spake2<Ed25519Group>, ours: &KeyShare, theirs: &KeyShare) -> Option<Vec<u8>> {
+    if ours == theirs {
+        return None;
+    }
+    state.finish(theirs).ok()
+}
+
+fn keyed(key: &[u8], role: Role, client: &KeyShare, server: &KeyShare, id: &PeerId) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
     mac.update(LINK_LABEL);
     mac.update(match role {
         Role::Client => b"client",
@@ -116,66 +202,76 @@ fn keyed(secret: &ClusterSecret, role: Role, client: &Nonce, server: &Nonce, id:
     mac
 }
 
-fn prove(secret: &ClusterSecret, role: Role, client: &Nonce, server: &Nonce, id: &PeerId) -> Proof {
-    keyed(secret, role, client, server, id).finalize().into_bytes().into()
+fn prove(key: &[u8], role: Role, client: &KeyShare, server: &KeyShare, id: &PeerId) -> Proof {
+    keyed(key, role, client, server, id).finalize().into_bytes().into()
 }
 
-fn check(secret: &ClusterSecret, role: Role, client: &Nonce, server: &Nonce, id: &PeerId, proof: &Proof) -> bool {
-    keyed(secret, role, client, server, id).verify_slice(proof).is_ok()
+fn check(key: &[u8], role: Role, client: &KeyShare, server: &KeyShare, id: &PeerId, proof: &Proof) -> bool {
+    keyed(key, role, client, server, id).verify_slice(proof).is_ok()
 }
 
 /// The dialling side of a handshake.
 pub struct ClientHandshake {
-    secret: ClusterSecret,
-    client_nonce: Nonce,
-    server: Option<(Nonce, PeerId)>,
+    state: Option<Spake2<Ed25519Group>>,
+    share: KeyShare,
+    /// The session key, the server's share and id once the challenge came.
+    server: Option<(Vec<u8>, KeyShare, PeerId)>,
 }
 
 impl ClientHandshake {
     pub fn new(secret: &ClusterSecret) -> Self {
-        ClientHandshake { secret: secret.clone(), client_nonce: fresh_nonce(), server: None }
+        let (state, share) = start(secret);
+        ClientHandshake { state: Some(state), share, server: None }
     }
 
-    /// The nonce to send in `AuthHello`.
-    pub fn hello(&self) -> Nonce {
-        self.client_nonce
+    /// The key share to send in `AuthHello`.
+    pub fn hello(&self) -> KeyShare {
+        self.share
     }
 
-    /// The proof to send in `AuthProof`, answering the server's challenge.
-    pub fn on_challenge(&mut self, server_nonce: Nonce, server_id: PeerId) -> Proof {
-        self.server = Some((server_nonce, server_id));
-        prove(&self.secret, Role::Client, &self.client_nonce, &server_nonce, &server_id)
+    /// The proof to send in `AuthProof`, answering the server's challenge; `None` when the
+    /// challenge is no key share (not a hearth server, or a broken one).
+    pub fn on_challenge(&mut self, server_share: KeyShare, server_id: PeerId) -> Option<Proof> {
+        let key = finish(self.state.take()?, &self.share, &server_share)?;
+        let proof = prove(&key, Role::Client, &self.share, &server_share, &server_id);
+        self.server = Some((key, server_share, server_id));
+        Some(proof)
     }
 
-    /// The server's id if its `AuthWelcome` shows that it knows the secret too.
+    /// The server's id if its `AuthWelcome` shows that it derived the same key: it knows
+    /// the secret too.
     pub fn on_welcome(&self, server_proof: &Proof) -> Option<PeerId> {
-        let (nonce, id) = self.server?;
-        check(&self.secret, Role::Server, &self.client_nonce, &nonce, &id, server_proof).then_some(id)
+        let (key, share, id) = self.server.as_ref()?;
+        check(key, Role::Server, &self.share, share, id, server_proof).then_some(*id)
     }
 }
 
 /// The listening side of a handshake.
 pub struct ServerHandshake {
-    secret: ClusterSecret,
-    client_nonce: Nonce,
-    server_nonce: Nonce,
+    client_share: KeyShare,
+    share: KeyShare,
+    /// `None` when the client's share was no key share: every proof then fails.
+    key: Option<Vec<u8>>,
     id: PeerId,
 }
 
 impl ServerHandshake {
-    pub fn new(secret: &ClusterSecret, id: PeerId, client_nonce: Nonce) -> Self {
-        ServerHandshake { secret: secret.clone(), client_nonce, server_nonce: fresh_nonce(), id }
+    pub fn new(secret: &ClusterSecret, id: PeerId, client_share: KeyShare) -> Self {
+        let (state, share) = start(secret);
+        let key = finish(state, &share, &client_share);
+        ServerHandshake { client_share, share, key, id }
     }
 
-    /// The nonce and id to send in `AuthChallenge`.
-    pub fn challenge(&self) -> (Nonce, PeerId) {
-        (self.server_nonce, self.id)
+    /// The share and id to send in `AuthChallenge`.
+    pub fn challenge(&self) -> (KeyShare, PeerId) {
+        (self.share, self.id)
     }
 
-    /// The proof for `AuthWelcome` if the client knows the secret; `None` means close.
+    /// The proof for `AuthWelcome` if the client derived the same key; `None` means close.
     pub fn on_proof(&self, client_proof: &Proof) -> Option<Proof> {
-        check(&self.secret, Role::Client, &self.client_nonce, &self.server_nonce, &self.id, client_proof)
-            .then(|| prove(&self.secret, Role::Server, &self.client_nonce, &self.server_nonce, &self.id))
+        let key = self.key.as_ref()?;
+        check(key, Role::Client, &self.client_share, &self.share, &self.id, client_proof)
+            .then(|| prove(key, Role::Server, &self.client_share, &self.share, &self.id))
     }
 }
 
@@ -193,8 +289,8 @@ mod tests {
     fn run(client_secret: &ClusterSecret, server_secret: &ClusterSecret) -> (bool, bool) {
         let mut client = ClientHandshake::new(client_secret);
         let server = ServerHandshake::new(server_secret, ID, client.hello());
-        let (nonce, id) = server.challenge();
-        let proof = client.on_challenge(nonce, id);
+        let (share, id) = server.challenge();
+        let proof = client.on_challenge(share, id).unwrap();
         match server.on_proof(&proof) {
             Some(welcome) => (true, client.on_welcome(&welcome) == Some(ID)),
             None => (false, false),
@@ -209,13 +305,40 @@ mod tests {
     #[test]
     fn wrong_secret_fails_on_both_sides() {
         assert_eq!(run(&secret("hunter2"), &secret("hunter3")), (false, false));
-        // A server that skips the check and forges a welcome still fails at the client.
+        // A server that skips the check and answers with a welcome of its own key still
+        // fails at the client.
         let mut client = ClientHandshake::new(&secret("right"));
         let imposter = ServerHandshake::new(&secret("wrong"), ID, client.hello());
-        let (nonce, id) = imposter.challenge();
-        client.on_challenge(nonce, id);
-        let forged = prove(&secret("wrong"), Role::Server, &client.hello(), &nonce, &id);
+        let (share, id) = imposter.challenge();
+        client.on_challenge(share, id).unwrap();
+        let forged = prove(imposter.key.as_ref().unwrap(), Role::Server, &client.hello(), &share, &id);
         assert!(client.on_welcome(&forged).is_none());
+    }
+
+    /// A stranger posing as a server tests exactly one guess per connection: the client's
+    /// proof checks against the key of the guess the stranger blinded its share with, and
+    /// no other (which is what makes the guessing online).
+    #[test]
+    fn a_stranger_tests_one_guess_per_connection() {
+        let right = "correct horse";
+        for guess in ["wrong guess", right] {
+            let mut client = ClientHandshake::new(&secret(right));
+            let stranger = ServerHandshake::new(&secret(guess), ID, client.hello());
+            let (share, id) = stranger.challenge();
+            let proof = client.on_challenge(share, id).unwrap();
+            assert_eq!(stranger.on_proof(&proof).is_some(), guess == right);
+        }
+        // Two runs with the same secret share nothing: no proof repeats to look up.
+        let s = secret(right);
+        let proofs: Vec<Proof> = (0..2)
+            .map(|_| {
+                let mut c = ClientHandshake::new(&s);
+                let srv = ServerHandshake::new(&s, ID, c.hello());
+                let (share, id) = srv.challenge();
+                c.on_challenge(share, id).unwrap()
+            })
+            .collect();
+        assert_ne!(proofs[0], proofs[1]);
     }
 
     #[test]
@@ -223,8 +346,8 @@ mod tests {
         let s = secret("hunter2");
         let mut client = ClientHandshake::new(&s);
         let first = ServerHandshake::new(&s, ID, client.hello());
-        let (nonce, id) = first.challenge();
-        let proof = client.on_challenge(nonce, id);
+        let (share, id) = first.challenge();
+        let proof = client.on_challenge(share, id).unwrap();
         let welcome = first.on_proof(&proof).unwrap();
 
         // An eavesdropper replays the client's hello and proof: the new challenge differs.
@@ -234,19 +357,26 @@ mod tests {
 
         // Or replays the server's welcome to a new client.
         let mut victim = ClientHandshake::new(&s);
-        victim.on_challenge(nonce, id);
+        victim.on_challenge(share, id).unwrap();
         assert!(victim.on_welcome(&welcome).is_none());
     }
 
     #[test]
-    fn reflected_proof_fails() {
+    fn reflected_shares_and_proofs_fail() {
         let s = secret("hunter2");
         let mut client = ClientHandshake::new(&s);
         let server = ServerHandshake::new(&s, ID, client.hello());
-        let (nonce, id) = server.challenge();
-        let proof = client.on_challenge(nonce, id);
+        let (share, id) = server.challenge();
+        let proof = client.on_challenge(share, id).unwrap();
         // The client's own proof is not a valid server proof.
         assert!(client.on_welcome(&proof).is_none());
+        // A "server" that sends the client's own share back gets no proof.
+        let mut mirrored = ClientHandshake::new(&s);
+        let own = mirrored.hello();
+        assert!(mirrored.on_challenge(own, id).is_none());
+        // Bytes that are no key share give no key on either side.
+        assert!(ClientHandshake::new(&s).on_challenge([0xff; KEY_SHARE_LEN], id).is_none());
+        assert!(ServerHandshake::new(&s, ID, [0xff; KEY_SHARE_LEN]).on_proof(&[0; 32]).is_none());
     }
 
     #[test]
@@ -255,9 +385,25 @@ mod tests {
         let s = secret("hunter2");
         let mut client = ClientHandshake::new(&s);
         let server = ServerHandshake::new(&s, ID, client.hello());
-        let (nonce, _) = server.challenge();
-        let proof = client.on_challenge(nonce, [8; PEER_ID_LEN]);
+        let (share, _) = server.challenge();
+        let proof = client.on_challenge(share, [8; PEER_ID_LEN]).unwrap();
         assert!(server.on_proof(&proof).is_none());
+    }
+
+    #[test]
+    fn the_key_is_stretched_and_secrets_are_judged() {
+        let start = std::time::Instant::now();
+        let key = derived(b"a secret only used here").unwrap();
+        eprintln!("one Argon2id derivation: {:?}", start.elapsed());
+        assert_ne!(key.as_slice(), b"a secret only used here".as_slice());
+        assert_eq!(derived(b"a secret only used here").unwrap(), key, "the same key each time");
+        assert_ne!(derived(b"a secret only used herf").unwrap(), key);
+        let generated = ClusterSecret::generate();
+        assert_eq!(generated.len(), 32);
+        assert!(generated.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(generated, ClusterSecret::generate());
+        assert!(ClusterSecret::weakness(&generated).is_none());
+        assert!(ClusterSecret::weakness("hunter2").unwrap().contains("hearth secret"));
     }
 
     #[test]

@@ -35,8 +35,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::time::timeout;
-use tracing::warn;
 
+use crate::throttle::WarnThrottle;
 use crate::auth::{random, ClusterSecret, HmacSha256, PeerId};
 use crate::error::{Error, Result};
 use crate::freshness::{hex, stale, unhex, unix_ms, Fresh, Replays, RequestNonce};
@@ -255,6 +255,9 @@ pub(crate) struct Receiver {
     blobs: Option<Arc<dyn BlobHandler>>,
     read_timeout: Duration,
     replays: Mutex<Replays>,
+    /// Refused calls come from authenticated connections only, but a misconfigured or
+    /// compromised member can still send them in a loop: logged a few a minute.
+    refusals: WarnThrottle,
 }
 
 impl Receiver {
@@ -265,14 +268,14 @@ impl Receiver {
         blobs: Option<Arc<dyn BlobHandler>>,
         read_timeout: Duration,
     ) -> Receiver {
-        Receiver { secret, id, handler, blobs, read_timeout, replays: Mutex::default() }
+        Receiver { secret, id, handler, blobs, read_timeout, replays: Mutex::default(), refusals: WarnThrottle::default() }
     }
 
     /// Serves one control or blob call, checking everything the headers say before reading
     /// the body.
     pub(crate) async fn serve(&self, req: Request<Incoming>, method: &str, kind: CallKind, peer: &str) -> Response<Full<Bytes>> {
         let refuse = |reason: String| {
-            warn!(%peer, %method, "refused control call: {reason}");
+            self.refusals.warn(|| format!("refused control call {method} from {peer}: {reason}"));
             plain(StatusCode::UNAUTHORIZED, &format!("unauthorized: {reason}"))
         };
         let auth = req.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).and_then(parse_auth);

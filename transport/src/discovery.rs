@@ -10,25 +10,45 @@
 //! worker -> head  Leave    { port, name }    sent on SIGTERM, before the worker stops
 //! ```
 //!
-//! A datagram is `MAGIC | HMAC-SHA256(secret, LABEL | body) | body`, the body JSON with the
-//! sender's random id (per process), a unix-ms timestamp, a fresh nonce and the message.
-//! The receiver drops, and logs, a datagram that is malformed, carries a wrong MAC, a
-//! timestamp more than a minute off its clock, or a nonce it has accepted before (the same
-//! rules as the control calls: [`crate::freshness`]); it also drops its own datagrams
-//! (multicast loops back). Discovery only tells a node where to connect: the connection
-//! that follows runs the link handshake ([`crate::auth`]), so a replayed or forged address
-//! can waste a connection attempt, never admit a stranger.
+//! A datagram is `MAGIC | HMAC-SHA256(key, LABEL | body) | body`, the body JSON with the
+//! sender's random id (per process), a unix-ms timestamp, a fresh nonce, the sender's own
+//! IPv4 addresses, the id of the node it is meant for (all but announcements) and the
+//! message. The receiver drops a datagram that is malformed, carries a wrong MAC, a
+//! timestamp more than a minute off its clock, a nonce it has accepted before (the same
+//! rules as the control calls: [`crate::freshness`]), is meant for another node, or came
+//! from an address its sender did not sign; it also drops its own datagrams (multicast
+//! loops back). Refusals are logged a few a minute ([`crate::throttle`]).
 //!
-//! Addresses are taken from the datagram's source (what the LAN routes back), so a node
-//! need not know which of its interfaces the others see.
+//! A stranger on the LAN can capture datagrams but not make one, so what it can do is send
+//! a captured copy again, from its own address or another node's:
+//!
+//! - from its own address: refused, the address is not among those the sender signed. So
+//!   no node is ever told to connect to an address its sender did not name (the stranger
+//!   cannot make a worker join it, nor a head dial it);
+//! - to a node it was not meant for: refused, it names another recipient (a node remembers
+//!   only the nonces it accepted, so without the recipient a copy would be fresh to every
+//!   node that had not heard it);
+//! - to the node it was meant for, within the minute: refused as a replay;
+//! - an announcement, which is for every node, from the head's own address: that is a copy
+//!   the head sends anyway (it announces to the whole LAN every few seconds), and it points
+//!   at the head.
+//!
+//! Discovery only tells a node where to connect: the connection that follows runs the
+//! link handshake ([`crate::auth`]), so even a stale address wastes a connection attempt,
+//! never admits a stranger, and tells it nothing about the secret.
+//!
+//! Addresses are taken from the datagram's source (what the LAN routes back), checked
+//! against the signed list, so a node need not know which of its interfaces the others see.
 
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Mutex;
 
 use hmac::Mac;
 use serde::{Deserialize, Serialize};
 use tokio::net::UdpSocket;
-use tracing::{debug, warn};
+use tracing::debug;
+
+use crate::throttle::WarnThrottle;
 
 use crate::auth::{random, ClusterSecret, PeerId};
 use crate::error::{Error, Result};
@@ -48,6 +68,9 @@ const TAG_LEN: usize = 32;
 pub const MAX_DATAGRAM: usize = 1200;
 /// Longest device name carried; longer ones are cut (names are for logs and dashboards).
 pub const MAX_NAME: usize = 64;
+/// Addresses a datagram signs as its sender's: a home device has a few (Wi-Fi, Ethernet,
+/// a VPN, container bridges); 16 in dotted form keep the datagram under [`MAX_DATAGRAM`].
+pub const MAX_ADDRS: usize = 16;
 
 /// What a datagram says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,8 +92,25 @@ struct Body {
     sender: String,
     unix_ms: u64,
     nonce: String,
+    /// The sender's own addresses: the datagram's source must be one of them.
+    addrs: Vec<Ipv4Addr>,
+    /// The node the datagram is meant for; absent for announcements (meant for every node)
+    /// and for a join to a `--head` address whose id the worker has not heard yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    to: Option<String>,
     #[serde(flatten)]
     message: Message,
+}
+
+/// Who a datagram comes from and who it is for.
+#[derive(Debug, Clone, Default)]
+pub struct Envelope {
+    /// The sender's id.
+    pub sender: PeerId,
+    /// The sender's addresses (see [`own_addresses`]).
+    pub addrs: Vec<Ipv4Addr>,
+    /// The recipient's id, if known.
+    pub to: Option<PeerId>,
 }
 
 /// A datagram that verified.
@@ -110,10 +150,17 @@ fn cut_name(message: &Message) -> Message {
     }
 }
 
-/// The datagram for `message` from `sender`, stamped `unix_ms` with a fresh nonce.
-pub fn seal(secret: &ClusterSecret, sender: &PeerId, unix_ms: u64, message: &Message) -> Vec<u8> {
+/// The datagram for `message` in `envelope`, stamped `unix_ms` with a fresh nonce.
+pub fn seal(secret: &ClusterSecret, envelope: &Envelope, unix_ms: u64, message: &Message) -> Vec<u8> {
     let nonce: RequestNonce = random();
-    let body = Body { sender: hex(sender), unix_ms, nonce: hex(&nonce), message: cut_name(message) };
+    let body = Body {
+        sender: hex(&envelope.sender),
+        unix_ms,
+        nonce: hex(&nonce),
+        addrs: envelope.addrs.iter().copied().take(MAX_ADDRS).collect(),
+        to: envelope.to.as_ref().map(|id| hex(id)),
+        message: cut_name(message),
+    };
     // A struct of strings and integers always serialises.
     let body = serde_json::to_vec(&body).unwrap_or_default();
     let mut out = Vec::with_capacity(MAGIC.len() + TAG_LEN + body.len());
@@ -178,6 +225,17 @@ impl Opener {
         if let Some(why) = stale(parsed.unix_ms, now) {
             return refuse(&why);
         }
+        match (&parsed.to, &parsed.message) {
+            (Some(_), Message::Announce { .. }) => return refuse("an announcement addressed to one node"),
+            (None, Message::Welcome { .. }) => return refuse("a welcome addressed to no node"),
+            (Some(to), _) if unhex(to).as_deref() != Some(self.own.as_slice()) => {
+                return refuse("meant for another node (a copy sent on by someone else)")
+            }
+            _ => {}
+        }
+        if !signed_source(from.ip(), &parsed.addrs) {
+            return refuse("sent from an address its sender did not sign (a copy sent on by someone else)");
+        }
         match self.replays.lock().unwrap_or_else(|e| e.into_inner()).check_and_remember(nonce, parsed.unix_ms, now) {
             Fresh::Yes => Ok(Heard { message: parsed.message, sender, from }),
             Fresh::Replayed => refuse("replayed (its nonce was accepted already)"),
@@ -201,6 +259,7 @@ pub struct Discovery {
     opener: Opener,
     port: u16,
     direct_port: u16,
+    refused: WarnThrottle,
 }
 
 impl Discovery {
@@ -234,7 +293,7 @@ impl Discovery {
         let direct = UdpSocket::from_std(direct).map_err(io("registering with tokio"))?;
         let direct_port = direct.local_addr().map_err(io("local address"))?.port();
         let id = random();
-        Ok(Discovery { socket, direct, secret: secret.clone(), id, opener: Opener::new(secret, id), port, direct_port })
+        Ok(Discovery { socket, direct, secret: secret.clone(), id, opener: Opener::new(secret, id), port, direct_port, refused: WarnThrottle::default() })
     }
 
     /// The shared port (where announcements and `--head` joins arrive).
@@ -248,6 +307,16 @@ impl Discovery {
         self.direct_port
     }
 
+    /// This node's id in its datagrams (random per process).
+    pub fn id(&self) -> PeerId {
+        self.id
+    }
+
+    /// What this node's datagrams carry as their sender: for a datagram meant for `to`.
+    fn envelope(&self, to: Option<PeerId>) -> Envelope {
+        Envelope { sender: self.id, addrs: own_addresses(), to }
+    }
+
     /// Sends `message` to every node listening on `port` of the LAN: the multicast group
     /// and each interface's broadcast address. Fails only if no copy could be sent.
     pub async fn broadcast(&self, message: &Message, port: u16) -> Result<()> {
@@ -255,10 +324,11 @@ impl Discovery {
         targets.extend(interfaces().into_iter().filter_map(|i| i.broadcast).map(|b| SocketAddrV4::new(b, port)));
         let mut last_error = None;
         let mut sent = 0;
+        let envelope = self.envelope(None);
         for to in targets {
             // A copy per target, each with its own nonce: a node that hears both the
             // multicast and the broadcast copy hears two messages, not a replay.
-            let datagram = seal(&self.secret, &self.id, unix_ms(), message);
+            let datagram = seal(&self.secret, &envelope, unix_ms(), message);
             match self.direct.send_to(&datagram, to).await {
                 Ok(_) => sent += 1,
                 Err(e) => last_error = Some(e),
@@ -270,15 +340,16 @@ impl Discovery {
         }
     }
 
-    /// Sends `message` to one node.
-    pub async fn send_to(&self, message: &Message, to: SocketAddr) -> Result<()> {
-        let datagram = seal(&self.secret, &self.id, unix_ms(), message);
+    /// Sends `message` to one node: the one at `to`, whose id is `id` where known (a copy
+    /// sent on to any other node is refused there).
+    pub async fn send_to(&self, message: &Message, to: SocketAddr, id: Option<PeerId>) -> Result<()> {
+        let datagram = seal(&self.secret, &self.envelope(id), unix_ms(), message);
         self.direct.send_to(&datagram, to).await.map_err(|error| Error::Io { peer: to.to_string(), what: "sending a discovery datagram", error })?;
         Ok(())
     }
 
-    /// The next datagram that verifies; the others are dropped (logged as warnings, except
-    /// this node's own).
+    /// The next datagram that verifies; the others are dropped (logged as warnings, a few
+    /// a minute, except this node's own).
     pub async fn recv(&self) -> Result<Heard> {
         let (mut shared, mut own) = (vec![0u8; MAX_DATAGRAM + 1], vec![0u8; MAX_DATAGRAM + 1]);
         let io = |error| Error::Io { peer: format!("discovery port {}", self.port), what: "receiving", error };
@@ -291,13 +362,34 @@ impl Discovery {
             match self.opener.open(datagram, from, unix_ms()) {
                 Ok(heard) => return Ok(heard),
                 Err(Dropped::Own) => {}
-                Err(Dropped::Refused(why)) => warn!("{why}; ignored"),
+                Err(Dropped::Refused(why)) => self.refused.warn(|| format!("{why}; ignored")),
             }
         }
     }
 }
 
-/// An IPv4 interface that is up and not loopback: where a LAN can be.
+/// Whether a datagram from `source` may be from a sender that signed `addrs`. A loopback
+/// source is a process on this machine (no LAN interface accepts a packet claiming one).
+fn signed_source(source: IpAddr, addrs: &[Ipv4Addr]) -> bool {
+    match source {
+        IpAddr::V4(v4) => v4.is_loopback() || addrs.contains(&v4),
+        IpAddr::V6(v6) => v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback() || addrs.contains(&v4)),
+    }
+}
+
+/// This machine's IPv4 addresses that are up, the ones a datagram of it can leave from
+/// (loopback included: a node's datagram to another on the same machine leaves from it).
+pub fn own_addresses() -> Vec<Ipv4Addr> {
+    let mut addrs: Vec<Ipv4Addr> = interfaces_with(true).into_iter().map(|i| i.addr).collect();
+    addrs.sort();
+    addrs.dedup();
+    // Non-loopback first: if a machine has more than MAX_ADDRS, the LAN ones are kept.
+    addrs.sort_by_key(|a| a.is_loopback());
+    addrs.truncate(MAX_ADDRS);
+    addrs
+}
+
+/// An IPv4 interface that is up.
 struct Interface {
     addr: Ipv4Addr,
     broadcast: Option<Ipv4Addr>,
@@ -306,6 +398,10 @@ struct Interface {
 /// The machine's IPv4 interfaces that are up, loopback excluded (it does not carry
 /// multicast or broadcast the way a LAN does).
 fn interfaces() -> Vec<Interface> {
+    interfaces_with(false)
+}
+
+fn interfaces_with(loopback: bool) -> Vec<Interface> {
     let mut out = Vec::new();
     #[cfg(unix)]
     // SAFETY: getifaddrs hands back a list we only read and free once.
@@ -319,7 +415,7 @@ fn interfaces() -> Vec<Interface> {
             let ifa = &*cur;
             cur = ifa.ifa_next;
             let flags = ifa.ifa_flags;
-            if ifa.ifa_addr.is_null() || (*ifa.ifa_addr).sa_family as i32 != libc::AF_INET || flags & libc::IFF_UP as u32 == 0 || flags & libc::IFF_LOOPBACK as u32 != 0 {
+            if ifa.ifa_addr.is_null() || (*ifa.ifa_addr).sa_family as i32 != libc::AF_INET || flags & libc::IFF_UP as u32 == 0 || (!loopback && flags & libc::IFF_LOOPBACK as u32 != 0) {
                 continue;
             }
             let v4 = |sa: *const libc::sockaddr| Ipv4Addr::from(u32::from_be((*(sa as *const libc::sockaddr_in)).sin_addr.s_addr));
@@ -345,46 +441,106 @@ mod tests {
     }
 
     const FROM: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40000));
+    /// Where a stranger on the LAN sends copies from.
+    const STRANGER: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 66), 40000));
+    const ME: PeerId = [1; 16];
+
+    fn from_worker(to: Option<PeerId>) -> Envelope {
+        Envelope { sender: [7; 16], addrs: vec![Ipv4Addr::new(10, 0, 0, 2)], to }
+    }
+
+    fn refused(r: std::result::Result<Heard, Dropped>, what: &str) -> bool {
+        matches!(r, Err(Dropped::Refused(w)) if w.contains(what))
+    }
 
     #[test]
     fn a_sealed_message_opens_once_with_the_same_secret() {
         let s = secret("family");
         let m = Message::Join { port: 9000, name: "desktop".into() };
-        let d = seal(&s, &[7; 16], 1_000_000, &m);
-        let opener = Opener::new(&s, [1; 16]);
+        let d = seal(&s, &from_worker(Some(ME)), 1_000_000, &m);
+        let opener = Opener::new(&s, ME);
         let heard = opener.open(&d, FROM, 1_000_500).unwrap();
         assert_eq!(heard, Heard { message: m, sender: [7; 16], from: FROM });
         assert_eq!(heard.addr(), "10.0.0.2:9000".parse().unwrap());
         // The same datagram again is a replay.
-        assert!(matches!(opener.open(&d, FROM, 1_000_600), Err(Dropped::Refused(w)) if w.contains("replayed")));
+        assert!(refused(opener.open(&d, FROM, 1_000_600), "replayed"));
     }
 
     #[test]
     fn strangers_forgeries_stale_and_own_datagrams_are_dropped() {
         let s = secret("family");
         let m = Message::Announce { port: 7946, name: "laptop".into() };
-        let opener = Opener::new(&s, [1; 16]);
-        let refused = |r: std::result::Result<Heard, Dropped>, what: &str| matches!(r, Err(Dropped::Refused(w)) if w.contains(what));
-        assert!(refused(opener.open(&seal(&secret("neighbour"), &[7; 16], 1_000_000, &m), FROM, 1_000_000), "wrong signature"));
-        let mut tampered = seal(&s, &[7; 16], 1_000_000, &m);
+        let opener = Opener::new(&s, ME);
+        let env = from_worker(None);
+        assert!(refused(opener.open(&seal(&secret("neighbour"), &env, 1_000_000, &m), FROM, 1_000_000), "wrong signature"));
+        let mut tampered = seal(&s, &env, 1_000_000, &m);
         let last = tampered.len() - 3;
         tampered[last] ^= 1;
         assert!(refused(opener.open(&tampered, FROM, 1_000_000), "wrong signature"));
-        assert!(refused(opener.open(&seal(&s, &[7; 16], 1_000_000, &m), FROM, 1_000_000 + 61_000), "off this node's clock"));
+        assert!(refused(opener.open(&seal(&s, &env, 1_000_000, &m), FROM, 1_000_000 + 61_000), "off this node's clock"));
         assert!(refused(opener.open(b"HRTHDSC0 anything", FROM, 1_000_000), "not a hearth"));
         assert!(refused(opener.open(b"HRTHDSC1short", FROM, 1_000_000), "truncated"));
         assert!(refused(opener.open(&vec![0; MAX_DATAGRAM + 1], FROM, 1_000_000), "too long"));
-        assert_eq!(opener.open(&seal(&s, &[1; 16], 1_000_000, &m), FROM, 1_000_000), Err(Dropped::Own));
+        let own = Envelope { sender: ME, ..env };
+        assert_eq!(opener.open(&seal(&s, &own, 1_000_000, &m), FROM, 1_000_000), Err(Dropped::Own));
+    }
+
+    #[test]
+    fn a_copy_sent_on_by_a_stranger_is_refused_by_every_node() {
+        let s = secret("family");
+        let join = Message::Join { port: 9000, name: "desktop".into() };
+        let announce = Message::Announce { port: 7946, name: "head".into() };
+        let (head, other_head) = (Opener::new(&s, ME), Opener::new(&s, [2; 16]));
+        let now = 1_000_000;
+
+        // A join meant for the head, relayed from the stranger's own address: the head
+        // would otherwise dial the stranger. Refused before its nonce is remembered, so
+        // the real copy still counts.
+        let d = seal(&s, &from_worker(Some(ME)), now, &join);
+        assert!(refused(head.open(&d, STRANGER, now), "did not sign"));
+        // Sent on to a node it was not meant for, even from the worker's own address.
+        assert!(refused(other_head.open(&d, FROM, now), "meant for another node"));
+        assert!(head.open(&d, FROM, now).is_ok());
+
+        // An announcement captured and sent again to a worker from the stranger's address:
+        // the worker would join the stranger.
+        let head_env = Envelope { sender: [9; 16], addrs: vec![Ipv4Addr::new(10, 0, 0, 2)], to: None };
+        let a = seal(&s, &head_env, now, &announce);
+        assert!(refused(Opener::new(&s, [3; 16]).open(&a, STRANGER, now), "did not sign"));
+        // From the head's own address it is a copy the head sends anyway, pointing at it.
+        let worker = Opener::new(&s, [3; 16]);
+        assert_eq!(worker.open(&a, FROM, now).unwrap().addr(), "10.0.0.2:7946".parse().unwrap());
+
+        // A welcome must name its worker, and an announcement none.
+        let welcome = Message::Welcome { port: 7946, name: "head".into() };
+        assert!(refused(worker.open(&seal(&s, &head_env, now, &welcome), FROM, now), "addressed to no node"));
+        let aimed = Envelope { to: Some([3; 16]), ..head_env.clone() };
+        assert!(refused(worker.open(&seal(&s, &aimed, now, &announce), FROM, now), "addressed to one node"));
+        assert!(worker.open(&seal(&s, &aimed, now, &welcome), FROM, now).is_ok());
+
+        // On one machine datagrams come from loopback, which no LAN packet can claim.
+        let local: SocketAddr = "127.0.0.1:5000".parse().unwrap();
+        assert!(head.open(&seal(&s, &from_worker(Some(ME)), now, &join), local, now).is_ok());
     }
 
     #[test]
     fn names_are_cut_and_datagrams_stay_small() {
         let s = secret("family");
         let m = Message::Leave { port: 1, name: "é".repeat(10_000) };
-        let d = seal(&s, &[7; 16], 1, &m);
+        let addrs: Vec<Ipv4Addr> = (0..MAX_ADDRS as u8 + 10).map(|i| Ipv4Addr::new(255, 255, 255, i)).collect();
+        let env = Envelope { sender: [7; 16], addrs: addrs.clone(), to: Some(ME) };
+        let d = seal(&s, &env, 1, &m);
         assert!(d.len() <= MAX_DATAGRAM, "{} bytes", d.len());
-        let Message::Leave { name, .. } = Opener::new(&s, [1; 16]).open(&d, FROM, 1).unwrap().message else { panic!() };
+        let from = SocketAddr::new(addrs[0].into(), 1);
+        let Message::Leave { name, .. } = Opener::new(&s, ME).open(&d, from, 1).unwrap().message else { panic!() };
         assert_eq!(name.chars().count(), MAX_NAME);
+    }
+
+    #[test]
+    fn this_machine_signs_its_loopback_and_lan_addresses() {
+        let addrs = own_addresses();
+        assert!(addrs.iter().any(|a| a.is_loopback()), "{addrs:?}");
+        assert!(addrs.len() <= MAX_ADDRS);
     }
 
     #[tokio::test]
@@ -394,9 +550,10 @@ mod tests {
         let b = Discovery::bind(0, &s).unwrap();
         for port in [b.port(), b.direct_port()] {
             let to = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port);
-            a.send_to(&Message::Join { port: 9100, name: "w".into() }, to).await.unwrap();
+            a.send_to(&Message::Join { port: 9100, name: "w".into() }, to, Some(b.id())).await.unwrap();
             let heard = tokio::time::timeout(std::time::Duration::from_secs(5), b.recv()).await.unwrap().unwrap();
             assert_eq!(heard.addr(), "127.0.0.1:9100".parse().unwrap());
+            assert_eq!(heard.sender, a.id());
             // It left from a's own port: an answer goes back to a alone.
             assert_eq!(heard.from.port(), a.direct_port());
         }

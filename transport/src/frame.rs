@@ -12,8 +12,9 @@
 //! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
-//! Auth*       32-byte nonce or proof; AuthChallenge adds the 16-byte server id (the
-//!             connection's handshake before HTTP/2, see `auth`)
+//! Auth*       Hello: 33-byte key share; Challenge: key share and 16-byte server id;
+//!             Proof, Welcome: 32-byte proof (the connection's handshake before HTTP/2,
+//!             see `auth`)
 //! ```
 //!
 //! The header's length tells a reader the whole frame size before any body arrives, so a
@@ -24,12 +25,12 @@
 use bytes::{Buf, BufMut, BytesMut};
 use half::{f16, slice::HalfFloatSliceExt};
 
-use crate::auth::{Nonce, PeerId, Proof, PEER_ID_LEN};
+use crate::auth::{KeyShare, PeerId, Proof, KEY_SHARE_LEN, PEER_ID_LEN};
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -168,10 +169,10 @@ pub enum Frame {
     Pong(u64),
     /// The link's handshake (`auth` says what each carries); never shown to link users.
     AuthHello {
-        nonce: Nonce,
+        share: KeyShare,
     },
     AuthChallenge {
-        nonce: Nonce,
+        share: KeyShare,
         server: PeerId,
     },
     AuthProof {
@@ -270,13 +271,12 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
             buf.put_slice(message.as_bytes());
         }
         Frame::Ping(v) | Frame::Pong(v) => buf.put_u64_le(*v),
-        Frame::AuthChallenge { nonce, server } => {
-            buf.put_slice(nonce);
+        Frame::AuthChallenge { share, server } => {
+            buf.put_slice(share);
             buf.put_slice(server);
         }
-        Frame::AuthHello { nonce: b } | Frame::AuthProof { proof: b } | Frame::AuthWelcome { proof: b } => {
-            buf.put_slice(b)
-        }
+        Frame::AuthHello { share } => buf.put_slice(share),
+        Frame::AuthProof { proof: b } | Frame::AuthWelcome { proof: b } => buf.put_slice(b),
     }
     Ok(())
 }
@@ -311,8 +311,9 @@ fn body_len(frame: &Frame) -> Result<u32> {
         }
         Frame::Error { message, .. } => 8 + message.len() as u64,
         Frame::Ping(_) | Frame::Pong(_) => 8,
-        Frame::AuthChallenge { .. } => 32 + PEER_ID_LEN as u64,
-        Frame::AuthHello { .. } | Frame::AuthProof { .. } | Frame::AuthWelcome { .. } => 32,
+        Frame::AuthChallenge { .. } => (KEY_SHARE_LEN + PEER_ID_LEN) as u64,
+        Frame::AuthHello { .. } => KEY_SHARE_LEN as u64,
+        Frame::AuthProof { .. } | Frame::AuthWelcome { .. } => 32,
     };
     u32::try_from(len).map_err(|_| Error::Encode(format!("a {}-byte body does not fit a frame", len)))
 }
@@ -490,8 +491,8 @@ impl FrameDecoder {
             }
             KIND_PING => Frame::Ping(r.u64()?),
             KIND_PONG => Frame::Pong(r.u64()?),
-            KIND_AUTH_HELLO => Frame::AuthHello { nonce: r.array()? },
-            KIND_AUTH_CHALLENGE => Frame::AuthChallenge { nonce: r.array()?, server: r.array()? },
+            KIND_AUTH_HELLO => Frame::AuthHello { share: r.array()? },
+            KIND_AUTH_CHALLENGE => Frame::AuthChallenge { share: r.array()?, server: r.array()? },
             KIND_AUTH_PROOF => Frame::AuthProof { proof: r.array()? },
             KIND_AUTH_WELCOME => Frame::AuthWelcome { proof: r.array()? },
             other => return Err(Error::UnknownKind(other)),
@@ -762,14 +763,15 @@ mod tests {
             (any::<u64>(), any::<u32>()).prop_map(|(seq, len)| KvOp::Truncate { seq, len }),
         ];
         let nonce = any::<[u8; 32]>();
+        let share = proptest::collection::vec(any::<u8>(), KEY_SHARE_LEN).prop_map(|v| <KeyShare>::try_from(v).unwrap());
         prop_oneof![
             acts,
             (any::<u64>(), proptest::collection::vec(op, 0..8)).prop_map(|(step, ops)| Frame::KvOps { step, ops }),
             (any::<u64>(), ".{0,40}").prop_map(|(step, message)| Frame::Error { step, message }),
             any::<u64>().prop_map(Frame::Ping),
             any::<u64>().prop_map(Frame::Pong),
-            nonce.prop_map(|nonce| Frame::AuthHello { nonce }),
-            (nonce, any::<PeerId>()).prop_map(|(nonce, server)| Frame::AuthChallenge { nonce, server }),
+            share.clone().prop_map(|share| Frame::AuthHello { share }),
+            (share, any::<PeerId>()).prop_map(|(share, server)| Frame::AuthChallenge { share, server }),
             nonce.prop_map(|proof| Frame::AuthProof { proof }),
             nonce.prop_map(|proof| Frame::AuthWelcome { proof }),
         ]

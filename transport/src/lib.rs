@@ -14,6 +14,8 @@
 //! - [`control`]: signed JSON control calls ([`ControlClient`], [`ControlHandler`]), and
 //!   signed blob calls answered with raw bytes (model ranges: [`BlobHandler`]).
 //! - [`discovery`]: signed UDP datagrams by which workers find a head on the LAN.
+//! - [`throttle`]: warnings a stranger can cause (refused datagrams, connections, calls),
+//!   logged a few a minute with a count of the rest.
 
 pub mod auth;
 pub mod control;
@@ -22,6 +24,7 @@ pub mod error;
 pub mod frame;
 mod freshness;
 pub mod link;
+pub mod throttle;
 
 pub use auth::{ClusterSecret, PeerId};
 pub use control::{methods, BlobHandler, ControlClient, ControlFailure, ControlHandler, MAX_BLOB_BYTES};

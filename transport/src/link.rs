@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
+use crate::throttle::WarnThrottle;
 use crate::auth::{fresh_peer_id, ClientHandshake, ClusterSecret, PeerId, ServerHandshake};
 use crate::control::{self, BlobHandler, ControlHandler};
 use crate::error::{Error, Result};
@@ -431,12 +432,12 @@ async fn write_handshake_frame(tcp: &mut TcpStream, frame: &Frame, peer: &str) -
 /// so tools and tests can speak to a ring port by hand.
 pub async fn client_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, peer: &str) -> Result<PeerId> {
     let mut handshake = ClientHandshake::new(secret);
-    write_handshake_frame(tcp, &Frame::AuthHello { nonce: handshake.hello() }, peer).await?;
-    let (nonce, server) = match read_handshake_frame(tcp, peer).await? {
-        Some(Frame::AuthChallenge { nonce, server }) => (nonce, server),
+    write_handshake_frame(tcp, &Frame::AuthHello { share: handshake.hello() }, peer).await?;
+    let (share, server) = match read_handshake_frame(tcp, peer).await? {
+        Some(Frame::AuthChallenge { share, server }) => (share, server),
         other => return Err(unexpected(peer, other)),
     };
-    let proof = handshake.on_challenge(nonce, server);
+    let proof = handshake.on_challenge(share, server).ok_or_else(|| Error::auth(peer, "the peer's challenge is no key share (not a hearth ring server of this version?)"))?;
     write_handshake_frame(tcp, &Frame::AuthProof { proof }, peer).await?;
     match read_handshake_frame(tcp, peer).await? {
         Some(Frame::AuthWelcome { proof }) => {
@@ -448,13 +449,13 @@ pub async fn client_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, peer:
 }
 
 async fn server_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, id: PeerId, peer: &str) -> Result<()> {
-    let nonce = match read_handshake_frame(tcp, peer).await? {
-        Some(Frame::AuthHello { nonce }) => nonce,
+    let share = match read_handshake_frame(tcp, peer).await? {
+        Some(Frame::AuthHello { share }) => share,
         other => return Err(unexpected(peer, other)),
     };
-    let handshake = ServerHandshake::new(secret, id, nonce);
-    let (nonce, server) = handshake.challenge();
-    write_handshake_frame(tcp, &Frame::AuthChallenge { nonce, server }, peer).await?;
+    let handshake = ServerHandshake::new(secret, id, share);
+    let (share, server) = handshake.challenge();
+    write_handshake_frame(tcp, &Frame::AuthChallenge { share, server }, peer).await?;
     let proof = match read_handshake_frame(tcp, peer).await? {
         Some(Frame::AuthProof { proof }) => proof,
         other => return Err(unexpected(peer, other)),
@@ -559,6 +560,9 @@ struct Shared {
     /// Slots of authenticated connections.
     slots: Arc<Semaphore>,
     pending: Arc<Mutex<Pending>>,
+    /// Connections refused for a wrong secret or at the cap: a stranger can cause any
+    /// number of them, so they are logged a few a minute.
+    refusals: WarnThrottle,
 }
 
 /// One authenticated connection.
@@ -663,6 +667,7 @@ impl LinkServer {
             h2,
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             pending: Arc::default(),
+            refusals: WarnThrottle::default(),
         });
         let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx));
         info!(%local_addr, "ring server listening");
@@ -730,12 +735,12 @@ async fn serve_connection(
     drop(pending);
     match handshake {
         Ok(()) => {}
-        Err(e @ Error::Auth { .. }) => return warn!(%peer, "refused connection: {e}"),
+        Err(e @ Error::Auth { .. }) => return shared.refusals.warn(|| format!("refused connection from {peer}: {e}")),
         // Strangers and port scanners: not worth a warning each.
         Err(e) => return debug!(%peer, "dropped connection: {e}"),
     }
     let Ok(_slot) = shared.slots.clone().try_acquire_owned() else {
-        return warn!(%peer, "refusing connection: {MAX_CONNECTIONS} authenticated connections already open");
+        return shared.refusals.warn(|| format!("refusing connection from {peer}: {MAX_CONNECTIONS} authenticated connections already open"));
     };
     let (tcp, killer) = match Killer::new(tcp) {
         Ok(pair) => pair,

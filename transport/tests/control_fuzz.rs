@@ -89,8 +89,8 @@ const METHODS: &[&str] = &["health", "load_plan", "profile", "x", "", "Health", 
 const HTTP_METHODS: &[&str] = &["POST", "GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"];
 
 fn seeds() -> Vec<Case> {
-    let hello = frame_bytes(&[Frame::AuthHello { nonce: [7; 32] }]);
-    let hello_proof = frame_bytes(&[Frame::AuthHello { nonce: [7; 32] }, Frame::AuthProof { proof: [9; 32] }]);
+    let hello = frame_bytes(&[Frame::AuthHello { share: [7; 33] }]);
+    let hello_proof = frame_bytes(&[Frame::AuthHello { share: [7; 33] }, Frame::AuthProof { proof: [9; 32] }]);
     let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00".to_vec();
     let http1 = b"POST /control/health HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}".to_vec();
     let member = |path: &str, auth, body: &str| Case::Member {
@@ -153,7 +153,7 @@ fn mutate(rng: &mut Rng, parent: &Case, donor: &Case) -> Case {
             if rng.one_in(4) {
                 // A frame of another kind, or a correct hello followed by junk.
                 let frames = [
-                    Frame::AuthHello { nonce: [rng.next_u64() as u8; 32] },
+                    Frame::AuthHello { share: [rng.next_u64() as u8; 33] },
                     Frame::AuthProof { proof: [0; 32] },
                     Frame::AuthWelcome { proof: [1; 32] },
                     Frame::Ping(1),

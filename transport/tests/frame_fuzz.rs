@@ -64,7 +64,7 @@ fn seed_frames() -> Vec<Frame> {
         Frame::Error { step: 4, message: "stage failed: ünïcode".into() },
         Frame::Ping(11),
         Frame::Pong(12),
-        Frame::AuthHello { nonce: [1; 32] },
+        Frame::AuthHello { share: [1; 33] },
         Frame::AuthProof { proof: [2; 32] },
         Frame::AuthWelcome { proof: [3; 32] },
     ]

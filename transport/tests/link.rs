@@ -102,11 +102,11 @@ async fn wrong_secret_is_refused_and_cannot_inject() {
     // A client that ignores its failed proof and speaks HTTP/2 anyway.
     let mut tcp = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
     let mut handshake = transport::auth::ClientHandshake::new(&secret("wrong"));
-    let hello = Frame::AuthHello { nonce: handshake.hello() };
+    let hello = Frame::AuthHello { share: handshake.hello() };
     write_frame(&mut tcp, &hello).await;
-    let Some(Frame::AuthChallenge { nonce, server }) = read_frame(&mut tcp).await else { panic!("no challenge") };
+    let Some(Frame::AuthChallenge { share, server }) = read_frame(&mut tcp).await else { panic!("no challenge") };
     assert_eq!(server, echo.id, "the challenge names the server");
-    write_frame(&mut tcp, &Frame::AuthProof { proof: handshake.on_challenge(nonce, server) }).await;
+    write_frame(&mut tcp, &Frame::AuthProof { proof: handshake.on_challenge(share, server).unwrap() }).await;
     let refusal = read_frame(&mut tcp).await;
     assert!(matches!(&refusal, Some(Frame::Error { message, .. }) if message.contains("wrong cluster secret")), "{refusal:?}");
     let _ = tcp.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
@@ -175,7 +175,7 @@ async fn misbehaving_peer_is_disconnected_while_others_keep_working() {
         ("a wrong version", header(VERSION + 1, 8)),
         ("a handshake frame after authentication", {
             let mut b = BytesMut::new();
-            transport::encode(&Frame::AuthHello { nonce: [0; 32] }, &mut b).unwrap();
+            transport::encode(&Frame::AuthHello { share: [0; 33] }, &mut b).unwrap();
             b.freeze()
         }),
     ];

@@ -8,6 +8,7 @@
 //! file could justify. [`GgufWriter`] builds GGUF v3 files, e.g. tiny test models that
 //! carry a real model's tokenizer metadata.
 
+pub mod faults;
 mod reader;
 mod tensor_type;
 mod value;

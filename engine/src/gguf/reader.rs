@@ -114,8 +114,14 @@ impl GgufMeta {
 #[derive(Debug)]
 pub struct GgufFile {
     path: PathBuf,
+    /// Dropped before the mapping (fields drop in order): the fault handler must not
+    /// look at a range that is no longer mapped.
+    watch: super::faults::Watch,
     mmap: Mmap,
     meta: GgufMeta,
+    /// The file as mapped, to tell when it changes under the mapping.
+    file: File,
+    opened: (u64, Option<std::time::SystemTime>),
 }
 
 impl GgufFile {
@@ -126,12 +132,38 @@ impl GgufFile {
             source,
         };
         let file = File::open(&path).map_err(io)?;
-        // SAFETY: the mapping is read-only and model files are not modified while a
-        // server has them open; a concurrent truncation would fault, as it would for
-        // llama.cpp's own mmap of the same file.
+        let stat = file.metadata().map_err(io)?;
+        // SAFETY: the mapping is read-only. A file truncated under it faults on a read
+        // past the new end; `faults` turns that into zero pages and a mark that
+        // `changed` reports, instead of the end of the process.
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let watch = super::faults::Watch::register(mmap.as_ptr(), mmap.len());
         let meta = parse(&mmap)?;
-        Ok(GgufFile { path, mmap, meta })
+        Ok(GgufFile { path, watch, mmap, meta, file, opened: (stat.len(), stat.modified().ok()) })
+    }
+
+    /// Why the file is no longer what was mapped, if it is not: written to or truncated
+    /// since it was opened (a new version copied over it), or a read of the mapping
+    /// faulted. What was read from it since may be garbage: serve nothing more from it.
+    /// A file replaced by a rename (a new file at the path) is not a change: the mapping
+    /// keeps the old one.
+    pub fn changed(&self) -> Option<String> {
+        let shown = self.path.display();
+        if self.watch.faulted() {
+            return Some(format!("the model file {shown} was truncated while being served (a read past its new end)"));
+        }
+        let stat = match self.file.metadata() {
+            Ok(stat) => stat,
+            Err(e) => return Some(format!("the model file {shown} cannot be checked: {e}")),
+        };
+        let (len, modified) = self.opened;
+        if stat.len() != len {
+            return Some(format!("the model file {shown} changed size while being served ({len} bytes when loaded, {} now)", stat.len()));
+        }
+        if modified.is_some() && stat.modified().ok() != modified {
+            return Some(format!("the model file {shown} was written to while being served"));
+        }
+        None
     }
 
     pub fn path(&self) -> &Path {

@@ -80,6 +80,9 @@ pub enum Tool {
     /// Requantize a GGUF into another weight type with llama.cpp's own quantizer
     /// (e.g. `--type q4_k_m`).
     Quantize(QuantizeArgs),
+    /// Print a new cluster secret (128 random bits) to give every node as --cluster-secret
+    /// (or HEARTH_CLUSTER_SECRET).
+    Secret,
 }
 
 /// `hearth-lab`: the `hearth` commands with the settings experiments need and users do not
@@ -345,14 +348,16 @@ pub struct ServeArgs {
     #[arg(long, env = "HEARTH_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
     /// Most open connections to the API port. Past it, the connection that has been idle
-    /// the longest (no request in progress) is closed to make room; when every connection
-    /// has a request in progress, the new one is closed at once. Keep it below the limit on
-    /// open files (`ulimit -n`); hearth raises its soft limit to fit when it can.
+    /// the longest is closed to make room, else the one that has been sending a request
+    /// body the longest; when every connection has a request being answered, the new one
+    /// is closed at once. Keep it below the limit on open files (`ulimit -n`); hearth
+    /// raises its soft limit to fit when it can.
     #[arg(long, env = "HEARTH_MAX_CONNECTIONS", default_value_t = 512)]
     pub max_connections: usize,
     /// Seconds a client may take to send a request's headers. Also the longest a kept-alive
-    /// connection may sit idle, and the longest pause while a request body is sent.
-    /// Responses are never timed: a stream may last as long as it generates.
+    /// connection may sit idle, the longest pause while a request body is sent, and the
+    /// grace after which a body must keep arriving at 8 KiB/s on average. Responses are
+    /// never timed: a stream may last as long as it generates.
     #[arg(long, env = "HEARTH_HEADER_TIMEOUT", default_value_t = 30)]
     pub header_timeout: u64,
     /// Bearer token clients must send to /v1/* (none: open).
@@ -637,6 +642,10 @@ fn run_tool(tool: Tool) -> Result<(), Box<dyn std::error::Error>> {
         Tool::Plan(args) => plan::run(args),
         Tool::Profile(args) => profile::run(args),
         Tool::Quantize(args) => quantize::run(args),
+        Tool::Secret => {
+            println!("{}", transport::ClusterSecret::generate());
+            Ok(())
+        }
     }
 }
 

@@ -41,8 +41,9 @@ pub enum ApiError {
     PreparationBusy,
     #[error("The server is shutting down")]
     ShuttingDown,
-    /// A ring member failed; the message names it.
-    #[error("A device of the ring is unavailable: {0}")]
+    /// A ring member failed, or the model file changed under the node; the message says
+    /// which.
+    #[error("The server cannot answer now: {0}")]
     Unavailable(String),
     /// The message is logged, never sent: clients see a generic 500.
     #[error("internal error: {0}")]

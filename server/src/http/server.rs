@@ -1,6 +1,7 @@
-//! The API port: HTTP/1.1 served by hyper directly, with a connection cap (the connection
-//! idle longest makes room for a new one), header and idle timeouts, and a graceful end
-//! that lets every request in progress finish.
+//! The API port: HTTP/1.1 served by hyper directly, with a connection cap (a connection
+//! idle, or still sending a request body, makes room for a new one), header and idle
+//! timeouts, a pace every request body must keep, and a graceful end that lets every
+//! request in progress finish.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,9 +26,17 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 pub struct ConnectionLimits {
     pub max_connections: usize,
     /// For a request's headers, between requests on a kept-alive connection, and between
-    /// the pieces of a request body. Never for responses.
+    /// the pieces of a request body; also the grace before a body's pace is held to
+    /// [`MIN_BODY_RATE`]. Never for responses.
     pub header_timeout: Duration,
 }
+
+/// The least average rate of a request body once the grace (`header_timeout`) is over:
+/// a body of `n` bytes must have arrived within `header_timeout + n / MIN_BODY_RATE`.
+/// 8 KiB/s is slower than any link in a home (a phone on bad Wi-Fi sends megabits), and a
+/// body at the 4 MiB limit still has over eight minutes; a client that sends a byte every
+/// few seconds to hold a connection is closed once the grace is over.
+pub const MIN_BODY_RATE: u64 = 8 * 1024;
 
 /// How long a new connection over the cap waits for the idle one it displaced to close.
 /// Closing is immediate (the displaced connection's task just drops it); this only bounds
@@ -44,8 +53,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Unlike `axum::serve`, nothing a client does holds the port: a connection must send its
 /// headers within the header timeout and may sit idle no longer than that (hyper's header
 /// read timer also runs between kept-alive requests, never while a response is being
-/// written); connections are capped, and at the cap the connection idle the longest makes
-/// room for the new one, so a crowd of slow or idle clients cannot lock out real ones.
+/// written); a request body must keep [`MIN_BODY_RATE`]; connections are capped, and at
+/// the cap the connection idle the longest makes room for the new one, else the one that
+/// has been sending a body the longest, so a crowd of slow, idle or trickling clients
+/// cannot lock out real ones. Only a connection whose request is being answered is safe.
 pub async fn serve_api(listener: TcpListener, app: Router, limits: ConnectionLimits, shutdown: impl Future<Output = ()>) {
     fit_open_files(limits.max_connections);
     let app = app.layer(MapRequestBodyLayer::new(Body::new)).layer(RequestBodyTimeoutLayer::new(limits.header_timeout));
@@ -77,8 +88,9 @@ pub async fn serve_api(listener: TcpListener, app: Router, limits: ConnectionLim
         let conn = open.add();
         let service = hyper::service::service_fn({
             let (app, conn) = (app.clone(), conn.clone());
-            move |req| {
+            move |req: hyper::Request<hyper::body::Incoming>| {
                 let busy = Busy::start(&conn);
+                let req = req.map(|body| Body::new(Paced::new(Body::new(body), &conn, limits.header_timeout)));
                 let app = app.clone();
                 async move {
                     let resp = app.oneshot(req).await?;
@@ -127,6 +139,9 @@ struct Conn {
     /// Told to close, to make room; it is no longer a candidate.
     displaced: AtomicBool,
     displace: Notify,
+    /// Since when a request body has been arriving, while one is (HTTP/1.1: one request at
+    /// a time per connection).
+    body_since: Mutex<Option<Instant>>,
 }
 
 impl Connections {
@@ -137,7 +152,14 @@ impl Connections {
 
     fn add(&self) -> Arc<Conn> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let conn = Arc::new(Conn { id, in_flight: AtomicUsize::new(0), idle_since: Mutex::new(Instant::now()), displaced: AtomicBool::new(false), displace: Notify::new() });
+        let conn = Arc::new(Conn {
+            id,
+            in_flight: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+            displaced: AtomicBool::new(false),
+            displace: Notify::new(),
+            body_since: Mutex::new(None),
+        });
         let mut all = self.lock();
         all.insert(id, conn.clone());
         crate::metrics::connections(all.len());
@@ -151,17 +173,20 @@ impl Connections {
     }
 
     /// A place for a new connection: a free one, or the one of the connection idle the
-    /// longest, told to close. `None` when every connection has a request in progress.
+    /// longest, else of the one sending a request body the longest, told to close. `None`
+    /// when every connection has a request being answered.
     async fn make_room(&self, permits: &Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
         if let Ok(p) = permits.clone().try_acquire_owned() {
             return Some(p);
         }
         let victim = {
             let all = self.lock();
-            all.values()
-                .filter(|c| !c.displaced.load(Ordering::Acquire) && c.in_flight.load(Ordering::Acquire) == 0)
-                .min_by_key(|c| *c.idle_since.lock().unwrap_or_else(|e| e.into_inner()))
-                .cloned()
+            let candidates = || all.values().filter(|c| !c.displaced.load(Ordering::Acquire));
+            let idle = candidates().filter(|c| c.in_flight.load(Ordering::Acquire) == 0).min_by_key(|c| *c.idle_since.lock().unwrap_or_else(|e| e.into_inner()));
+            // A client still sending its body has cost nothing yet; one that holds a slot
+            // by sending slowly goes before anyone being answered.
+            let sending = || candidates().filter_map(|c| Some((*c.body_since.lock().unwrap_or_else(|e| e.into_inner()))?).map(|since| (since, c)));
+            idle.or_else(|| sending().min_by_key(|(since, _)| *since).map(|(_, c)| c)).cloned()
         }?;
         victim.displaced.store(true, Ordering::Release);
         victim.displace.notify_one();
@@ -183,6 +208,111 @@ impl Drop for Busy {
     fn drop(&mut self) {
         *self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A request body held to [`MIN_BODY_RATE`] after the grace, and counted as arriving on
+/// its connection until it has (see [`Connections::make_room`]).
+struct Paced {
+    body: Body,
+    conn: Option<Arc<Conn>>,
+    started: Instant,
+    grace: Duration,
+    received: u64,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// Fell behind: the error was returned, nothing more comes.
+    failed: bool,
+}
+
+impl Paced {
+    fn new(body: Body, conn: &Arc<Conn>, grace: Duration) -> Paced {
+        use http_body::Body as _;
+        let started = Instant::now();
+        let arriving = !body.is_end_stream();
+        if arriving {
+            *conn.body_since.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
+        }
+        let deadline = Box::pin(tokio::time::sleep(grace));
+        Paced { body, conn: arriving.then(|| conn.clone()), started, grace, received: 0, deadline, failed: false }
+    }
+
+    /// When the body must have gone past what it has sent so far.
+    fn due(&self) -> Instant {
+        self.started + self.grace + Duration::from_secs_f64(self.received as f64 / MIN_BODY_RATE as f64)
+    }
+
+    /// The body has arrived, failed or been dropped: no longer arriving.
+    fn done(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            *conn.body_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+}
+
+impl Drop for Paced {
+    fn drop(&mut self) {
+        self.done();
+    }
+}
+
+/// A request body that fell behind [`MIN_BODY_RATE`].
+#[derive(Debug)]
+struct TooSlow {
+    received: u64,
+    after: Duration,
+}
+
+impl std::fmt::Display for TooSlow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the request body arrived too slowly ({} bytes in {:.0?}; at least {} bytes/s after the first seconds)", self.received, self.after, MIN_BODY_RATE)
+    }
+}
+
+impl std::error::Error for TooSlow {}
+
+impl http_body::Body for Paced {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        if this.failed {
+            return Poll::Ready(None);
+        }
+        let late = match Pin::new(&mut this.body).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let Some(data) = frame.data_ref() else { return Poll::Ready(Some(Ok(frame))) };
+                this.received += data.len() as u64;
+                // Checked here too: a trickle wakes this at every byte, and the timer
+                // below is only looked at while nothing arrives.
+                let due = this.due();
+                if Instant::now() <= due {
+                    this.deadline.as_mut().reset(due.into());
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                true
+            }
+            Poll::Ready(other) => {
+                this.done();
+                return Poll::Ready(other);
+            }
+            Poll::Pending => this.deadline.as_mut().poll(cx).is_ready(),
+        };
+        if !late {
+            return Poll::Pending;
+        }
+        let slow = TooSlow { received: this.received, after: this.started.elapsed() };
+        this.done();
+        this.failed = true;
+        Poll::Ready(Some(Err(axum::Error::new(slow))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -67,6 +67,7 @@ impl Head {
     /// up to `startup_wait` for workers that cannot be reached yet).
     pub fn start(cfg: &HeadConfig, tokenizer: Arc<Tokenizer>) -> Result<Head> {
         let file = Arc::new(ModelFile::open(&cfg.model)?);
+        let watched = file.clone();
         let spec = file.spec.clone();
         cfg.gpu_layers.check(spec.moe.is_some()).map_err(crate::Error::Config)?;
         let parallel = cfg.parallel.max(1);
@@ -124,7 +125,7 @@ impl Head {
                 Some(Proposer::Model(Box::new(model)))
             }
         };
-        let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens }, proposer);
+        let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens, files: vec![watched] }, proposer);
         tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = stage.n_ctx_seq, "model loaded");
         Ok(Head { batcher, board, parallel })
     }

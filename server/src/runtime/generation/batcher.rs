@@ -36,6 +36,10 @@ pub struct BatcherConfig {
     pub max_batch: usize,
     /// Most draft tokens proposed per sequence and step (`--spec-tokens`).
     pub spec_tokens: usize,
+    /// The model files this node computes from: once one changes under its mapping (see
+    /// `engine::gguf::GgufFile::changed`), nothing computed from it is sent, and the node
+    /// serves nothing more until it is restarted.
+    pub files: Vec<Arc<engine::ModelFile>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,6 +182,8 @@ impl Batcher {
             flying: HashMap::new(),
             landed: VecDeque::new(),
             next_ticket: 0,
+            files: cfg.files,
+            file_changed: false,
         };
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
         Batcher { queue, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
@@ -298,6 +304,10 @@ struct Loop {
     /// Micro-batches that finished (or failed to start) before anyone asked.
     landed: VecDeque<(MicroBatch, crate::Result<engine::Logits>)>,
     next_ticket: u64,
+    files: Vec<Arc<engine::ModelFile>>,
+    /// A model file changed under this node: degraded for good (no recovery brings the
+    /// old weights back).
+    file_changed: bool,
 }
 
 /// One batch on its way through the pipeline, and what its rows belong to.
@@ -359,7 +369,7 @@ impl Loop {
     /// Nothing runs and nothing waits: the pipeline may do its maintenance (a ring
     /// re-plans then).
     fn idle(&mut self) {
-        if self.degraded.lock().expect("degraded lock").is_some() {
+        if self.check_files().is_some() || self.degraded.lock().expect("degraded lock").is_some() {
             return;
         }
         match self.pipeline.idle(self.idle_since.elapsed()) {
@@ -384,9 +394,22 @@ impl Loop {
         *self.degraded.lock().expect("degraded lock") = why;
     }
 
+    /// Why this node's model file can no longer be computed from, if it cannot; the first
+    /// time, the node turns degraded for good and says so in the log.
+    fn check_files(&mut self) -> Option<String> {
+        let why = self.files.iter().find_map(|f| f.gguf.changed())?;
+        let why = format!("{why}: this node serves nothing more until it is restarted (replace a served model by renaming a complete copy over it; see docs/ring.md)");
+        if !self.file_changed {
+            tracing::error!("{why}");
+            self.file_changed = true;
+            self.set_degraded(Some(why.clone()));
+        }
+        Some(why)
+    }
+
     /// While degraded, tries to make the pipeline whole again every `RECOVER_INTERVAL`.
     fn recover_if_due(&mut self) {
-        if self.degraded.lock().expect("degraded lock").is_none() || self.last_recovery.elapsed() < RECOVER_INTERVAL {
+        if self.file_changed || self.degraded.lock().expect("degraded lock").is_none() || self.last_recovery.elapsed() < RECOVER_INTERVAL {
             return;
         }
         self.last_recovery = Instant::now();
@@ -608,19 +631,25 @@ impl Loop {
         for &i in &mb.slots {
             self.slots[i].in_flight -= 1;
         }
+        // Logits computed from a file that changed under the step may be garbage: the
+        // step's requests end unanswered rather than sample them.
+        let result = match (result, self.check_files()) {
+            (Ok(_), Some(why)) => Err(crate::Error::ModelChanged(why)),
+            (result, _) => result,
+        };
         match result {
             Ok(logits) => self.sample_landed(&mb, &logits),
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
-                let remote = matches!(e, crate::Error::RingBroken(_));
-                if remote {
+                let unavailable = matches!(e, crate::Error::RingBroken(_) | crate::Error::ModelChanged(_));
+                if matches!(e, crate::Error::RingBroken(_)) {
                     self.set_degraded(Some(e.to_string()));
                     self.last_recovery = Instant::now();
                 }
                 for &i in &mb.slots {
                     let s = &mut self.slots[i];
                     if let Some(a) = s.active.take() {
-                        let event = if remote { Event::Unavailable(e.to_string()) } else { Event::Failed("the engine failed while generating".into()) };
+                        let event = if unavailable { Event::Unavailable(e.to_string()) } else { Event::Failed("the engine failed while generating".into()) };
                         let _ = a.req.events.send(event);
                     }
                     s.clear_on_landing = true;
@@ -859,7 +888,7 @@ mod tests {
         let tokenizer = Arc::new(Tokenizer::load(crate::models::vocabulary_fixture()).unwrap());
         let say = tokenizer.tokenize("a", false)[0] as usize;
         let pipeline = Box::new(Endless { n_vocab: tokenizer.n_vocab(), say });
-        Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0 }, None)
+        Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0, files: Vec::new() }, None)
     }
 
     fn request() -> (GenerationRequest, mpsc::UnboundedReceiver<Event>) {

@@ -49,7 +49,7 @@ impl Rig {
     fn start(pipeline: Scripted, parallel: usize, queue: usize, max_batch: usize, proposer: Option<Proposer>) -> Rig {
         crate::metrics::install();
         let (log, controls) = (pipeline.log.clone(), pipeline.controls.clone());
-        let cfg = BatcherConfig { parallel, queue, max_batch, spec_tokens: 4 };
+        let cfg = BatcherConfig { parallel, queue, max_batch, spec_tokens: 4, files: Vec::new() };
         Rig { batcher: Batcher::start(Box::new(pipeline), vocabulary(), cfg, proposer), log, controls }
     }
 

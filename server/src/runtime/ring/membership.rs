@@ -28,6 +28,12 @@ pub const ANNOUNCE_EVERY: Duration = Duration::from_secs(2);
 const WELCOME_WAIT: Duration = Duration::from_secs(10);
 /// How long the look at a silent `--head` address may wait for a TCP connection.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// A discovered worker not heard for this long is no longer a candidate (it joins again,
+/// and is judged again, when it comes back). A live worker joins at every announcement, so
+/// this is fifteen missed ones: a worker that is gone, not a lost datagram. Without it the
+/// head would dial an address at every plan check for as long as it runs, whoever holds
+/// that address by then.
+pub const CANDIDATE_EXPIRY: Duration = Duration::from_secs(30);
 
 /// A worker that joined by discovery.
 #[derive(Debug, Clone)]
@@ -122,6 +128,25 @@ impl Membership {
         crate::metrics::cluster_membership("lost", &Membership::counts(&inner));
     }
 
+    /// Forgets the discovered workers not heard for `expiry` (see [`CANDIDATE_EXPIRY`]);
+    /// returns their addresses and names.
+    pub fn expire(&self, expiry: Duration) -> Vec<(String, String)> {
+        let mut inner = self.lock();
+        let (gone, kept): (Vec<Joined>, Vec<Joined>) = std::mem::take(&mut inner.joined).into_iter().partition(|j| j.last_heard.elapsed() >= expiry);
+        inner.joined = kept;
+        if gone.is_empty() {
+            return Vec::new();
+        }
+        let was_candidate = gone.iter().any(|j| !inner.away.contains(&j.addr));
+        inner.away.retain(|a| !gone.iter().any(|j| j.addr == *a));
+        if was_candidate {
+            Membership::changed(&mut inner, "expired");
+        } else {
+            crate::metrics::cluster_membership("expired", &Membership::counts(&inner));
+        }
+        gone.into_iter().map(|j| (j.addr, j.name)).collect()
+    }
+
     /// Whether candidates came or went since the last call.
     pub fn take_changed(&self) -> bool {
         std::mem::take(&mut self.lock().changed)
@@ -172,6 +197,9 @@ pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name:
     loop {
         tokio::select! {
             _ = tick.tick() => {
+                for (worker, name) in membership.expire(CANDIDATE_EXPIRY) {
+                    tracing::info!(%worker, %name, "a discovered worker has not been heard for {} s: no longer a candidate until it joins again", CANDIDATE_EXPIRY.as_secs());
+                }
                 match discovery.broadcast(&announce, port).await {
                     Ok(()) => warned = false,
                     Err(e) if !warned => {
@@ -183,10 +211,11 @@ pub async fn serve_head(discovery: Discovery, membership: Arc<Membership>, name:
             }
             heard = discovery.recv() => match heard {
                 Ok(h) => {
-                    // Answered from this head's own port, to where the join came from.
-                    let from = h.from;
+                    // Answered from this head's own port, to where the join came from, for
+                    // that worker alone.
+                    let (from, worker) = (h.from, h.sender);
                     if on_heard(&membership, h) {
-                        if let Err(e) = discovery.send_to(&welcome, from).await {
+                        if let Err(e) = discovery.send_to(&welcome, from, Some(worker)).await {
                             tracing::debug!(worker = %from, "could not acknowledge a join: {e}");
                         }
                     }
@@ -229,7 +258,7 @@ fn on_heard(membership: &Membership, heard: Heard) -> bool {
 /// A worker's joining, running in the background: what it needs to say it leaves.
 pub struct Joining {
     discovery: Arc<Discovery>,
-    heads: Arc<Mutex<Vec<SocketAddr>>>,
+    heads: Arc<Mutex<Vec<Head>>>,
     leave: Message,
     /// Set once leaving: no more joins (they would undo the leave).
     leaving: Arc<AtomicBool>,
@@ -256,8 +285,8 @@ impl Joining {
     pub async fn leave(&self) {
         self.leaving.store(true, Ordering::Release);
         let heads = self.heads.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        for head in heads {
-            if let Err(e) = self.discovery.send_to(&self.leave, head).await {
+        for Head { addr: head, id } in heads {
+            if let Err(e) = self.discovery.send_to(&self.leave, head, id).await {
                 tracing::warn!(%head, "could not tell the head this worker leaves: {e}");
             }
         }
@@ -279,7 +308,7 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
     // With a head named, this worker need not hear the LAN's announcements on the shared port.
     let discovery = Arc::new(Discovery::bind(if direct.is_some() { 0 } else { d.port }, &secret)?);
     let join = Message::Join { port: ring_port, name: d.name.clone() };
-    let heads: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
+    let heads: Arc<Mutex<Vec<Head>>> = Arc::default();
     let leaving = Arc::new(AtomicBool::new(false));
     let (task_discovery, task_heads, task_leaving) = (discovery.clone(), heads.clone(), leaving.clone());
     match direct {
@@ -310,11 +339,16 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
                 }
             }
             let head = tokio::select! {
-                _ = tick.tick(), if direct.is_some() => direct,
+                _ = tick.tick(), if direct.is_some() => direct.map(|addr| Head { addr, id: None }),
                 heard = task_discovery.recv() => match heard {
-                    Ok(h @ Heard { message: Message::Announce { .. }, .. }) => Some(h.addr()),
-                    Ok(Heard { message: Message::Welcome { name, .. }, from, .. }) => {
-                        let asked = task_heads.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|h| h.ip() == from.ip());
+                    Ok(h @ Heard { message: Message::Announce { .. }, .. }) => Some(Head { addr: h.addr(), id: Some(h.sender) }),
+                    Ok(Heard { message: Message::Welcome { name, .. }, from, sender }) => {
+                        let asked = {
+                            let mut known = task_heads.lock().unwrap_or_else(|e| e.into_inner());
+                            // The leave is meant for this head alone. Joins to a head named
+                            // with --head name none: a restarted head has a new id.
+                            known.iter_mut().filter(|h| h.addr.ip() == from.ip()).map(|h| h.id = Some(sender)).count() > 0
+                        };
                         if asked && !welcomed.contains(&from) {
                             welcomed.push(from);
                             tracing::info!(head = %from, %name, "joined the head at {from}: it acknowledged this worker");
@@ -332,13 +366,23 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
             let Some(head) = head.filter(|_| !task_leaving.load(Ordering::Acquire)) else { continue };
             let new = {
                 let mut known = task_heads.lock().unwrap_or_else(|e| e.into_inner());
-                let new = !known.contains(&head);
-                if new {
-                    known.push(head);
+                match known.iter_mut().find(|h| h.addr == head.addr) {
+                    Some(k) => {
+                        if head.id.is_some() {
+                            k.id = head.id;
+                        }
+                        false
+                    }
+                    None => {
+                        known.push(head);
+                        true
+                    }
                 }
-                new
             };
-            match task_discovery.send_to(&join, head).await {
+            // An announced head's join is meant for the head whose announcement it
+            // answers; a --head join for whichever head listens there.
+            let (head, id) = (head.addr, head.id);
+            match task_discovery.send_to(&join, head, id).await {
                 // Joined only once it answers (see the welcome above).
                 Ok(()) if new => tracing::info!(%head, "found a head: asked to join it"),
                 Ok(()) => {}
@@ -347,6 +391,14 @@ pub async fn serve_worker(d: WorkerDiscovery, ring_port: u16, secret: ClusterSec
         }
     });
     Ok(Joining { discovery, heads, leave: Message::Leave { port: ring_port, name: d.name }, leaving, refused: Some(refused) })
+}
+
+/// A head this worker sends joins to: where, and its id once heard (from its announcement,
+/// or its welcome for a head named with `--head`).
+#[derive(Debug, Clone, Copy)]
+struct Head {
+    addr: SocketAddr,
+    id: Option<transport::PeerId>,
 }
 
 /// Why the head named with `--head NAMED` (resolved to `head`) answered no join, when that
@@ -397,5 +449,24 @@ mod tests {
         assert!(m.joined(configured, "laptop"), "back");
         assert_eq!(m.candidates(), vec!["10.0.0.5:9000".to_string()]);
         assert!(m.take_changed());
+    }
+
+    #[test]
+    fn a_discovered_worker_not_heard_expires_and_a_configured_one_never_does() {
+        let m = Membership::new(vec!["10.0.0.5:9000".into()]);
+        let (joined, gone) = ("10.0.0.7:9001".parse().unwrap(), "10.0.0.8:9002".parse().unwrap());
+        m.joined(joined, "desktop");
+        m.joined(gone, "phone");
+        assert!(m.left(gone));
+        m.take_changed();
+        assert!(m.expire(CANDIDATE_EXPIRY).is_empty(), "heard just now");
+        assert!(!m.take_changed());
+        let mut expired = m.expire(Duration::ZERO);
+        expired.sort();
+        assert_eq!(expired, vec![("10.0.0.7:9001".into(), "desktop".into()), ("10.0.0.8:9002".into(), "phone".into())]);
+        assert_eq!(m.candidates(), vec!["10.0.0.5:9000".to_string()]);
+        assert!(m.take_changed(), "a candidate went");
+        assert_eq!(m.view().len(), 1, "nothing of the expired ones is kept");
+        assert!(m.joined(joined, "desktop"), "it joins again as new");
     }
 }

@@ -155,6 +155,9 @@ pub enum SecretUser {
 /// (or a worker's `--insecure`), because anyone who can reach a worker could otherwise feed it.
 pub fn cluster_secret(secret: Option<&str>, addr: &str, user: SecretUser) -> Result<transport::ClusterSecret, Error> {
     if let Some(s) = secret.filter(|s| !s.is_empty()) {
+        if let Some(why) = transport::ClusterSecret::weakness(s) {
+            tracing::warn!("{why}");
+        }
         return Ok(transport::ClusterSecret::new(s)?);
     }
     let host = addr.trim_start_matches("http://");

@@ -213,9 +213,18 @@ pub async fn serve_range(file: Arc<ModelFile>, body: Value) -> Result<Bytes, Con
     let size = file.gguf.bytes().len() as u64;
     let end = offset.checked_add(len).filter(|&e| e <= size).ok_or_else(|| ControlFailure::bad_request(format!("the range is past the end of the model file ({size} bytes)")))?;
     // Reading pages of a model not in memory waits on the disk: off the runtime.
-    let bytes = tokio::task::spawn_blocking(move || Bytes::copy_from_slice(&file.gguf.bytes()[offset as usize..end as usize]))
+    // The file checked before and after the copy: a range read while it changed (a new
+    // version copied over it) is not the model the manifest describes.
+    let changed = |file: &ModelFile| file.gguf.changed().map(|why| ControlFailure::failed(format!("the head cannot ship its model: {why}")));
+    if let Some(e) = changed(&file) {
+        return Err(e);
+    }
+    let (bytes, file) = tokio::task::spawn_blocking(move || (Bytes::copy_from_slice(&file.gguf.bytes()[offset as usize..end as usize]), file))
         .await
         .map_err(|e| ControlFailure::failed(e.to_string()))?;
+    if let Some(e) = changed(&file) {
+        return Err(e);
+    }
     crate::metrics::model_bytes_served(len);
     Ok(bytes)
 }
@@ -361,7 +370,9 @@ struct Paths {
 }
 
 fn paths(dir: &Path, fingerprint: &str) -> Paths {
-    let stem = format!("shipped-{}", &fingerprint[..fingerprint.len().min(16)]);
+    // Only hex digits reach the name: whatever a manifest says, the file stays in `dir`.
+    let short: String = fingerprint.chars().filter(char::is_ascii_hexdigit).take(16).collect();
+    let stem = format!("shipped-{short}");
     Paths { file: dir.join(format!("{stem}.gguf")), manifest: dir.join(format!("{stem}.manifest.json")), record: dir.join(format!("{stem}.verified.json")) }
 }
 
@@ -516,7 +527,7 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
     let mut client = connect(&request.source, secret).await?;
     let manifest = manifest_of(&client, request).await?;
     let paths = paths(dir, &manifest.fingerprint);
-    let opened = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&paths.file).map_err(|e| format!("cannot open {}: {e}", paths.file.display()))?;
+    let opened = crate::process::open_in_dir(&paths.file, crate::process::Open::ReadWrite).map_err(|e| format!("cannot open {}: {e}", paths.file.display()))?;
     // A sparse file the size of the head's: tensors keep their offsets, and the bytes
     // this worker never fetches take no disk.
     if opened.metadata().map_err(|e| e.to_string())?.len() != manifest.file_bytes {
@@ -630,6 +641,37 @@ mod tests {
         let p = paths(Path::new("/m"), "0123456789abcdef0123");
         assert_eq!(p.file, Path::new("/m/shipped-0123456789abcdef.gguf"));
         assert_eq!(p.record, Path::new("/m/shipped-0123456789abcdef.verified.json"));
+        assert_eq!(paths(Path::new("/m"), "../../etc/passwd").file, Path::new("/m/shipped-ecad.gguf"), "only hex digits");
+        assert_eq!(paths(Path::new("/m"), "é").file, Path::new("/m/shipped-.gguf"));
+    }
+
+    #[test]
+    fn a_link_planted_in_the_model_dir_is_not_written_through() {
+        let dir = std::env::temp_dir().join(format!("hearth-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let outside = dir.with_extension("outside");
+        std::fs::write(&outside, b"precious").unwrap();
+        let p = paths(&dir, "0123456789abcdef");
+        std::os::unix::fs::symlink(&outside, &p.file).unwrap();
+        std::os::unix::fs::symlink(&outside, &p.manifest).unwrap();
+        let e = crate::process::open_in_dir(&p.file, crate::process::Open::ReadWrite).unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        // An atomic write replaces the link itself.
+        crate::process::write_atomically(&p.manifest, b"{}").unwrap();
+        assert!(!std::fs::symlink_metadata(&p.manifest).unwrap().file_type().is_symlink());
+        // A link at the name of the file aside is removed, not written through.
+        std::os::unix::fs::symlink(&outside, p.record.with_extension(format!("tmp.{}", std::process::id()))).unwrap();
+        crate::process::write_atomically(&p.record, b"[]").unwrap();
+        assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+        // Nor a FIFO opened (it would wait for a reader) or written.
+        let fifo = dir.join("shipped-fifo.gguf");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = crate::process::open_in_dir(&fifo, crate::process::Open::ReadWrite).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(&outside).unwrap();
     }
 
     const SECRET: &str = "shipping test secret";

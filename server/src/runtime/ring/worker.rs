@@ -450,6 +450,8 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
     }
 }
 
+const MODEL_TRUNCATED: &str = "this worker's model file was truncated while it served (a new version copied over it?): restart the worker";
+
 fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation: u64) -> Frame {
     let mut guard = state.compute();
     let s = &mut *guard;
@@ -473,6 +475,12 @@ fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation:
     let result = stage.forward(round, &batch, StageInput::Hidden(&a.hidden));
     if let Some(p) = s.pager.as_mut() {
         p.after(round);
+    }
+    // A model file truncated under this worker read as zeros instead of ending it with
+    // SIGBUS (engine::gguf::faults): what it computed since is not to be sent on.
+    if engine::gguf::faults::faulted() {
+        tracing::error!("{MODEL_TRUNCATED}");
+        return Frame::Error { step: a.step, message: MODEL_TRUNCATED.into() };
     }
     match result {
         Ok(StageOutput::Hidden(hidden)) => {
