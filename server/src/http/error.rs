@@ -43,7 +43,7 @@ pub enum ApiError {
     ShuttingDown,
     /// A ring member failed, or the model file changed under the node; the message says
     /// which.
-    #[error("The server cannot answer now: {0}")]
+    #[error("The server is unavailable: {0}")]
     Unavailable(String),
     /// The message is logged, never sent: clients see a generic 500.
     #[error("internal error: {0}")]
