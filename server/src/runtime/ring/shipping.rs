@@ -720,6 +720,23 @@ mod tests {
         panic!("the fetch of {request:?} did not finish within a minute: {last:?}");
     }
 
+    /// A model file truncated under the head (a new version copied over it): a worker's
+    /// range request, even past the new end, is refused with the reason, and the head lives
+    /// (without the checks, the read past the end would be SIGBUS).
+    #[tokio::test]
+    async fn a_model_file_that_shrank_is_not_shipped() {
+        let model = std::env::temp_dir().join(format!("hearth-shrunk-model-{}.gguf", std::process::id()));
+        engine::random_model::RandomModel::new("llama", 2, 256, 512, 4, 2).write(&crate::models::vocabulary_fixture(), &model).unwrap();
+        let file = Arc::new(ModelFile::open(&model).unwrap());
+        let len = file.gguf.bytes().len() as u64;
+        let tail = serde_json::json!({"offset": len - 4096, "len": 4096});
+        assert!(serve_range(file.clone(), tail.clone()).await.is_ok());
+        std::fs::OpenOptions::new().write(true).open(&model).unwrap().set_len(len / 2).unwrap();
+        let refused = serve_range(file.clone(), tail).await.unwrap_err();
+        assert!(format!("{refused:?}").contains("changed size"), "{refused:?}");
+        std::fs::remove_file(&model).unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_worker_fetches_only_its_windows_refuses_wrong_bytes_and_resumes() {
         let _ = tracing_subscriber::fmt().with_test_writer().try_init();
