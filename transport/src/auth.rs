@@ -104,7 +104,7 @@ impl ClusterSecret {
 
     /// A new secret for a cluster: 128 random bits, as 32 hex characters.
     pub fn generate() -> String {
-        random::<16>().iter().map(|b| format!("{b:02x}")).collect()
+        crate::freshness::hex(&random::<16>())
     }
 
     /// Why `secret` is weak, if it is: shown at start so a person choosing one knows.

@@ -25,14 +25,17 @@ use std::sync::{Once, OnceLock};
 const SLOTS: usize = 64;
 
 struct Slot {
-    /// First byte of the mapping; 0 when the slot is free.
+    /// Taken by a registration (set before the fields below are written, so two
+    /// registrations never write one slot).
+    claimed: AtomicBool,
+    /// First byte of the mapping; 0 while the slot is free or being filled.
     start: AtomicUsize,
     len: AtomicUsize,
     faulted: AtomicBool,
 }
 
 #[allow(clippy::declare_interior_mutable_const)]
-const FREE: Slot = Slot { start: AtomicUsize::new(0), len: AtomicUsize::new(0), faulted: AtomicBool::new(false) };
+const FREE: Slot = Slot { claimed: AtomicBool::new(false), start: AtomicUsize::new(0), len: AtomicUsize::new(0), faulted: AtomicBool::new(false) };
 static WATCHED: [Slot; SLOTS] = [FREE; SLOTS];
 static INSTALL: Once = Once::new();
 /// The action SIGBUS had before (Rust's runtime installs one): what a fault that is not
@@ -53,15 +56,14 @@ impl Watch {
             return Watch { slot: None };
         }
         for (i, slot) in WATCHED.iter().enumerate() {
-            // Length and flag first: the handler reads a slot only once its start is set.
-            if slot.start.load(Ordering::Acquire) != 0 {
+            if slot.claimed.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_err() {
                 continue;
             }
+            // Length and flag first: the handler reads a slot only once its start is set.
             slot.len.store(len, Ordering::Release);
             slot.faulted.store(false, Ordering::Release);
-            if slot.start.compare_exchange(0, start as usize, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                return Watch { slot: Some(i) };
-            }
+            slot.start.store(start as usize, Ordering::Release);
+            return Watch { slot: Some(i) };
         }
         tracing::warn!("more than {SLOTS} model files mapped: this one is not protected from being truncated while served");
         Watch { slot: None }
@@ -77,6 +79,7 @@ impl Drop for Watch {
     fn drop(&mut self) {
         if let Some(i) = self.slot {
             WATCHED[i].start.store(0, Ordering::Release);
+            WATCHED[i].claimed.store(false, Ordering::Release);
         }
     }
 }
