@@ -158,6 +158,31 @@ fn other_weight_types_give_the_single_node_output_through_the_ring_up_to_a_full_
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A quantized KV cache (`--cache-type-k q8_0 --cache-type-v q4_0`) set on the head
+/// reaches every worker with the plan: the ring gives the single node's answer with the
+/// same flags for a short chat and for a prompt of over 1,000 tokens answered until the
+/// context is full, and each worker says which types it caches in.
+#[test]
+fn a_quantized_kv_cache_gives_the_single_node_output_through_the_ring_up_to_a_full_context() {
+    const CHUNK: &str = "64";
+    let ctx = CTX_NEAR_FULL.to_string();
+    let kv = ["--cache-type-k", "q8_0", "--cache-type-v", "q4_0"];
+    let single = Served::start(&[&["--threads", "1", "--ctx-size", &ctx, "--max-batch", CHUNK][..], &kv].concat());
+    let (short, full) = (chat(&single.addr, false), fill_the_context(&single.addr));
+    drop(single);
+    assert_eq!(full.1, "length", "the answer ends when the context is full");
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start(&[&["--threads", "1", "--ctx-size", &ctx, "--workers", &workers, "--windows", "4,13,13", "--max-batch", CHUNK, "--prompt-chunk", CHUNK][..], &kv].concat());
+    assert_eq!(chat(&head.addr, false), short);
+    assert_eq!(fill_the_context(&head.addr), full, "a prompt answered until the context is full");
+    for w in [&w1, &w2] {
+        let logged = w.log.lock().unwrap().clone();
+        assert!(logged.lines().any(|l| l.contains("plan loaded") && l.contains("K q8_0, V q4_0")), "a worker did not cache in the head's types:\n{logged}");
+    }
+}
+
 #[test]
 fn two_concurrent_streams_across_the_ring() {
     let w1 = Served::worker(&["--threads", "1"]);
@@ -300,6 +325,51 @@ fn a_worker_killed_mid_stream_ends_it_with_an_error_then_503_until_it_returns_wi
         assert!(metrics.lines().any(|l| l == line), "missing {line:?} in\n{metrics}");
     }
     assert!(metrics.contains("hearth_ring_round_trip_seconds_count"), "{metrics}");
+}
+
+/// A worker's own model file written to while it serves (a same-size copy of a new
+/// version over it): its next step is an error naming the file, not activations computed
+/// from bytes that changed under the stage; when the head forms the ring again the worker
+/// fetches the head's copy into its --model-dir and the output is the single node's again.
+#[test]
+fn a_workers_model_file_written_while_it_serves_ends_the_stream_and_the_worker_fetches_the_heads_copy() {
+    let dir = std::env::temp_dir().join(format!("hearth-ring-rewritten-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let own = dir.join("own.gguf");
+    std::fs::copy(common::default_model(), &own).unwrap();
+    let shipped = dir.join("shipped");
+    let w1 = Served::worker_at("127.0.0.1:0", &own, &["--threads", "1", "--model-dir", shipped.to_str().unwrap()]).unwrap();
+    let w2 = Served::worker(&["--threads", "1"]);
+    let head = Served::start(&["--threads", "1", "--workers", &format!("{},{}", w1.addr, w2.addr), "--plan-strategy", "even"]);
+    let expected = chat(&head.addr, false);
+    assert_eq!(metric(&head.addr, "hearth_model_bytes_served_total"), 0.0, "both workers had the head's file");
+
+    let addr = head.addr.clone();
+    let before = metric(&head.addr, "hearth_generated_tokens_total");
+    let pending = std::thread::spawn(move || raw(&addr, "POST /v1/chat/completions", LONG));
+    wait_generating(&head.addr, before, 8.0);
+    // Same size, same bytes even: only the write itself tells the worker. (A byte in the
+    // header, which no stage reads again; the check is on the file, not on the bytes.)
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().read(true).write(true).open(&own).unwrap();
+        let mut byte = [0u8; 1];
+        f.read_at(&mut byte, 0).unwrap();
+        // Some filesystems keep mtime in whole seconds: a later second for sure.
+        std::thread::sleep(Duration::from_millis(1100));
+        f.write_at(&byte, 0).unwrap();
+    }
+    let (status, body) = pending.join().unwrap();
+    assert_ring_unavailable(status, &body, "own.gguf");
+    assert!(body.contains("written to"), "{body}");
+    let logged = w1.log.lock().unwrap().clone();
+    assert!(logged.lines().any(|l| l.contains("own.gguf") && l.contains("written to")), "the worker did not log why:\n{logged}");
+    wait_healthy(&head.addr, Duration::from_secs(60));
+    assert_eq!(chat(&head.addr, false), expected);
+    assert!(metric(&head.addr, "hearth_model_bytes_served_total") > 0.0, "the worker fetched the head's copy");
+    drop((head, w1, w2));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -66,6 +66,10 @@ pub struct BuiltGraph {
     pub swa_masks: Vec<T>,
     pub out_ids: Option<T>,
     pub attn_scale: Option<T>,
+    /// The Walsh-Hadamard matrices around a quantized K and V cache (see
+    /// `CacheTypes::rotations`), to fill with `kv_cache::hadamard`.
+    pub k_rot: Option<T>,
+    pub v_rot: Option<T>,
     /// Hidden states `[n_embd, n_tokens]`, logits `[n_vocab, n_out]`, or none when the
     /// window ends the model and no logits are wanted (the batch only fills the cache).
     pub output: Option<T>,
@@ -77,12 +81,26 @@ pub struct BuiltGraph {
     pub layer_norms: Vec<(usize, T)>,
 }
 
+/// `cur` times the Walsh-Hadamard matrix `rot` in chunks of its size along rows, as
+/// llama.cpp's `llama_mul_mat_hadamard` does (the hint lets the CPU run a fast transform).
+///
+/// SAFETY: live tensors of `ctx`; `cur`'s element count is a multiple of `rot`'s size.
+unsafe fn rotate(ctx: *mut sys::ggml_context, cur: T, rot: T) -> T {
+    let n = (*rot).ne[0];
+    let rows = sys::ggml_nelements(cur) / n;
+    let flat = if sys::ggml_is_contiguous(cur) { sys::ggml_reshape_2d(ctx, cur, n, rows) } else { sys::ggml_cont_2d(ctx, cur, n, rows) };
+    let res = sys::ggml_mul_mat(ctx, rot, flat);
+    sys::ggml_mul_mat_set_hint(res, sys::GGML_HINT_SRC0_IS_HADAMARD);
+    sys::ggml_reshape_4d(ctx, res, (*cur).ne[0], (*cur).ne[1], (*cur).ne[2], (*cur).ne[3])
+}
+
 /// Nodes per layer are ~30 plus ~8 per attended sequence, and a MoE FFN ~25 more plus
 /// 2 per expert used; this bound leaves headroom.
 pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
     let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used);
-    // 14 of a layer's: a pad and a view for each of its seven weight products.
-    n_layers * (62 + moe + 10 * n_groups) + 64
+    // 14 of a layer's: a pad and a view for each of its seven weight products; 12 for
+    // the rotations around a quantized cache.
+    n_layers * (74 + moe + 10 * n_groups) + 64
 }
 
 /// Builds the graph in `ctx` (a no-alloc context sized for `max_nodes`).
@@ -138,12 +156,14 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let trim_after_layers = spec.arch == Arch::GptOss;
     let attn_scale = spec.attn_temperature.filter(|_| has_layers).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
+    let (n_rot_k, n_rot_v) = cache.types.rotations(spec.head_dim);
+    let rotation = |n: usize| (has_layers && n > 0).then(|| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64)));
+    let (k_rot, v_rot) = (rotation(n_rot_k), rotation(n_rot_v));
 
     let add_opt = |t: T, b: Option<T>| match b {
         Some(b) => sys::ggml_add(ctx, t, b),
         None => t,
     };
-    let f16_row = |n: i64| sys::ggml_row_size(sys::GGML_TYPE_F16, n);
     let mut expert_choices = Vec::new();
     let mut layer_norms = Vec::new();
 
@@ -196,6 +216,15 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         if let Some(s) = spec.q_scale {
             q = sys::ggml_scale(ctx, q, s);
         }
+        // A quantized cache holds rotated K and V (llama.cpp's `build_attn`).
+        if let Some(r) = k_rot {
+            q = rotate(ctx, q, r);
+            k = rotate(ctx, k, r);
+        }
+        let v = match v_rot {
+            Some(r) => rotate(ctx, v, r),
+            None => v,
+        };
         // Same expansion order as llama.cpp, so the node order (and thus any fusion the
         // CPU backend applies) is the same.
         sys::ggml_build_forward_expand(gf, q);
@@ -223,8 +252,17 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             let qg = sys::ggml_permute(ctx, qg, 0, 2, 1, 3);
             let (cell0, n_kv) = if swa { (g.cell0_swa, g.n_kv_swa) } else { (g.cell0, g.n_kv) };
             let cache_view = |c: T| {
-                let view = sys::ggml_view_4d(ctx, c, hd, n_head_kv, n_kv as i64, seqs, f16_row(hd), f16_row(n_embd_kv), f16_row(n_embd_kv) * cache.slot_cells, f16_row(n_embd_kv) * cell0);
-                sys::ggml_permute(ctx, view, 0, 2, 1, 3)
+                // The cache's own type (F16 by default, a quantized one on request).
+                let row = |n: i64| sys::ggml_row_size((*c).type_, n);
+                let view = sys::ggml_view_4d(ctx, c, hd, n_head_kv, n_kv as i64, seqs, row(hd), row(n_embd_kv), row(n_embd_kv) * cache.slot_cells, row(n_embd_kv) * cell0);
+                let view = sys::ggml_permute(ctx, view, 0, 2, 1, 3);
+                // Flash attention takes F16 or quantized K and V: an F32 cache is cast,
+                // as llama.cpp casts it.
+                if (*c).type_ == sys::GGML_TYPE_F32 {
+                    sys::ggml_cast(ctx, view, sys::GGML_TYPE_F16)
+                } else {
+                    view
+                }
             };
             let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k), cache_view(kv.v), *mask, kq_scale, 0.0, 0.0);
             if let Some(sinks) = l.sinks {
@@ -233,6 +271,10 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             sys::ggml_prec_set_acc(fa, sys::GGML_PREC_F32);
             let out = sys::ggml_reshape_2d(ctx, fa, hd * n_head, rows * seqs);
             attn = if attn.is_null() { out } else { sys::ggml_concat(ctx, attn, out, 1) };
+        }
+        if let Some(r) = v_rot {
+            // Back from V's rotation.
+            attn = rotate(ctx, attn, r);
         }
         let mut cur = add_opt(mul_mat_acc(ctx, l.wo, attn, spec.arch.f32_accumulators()), l.bo);
         let mut residual = inp_sa;
@@ -277,7 +319,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         sys::ggml_set_output(o);
         sys::ggml_build_forward_expand(gf, o);
     }
-    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, output, expert_choices, layer_norms }
+    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, k_rot, v_rot, output, expert_choices, layer_norms }
 }
 
 /// llama.cpp's `build_moe_ffn` for the archs hearth runs: router, gating, top-k experts

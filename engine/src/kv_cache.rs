@@ -1,5 +1,5 @@
-//! The KV cache of one window: F16 K and V per layer, cut into fixed slots, one per live
-//! sequence. Position p of a sequence lives in cell p of its slot, so a sequence's cache
+//! The KV cache of one window: K and V per layer (F16 unless asked otherwise: see
+//! [`CacheType`]), cut into fixed slots, one per live sequence. Position p of a sequence lives in cell p of its slot, so a sequence's cache
 //! is one contiguous span (attention reads a plain view of it) and truncating it for a
 //! speculative rollback or a prompt-cache reuse is just moving its length back.
 
@@ -19,6 +19,152 @@ pub type SeqId = u64;
 /// the same keeps attention shapes, and so its floating-point order, identical.
 pub const KV_PAD: usize = 256;
 
+/// The element type of the K or V cache: what llama.cpp's `--cache-type-k` and
+/// `--cache-type-v` accept. A quantized cache is written by `set_rows` (each new token's
+/// row quantized as it lands) and read by flash attention as it is, so a `q8_0` cache
+/// takes 53% of F16's bytes and `q4_0` 28%, for a little precision: what lets a small
+/// device hold a long context or more layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheType {
+    F32,
+    #[default]
+    F16,
+    Bf16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Iq4Nl,
+    Q5_0,
+    Q5_1,
+}
+
+impl CacheType {
+    pub const ALL: [CacheType; 9] = [CacheType::F32, CacheType::F16, CacheType::Bf16, CacheType::Q8_0, CacheType::Q4_0, CacheType::Q4_1, CacheType::Iq4Nl, CacheType::Q5_0, CacheType::Q5_1];
+
+    /// The name llama.cpp's flags use (`q8_0`, `iq4_nl`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheType::F32 => "f32",
+            CacheType::F16 => "f16",
+            CacheType::Bf16 => "bf16",
+            CacheType::Q8_0 => "q8_0",
+            CacheType::Q4_0 => "q4_0",
+            CacheType::Q4_1 => "q4_1",
+            CacheType::Iq4Nl => "iq4_nl",
+            CacheType::Q5_0 => "q5_0",
+            CacheType::Q5_1 => "q5_1",
+        }
+    }
+
+    pub fn ggml_type(self) -> sys::ggml_type {
+        match self {
+            CacheType::F32 => sys::GGML_TYPE_F32,
+            CacheType::F16 => sys::GGML_TYPE_F16,
+            CacheType::Bf16 => sys::GGML_TYPE_BF16,
+            CacheType::Q8_0 => sys::GGML_TYPE_Q8_0,
+            CacheType::Q4_0 => sys::GGML_TYPE_Q4_0,
+            CacheType::Q4_1 => sys::GGML_TYPE_Q4_1,
+            CacheType::Iq4Nl => sys::GGML_TYPE_IQ4_NL,
+            CacheType::Q5_0 => sys::GGML_TYPE_Q5_0,
+            CacheType::Q5_1 => sys::GGML_TYPE_Q5_1,
+        }
+    }
+
+    /// Bytes of a row of `n` elements (`n` a multiple of the block size for a quantized
+    /// type; see [`CacheType::fits`]).
+    pub fn row_bytes(self, n: usize) -> usize {
+        // SAFETY: a pure function of a valid type and a count.
+        unsafe { sys::ggml_row_size(self.ggml_type(), n as i64) }
+    }
+
+    /// Bytes per element, for memory estimates (a q8_0 element is 34/32 bytes).
+    pub fn bytes_per_element(self) -> f64 {
+        let block = self.block();
+        self.row_bytes(block) as f64 / block as f64
+    }
+
+    fn block(self) -> usize {
+        // SAFETY: a pure function of a valid type.
+        unsafe { sys::ggml_blck_size(self.ggml_type()) as usize }
+    }
+
+    /// Whether rows of `head_dim` elements cut into whole blocks of this type: each
+    /// head's K and V are separate views of the cache row.
+    pub fn fits(self, head_dim: usize) -> bool {
+        head_dim % self.block() == 0
+    }
+}
+
+impl std::fmt::Display for CacheType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for CacheType {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<CacheType, String> {
+        let lower = s.to_ascii_lowercase();
+        CacheType::ALL.into_iter().find(|t| t.name() == lower).ok_or_else(|| {
+            let names: Vec<&str> = CacheType::ALL.iter().map(|t| t.name()).collect();
+            format!("unknown KV cache type {s:?}: one of {}", names.join(", "))
+        })
+    }
+}
+
+/// The K and V cache types of a stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CacheTypes {
+    #[serde(default)]
+    pub k: CacheType,
+    #[serde(default)]
+    pub v: CacheType,
+}
+
+impl std::fmt::Display for CacheTypes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "K {}, V {}", self.k, self.v)
+    }
+}
+
+impl CacheTypes {
+    /// The sizes of the Walsh-Hadamard rotations applied around a quantized cache, as
+    /// llama.cpp applies them (its `n_rot_k`, `n_rot_v`; 0: none). A rotation spreads each
+    /// head's outliers over all its elements before they are quantized, so a 4-bit cache
+    /// loses much less; being orthonormal and its own inverse, it changes nothing else:
+    /// Q and K rotated alike give the same scores, and the attention output is rotated
+    /// back from V's. K's rotation is the largest power of two dividing the head size
+    /// (at least 64), V's 64; a head size that is not a multiple of 64 is not rotated.
+    pub fn rotations(self, head_dim: usize) -> (usize, usize) {
+        const MIN_ROTATION: usize = 64;
+        let quantized = |t: CacheType| unsafe { sys::ggml_is_quantized(t.ggml_type()) };
+        let rotated = |t: CacheType| quantized(t) && head_dim % MIN_ROTATION == 0;
+        let mut k = 0;
+        if rotated(self.k) {
+            k = MIN_ROTATION;
+            while head_dim % (2 * k) == 0 {
+                k *= 2;
+            }
+        }
+        (k, if rotated(self.v) { MIN_ROTATION } else { 0 })
+    }
+
+    /// Bytes of one cached token's K and V in one layer.
+    pub fn bytes_per_token(self, n_embd_k: usize, n_embd_v: usize) -> usize {
+        self.k.row_bytes(n_embd_k) + self.v.row_bytes(n_embd_v)
+    }
+}
+
+/// The orthonormal Walsh-Hadamard matrix of size `n` (a power of two), row-major: entry
+/// (i, j) is `(-1)^popcount(i & j) / sqrt(n)`, the Sylvester construction llama.cpp uses.
+pub fn hadamard(n: usize) -> Vec<f32> {
+    // Computed as llama.cpp computes it (`1.0 / sqrtf(n)`: a double division), to the bit.
+    let scale = (1.0f64 / f64::from((n as f32).sqrt())) as f32;
+    (0..n * n).map(|x| if ((x / n) & (x % n)).count_ones() % 2 == 0 { scale } else { -scale }).collect()
+}
+
 /// Per-layer K/V tensors of a window.
 pub struct LayerKv {
     pub k: *mut sys::ggml_tensor,
@@ -27,6 +173,7 @@ pub struct LayerKv {
 
 pub struct KvCache {
     pub layers: Vec<LayerKv>,
+    pub types: CacheTypes,
     /// Cells per slot: the per-sequence context, rounded up to `KV_PAD`.
     pub slot_cells: usize,
     /// Usable cells per sequence (the configured context size).
@@ -47,9 +194,14 @@ pub struct SeqState {
 
 impl KvCache {
     /// `devices[i]` is where layer i of the window runs; its cache goes there too.
-    pub fn new(spec: &ModelSpec, devices: &[Device], n_seq: usize, n_ctx_seq: usize, accel: Option<&ggml::Accelerator>) -> Result<KvCache> {
+    pub fn new(spec: &ModelSpec, devices: &[Device], n_seq: usize, n_ctx_seq: usize, types: CacheTypes, accel: Option<&ggml::Accelerator>) -> Result<KvCache> {
         if n_seq == 0 || n_ctx_seq == 0 {
             return Err(Error::InvalidWindow("the KV cache needs at least one sequence of at least one cell".into()));
+        }
+        for (which, t) in [("K", types.k), ("V", types.v)] {
+            if !t.fits(spec.head_dim) {
+                return Err(Error::InvalidWindow(format!("a {t} {which} cache needs a head size that is a multiple of {} (this model's is {})", t.block(), spec.head_dim)));
+            }
         }
         let slot_cells = n_ctx_seq.div_ceil(KV_PAD) * KV_PAD;
         let total = slot_cells
@@ -65,12 +217,13 @@ impl KvCache {
                 Device::Accelerator => accel_ctx.expect("created when a layer is offloaded"),
                 Device::Cpu => cpu_ctx,
             };
-            let k = ggml::new_tensor(ctx, sys::GGML_TYPE_F16, &[n_embd_kv, total as u64])?;
-            let v = ggml::new_tensor(ctx, sys::GGML_TYPE_F16, &[n_embd_kv, total as u64])?;
+            let k = ggml::new_tensor(ctx, types.k.ggml_type(), &[n_embd_kv, total as u64])?;
+            let v = ggml::new_tensor(ctx, types.v.ggml_type(), &[n_embd_kv, total as u64])?;
             layers.push(LayerKv { k, v });
         }
         let mut cache = KvCache {
             layers,
+            types,
             slot_cells,
             capacity: n_ctx_seq,
             slots: vec![None; n_seq],

@@ -31,7 +31,7 @@ mod weights;
 
 pub use error::{Error, Result};
 pub use ggml::{accelerators, Accelerator, AcceleratorInfo};
-pub use kv_cache::SeqId;
+pub use kv_cache::{CacheType, CacheTypes, SeqId};
 pub use model::{Arch, ModelSpec};
 pub use model_file::ModelFile;
 pub use pipeline::LocalPipeline;

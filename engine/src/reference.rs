@@ -18,6 +18,8 @@ pub struct Reference {
     model: *mut sys::llama_model,
     threads: i32,
     n_vocab: usize,
+    /// The KV cache types of every context it makes (`--cache-type-k/-v`).
+    kv: crate::CacheTypes,
 }
 
 // SAFETY: the model is read-only after loading; each call makes its own context.
@@ -191,7 +193,14 @@ impl Reference {
         }
         // SAFETY: a loaded model.
         let n_vocab = unsafe { sys::llama_vocab_n_tokens(sys::llama_model_get_vocab(model)) } as usize;
-        Ok(Reference { model, threads: threads as i32, n_vocab })
+        Ok(Reference { model, threads: threads as i32, n_vocab, kv: crate::CacheTypes::default() })
+    }
+
+    /// Contexts made from now on cache K and V in these types, as llama.cpp's
+    /// `--cache-type-k/-v` do.
+    pub fn with_cache_types(mut self, kv: crate::CacheTypes) -> Reference {
+        self.kv = kv;
+        self
     }
 
     fn context(&self, n_ctx: usize, n_batch: usize) -> Result<Context> {
@@ -224,6 +233,8 @@ impl Reference {
             p.n_threads = self.threads;
             p.n_threads_batch = self.threads;
             p.flash_attn_type = sys::LLAMA_FLASH_ATTN_TYPE_ENABLED;
+            p.type_k = self.kv.k.ggml_type();
+            p.type_v = self.kv.v.ggml_type();
             if let Some(ops) = ops {
                 p.cb_eval = Some(crate::op_profile::on_node);
                 p.cb_eval_user_data = ops.cast();

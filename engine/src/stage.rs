@@ -98,12 +98,14 @@ pub struct StageConfig {
     /// reading around page faults in expert tensors (`expert_reads`). No effect on dense
     /// models; pointless (and off) for weights held in memory.
     pub read_chosen_experts: bool,
+    /// The KV cache's element types (llama.cpp's `--cache-type-k/-v`).
+    pub kv: crate::kv_cache::CacheTypes,
 }
 
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default() }
     }
 }
 
@@ -213,7 +215,7 @@ impl Stage {
             .iter()
             .map(|w| {
                 let devices: Vec<Device> = w.clone().map(|il| device_of(w, il)).collect();
-                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &devices, cfg.n_seq, n_ctx_seq, accel.as_ref())? })
+                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &devices, cfg.n_seq, n_ctx_seq, cfg.kv, accel.as_ref())? })
             })
             .collect::<Result<Vec<_>>>()?;
 
@@ -514,6 +516,9 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
     if let Some(t) = g.out_ids {
         let v: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
         set(t, as_bytes(&v));
+    }
+    for t in [g.k_rot, g.v_rot].into_iter().flatten() {
+        set(t, as_bytes(&crate::kv_cache::hadamard((*t).ne[0] as usize)));
     }
     let status = sys::ggml_backend_sched_graph_compute(sched, g.graph);
     if status != sys::GGML_STATUS_SUCCESS {

@@ -63,6 +63,43 @@ fn greedy_generation_matches_llama_cpp_and_survives_cutting_into_windows() {
     }
 }
 
+/// Quantized and other KV cache types (llama.cpp's `--cache-type-k/-v`): every type, K
+/// and V mixed, gives llama.cpp's logits at every prompt position and its greedy tokens
+/// with the same types, whole and cut into two stages; and the type is really used (a
+/// quantized cache's logits are not F16's).
+#[test]
+fn every_kv_cache_type_matches_llama_cpp_with_the_same_types() {
+    use engine::{CacheType as T, CacheTypes};
+    let path = common::default_model();
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompt = chat_prompt(&tok, PROMPTS[2]);
+    let positions: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 3, pos: i as u32, logits: true }).collect();
+    let f16 = Reference::load(&path, THREADS).unwrap().prompt_logits(&prompt).unwrap();
+    for (k, v) in [(T::Q8_0, T::Q8_0), (T::Q4_0, T::Q4_0), (T::Q8_0, T::Q4_0), (T::Bf16, T::Q5_1), (T::Q4_1, T::Iq4Nl), (T::F32, T::Q5_0)] {
+        let kv = CacheTypes { k, v };
+        let reference = Reference::load(&path, THREADS).unwrap().with_cache_types(kv);
+        let expected_logits = reference.prompt_logits(&prompt).unwrap();
+        let mut whole = common::pipeline_with(&path, &windows(&[0..30]), 1, kv);
+        let logits = whole.forward(&positions, &prompt).unwrap();
+        let mut worst = 0f64;
+        for (i, r) in expected_logits.iter().enumerate() {
+            worst = worst.max(common::rel_rms(logits.row(i), r));
+        }
+        assert!(worst < 1e-2, "K {k}, V {v}: relative RMS error {worst}");
+        let last = prompt.len() - 1;
+        let from_f16 = common::rel_rms(logits.row(last), &f16[last]);
+        if k != T::F32 || v != T::F32 {
+            assert!(from_f16 > 0.0, "K {k}, V {v}: the logits are F16's: the cache type was not used");
+        }
+        whole.clear_sequence(3);
+        let expected = reference.greedy(&prompt, GEN).unwrap();
+        assert_eq!(whole.greedy(0, &prompt, GEN, 512).unwrap(), expected, "K {k}, V {v}: greedy tokens differ from llama.cpp's");
+        let mut cut = common::pipeline_with(&path, &windows(&[0..12, 12..30]), 1, kv);
+        assert_eq!(cut.greedy(0, &prompt, GEN, 512).unwrap(), expected, "K {k}, V {v}: two stages differ");
+        eprintln!("K {k}, V {v}: worst relative RMS error against llama.cpp {worst:.2e}, last position against F16 {from_f16:.2e}");
+    }
+}
+
 #[test]
 fn interleaved_sequences_give_the_same_tokens_as_each_alone() {
     let path = common::default_model();

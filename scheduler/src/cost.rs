@@ -556,6 +556,8 @@ pub(crate) mod tests {
             head_dim_v: 1,
             n_kv: 0,
             n_head: 0,
+            kv_element_bytes_k: 2.0,
+            kv_element_bytes_v: 2.0,
             layer_flops: PerQuant { q4k: 1e9, ..PerQuant::default() },
             output_flops: PerQuant { q6k: 1e9, ..PerQuant::default() },
             compute_buffer_cpu: 0.0,

@@ -257,6 +257,11 @@ pub struct MoeProfile {
     pub expert_flops: PerQuant,
 }
 
+/// An F16 cache element's bytes: what a profile that does not say means.
+fn f16_bytes() -> f64 {
+    2.0
+}
+
 /// The model, as the model profiler reads it from the GGUF (or as computed from the
 /// published architecture for what-if planning).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -285,6 +290,12 @@ pub struct ModelProfile {
     /// Query heads (attention FLOPs grow with them per cached token); 0: as `n_head_k`.
     #[serde(default)]
     pub n_head: usize,
+    /// Bytes per element of the K and of the V cache: 2 for F16 (the paper's `2` in
+    /// `2(h_k e_k + h_v e_v) n_kv`), 34/32 for llama.cpp's q8_0, 18/32 for q4_0.
+    #[serde(default = "f16_bytes")]
+    pub kv_element_bytes_k: f64,
+    #[serde(default = "f16_bytes")]
+    pub kv_element_bytes_v: f64,
     /// `f^q`: FLOPs of one layer for one token, per weight format.
     pub layer_flops: PerQuant,
     /// `f_out^q`: FLOPs of the output layer for one token.
@@ -350,9 +361,10 @@ impl ModelProfile {
         f
     }
 
-    /// `2(h_k e_k + h_v e_v) n_kv`: F16 KV-cache bytes of one layer.
+    /// `2(h_k e_k + h_v e_v) n_kv`: KV-cache bytes of one layer, with the cache types'
+    /// bytes per element in place of F16's 2.
     pub fn kv_bytes_per_layer(&self) -> f64 {
-        2.0 * (self.n_head_k * self.head_dim_k + self.n_head_v * self.head_dim_v) as f64 * self.n_kv as f64
+        (self.kv_element_bytes_k * (self.n_head_k * self.head_dim_k) as f64 + self.kv_element_bytes_v * (self.n_head_v * self.head_dim_v) as f64) * self.n_kv as f64
     }
 
     /// `b′ = b + 2(h_k e_k + h_v e_v) n_kv`: a layer's weights and its KV cache.

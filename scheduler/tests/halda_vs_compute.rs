@@ -50,6 +50,8 @@ fn cluster() -> (Vec<DeviceProfile>, ModelProfile) {
         head_dim_v: 128,
         n_kv: 0,
         n_head: 8,
+        kv_element_bytes_k: 2.0,
+        kv_element_bytes_v: 2.0,
         layer_flops: PerQuant { q4k: 1281364617.7497725, q6k: 400426443.0468039, f32: 5120.0, ..PerQuant::default() },
         output_flops: PerQuant { q6k: 32768000.0, ..PerQuant::default() },
         compute_buffer_cpu: 2e8,

@@ -25,6 +25,8 @@ fn smollm2() -> ModelProfile {
         head_dim_v: 64,
         n_kv: 512,
         n_head: 9,
+        kv_element_bytes_k: 2.0,
+        kv_element_bytes_v: 2.0,
         layer_flops: PerQuant { q8_0: 2.0 * params, f16: 4.0 * 9.0 * 64.0 * 512.0, ..PerQuant::default() },
         output_flops: PerQuant { q8_0: 2.0 * 49152.0 * e, ..PerQuant::default() },
         compute_buffer_cpu: 5e7,

@@ -33,6 +33,8 @@ fn moe_model() -> ModelProfile {
         head_dim_v: 128,
         n_kv: 4096,
         n_head: 32,
+        kv_element_bytes_k: 2.0,
+        kv_element_bytes_v: 2.0,
         layer_flops: PerQuant { q4k: weights(dense_read + experts * share), f16: 4.0 * 32.0 * 128.0 * 4096.0, f32: 1e5, ..PerQuant::default() },
         output_flops: PerQuant { q6k: 2.0 * 151_936.0 * 2048.0, ..PerQuant::default() },
         compute_buffer_cpu: 3e8,

@@ -38,7 +38,7 @@ prop_compose! {
         let b = layer_mb * 1e6;
         ModelProfile {
             name: "random".into(), n_layer, layer_bytes: b, input_bytes: b * 0.8, output_bytes: b * 1.2, n_vocab: 32000, n_embd: e,
-            n_head_k: 8, n_head_v: 8, head_dim_k: 128, head_dim_v: 128, n_kv, n_head: 8,
+            n_head_k: 8, n_head_v: 8, head_dim_k: 128, head_dim_v: 128, n_kv, n_head: 8, kv_element_bytes_k: 2.0, kv_element_bytes_v: 2.0,
             layer_flops: PerQuant { q4k: 1.6 * b, q6k: 0.5 * b, f16: 4096.0 * n_kv as f64, f32: 10.0 * e as f64, ..PerQuant::default() },
             output_flops: PerQuant { q6k: 2.0 * 32000.0 * e as f64, ..PerQuant::default() },
             compute_buffer_cpu: 2e8, compute_buffer_gpu: 2e8, moe: None,

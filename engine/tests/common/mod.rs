@@ -33,13 +33,18 @@ pub fn chat_prompt(tok: &Tokenizer, user: &str) -> Vec<i32> {
 }
 
 pub fn stage_config(windows: Vec<std::ops::Range<usize>>, n_seq: usize) -> StageConfig {
-    StageConfig { windows, n_seq, n_ctx_seq: 1024, max_batch: 256, threads: THREADS, accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false }
+    StageConfig { windows, n_seq, n_ctx_seq: 1024, max_batch: 256, threads: THREADS, accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default() }
 }
 
 /// One stage per window group, chained in layer order.
 pub fn pipeline(path: &std::path::Path, stages: &[Vec<std::ops::Range<usize>>], n_seq: usize) -> LocalPipeline {
+    pipeline_with(path, stages, n_seq, engine::CacheTypes::default())
+}
+
+/// [`pipeline`] with KV caches of types `kv`.
+pub fn pipeline_with(path: &std::path::Path, stages: &[Vec<std::ops::Range<usize>>], n_seq: usize, kv: engine::CacheTypes) -> LocalPipeline {
     let file = Arc::new(ModelFile::open(path).unwrap());
-    let stages = stages.iter().map(|w| Stage::new(file.clone(), stage_config(w.clone(), n_seq)).unwrap()).collect();
+    let stages = stages.iter().map(|w| Stage::new(file.clone(), StageConfig { kv, ..stage_config(w.clone(), n_seq) }).unwrap()).collect();
     LocalPipeline::new(stages).unwrap()
 }
 

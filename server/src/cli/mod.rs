@@ -177,9 +177,33 @@ pub struct PlanArgs {
     /// (1: one token's latency only).
     #[arg(long, env = "HEARTH_PARALLEL", default_value_t = 4)]
     pub parallel: usize,
+    /// The KV cache types to plan for (a GGUF's; a model-profile JSON says its own).
+    #[command(flatten)]
+    pub kv: CacheTypeArgs,
     /// Print the whole schedule as JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--cache-type-k` / `--cache-type-v`, as `hearth serve` and `hearth plan` take them.
+#[derive(Args, Debug, Clone)]
+pub struct CacheTypeArgs {
+    /// The element type of the KV cache's keys, on every ring member: f16 (default), bf16,
+    /// f32, q8_0, q4_0, q4_1, q5_0, q5_1 or iq4_nl (llama.cpp's `--cache-type-k`). q8_0
+    /// takes about half of f16's memory per token of context, q4_0 about a quarter, for a
+    /// little precision; the planner counts the chosen type's bytes.
+    #[arg(long, env = "HEARTH_CACHE_TYPE_K", default_value_t = engine::CacheType::F16)]
+    pub cache_type_k: engine::CacheType,
+    /// The element type of the KV cache's values (llama.cpp's `--cache-type-v`); the same
+    /// choices as --cache-type-k.
+    #[arg(long, env = "HEARTH_CACHE_TYPE_V", default_value_t = engine::CacheType::F16)]
+    pub cache_type_v: engine::CacheType,
+}
+
+impl CacheTypeArgs {
+    pub fn types(&self) -> engine::CacheTypes {
+        engine::CacheTypes { k: self.cache_type_k, v: self.cache_type_v }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -412,6 +436,8 @@ pub struct ServeArgs {
     /// long batches.
     #[arg(long, env = "HEARTH_BATCH_INVARIANT")]
     pub batch_invariant: bool,
+    #[command(flatten)]
+    pub kv: CacheTypeArgs,
     /// Keep every weight in the model file's own layout, zero-copy in its mapping. By
     /// default the weights the CPU kernels prefer in an interleaved layout (Q4_0, Q4_K,
     /// IQ4_NL and others, depending on the CPU) are repacked into memory at load, as

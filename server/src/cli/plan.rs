@@ -17,7 +17,7 @@ use crate::runtime::ring::planning::{forecast, table};
 pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
     let devices: Vec<DeviceProfile> = serde_json::from_str(&std::fs::read_to_string(&args.devices).map_err(|e| format!("cannot read {}: {e}", args.devices.display()))?)
         .map_err(|e| format!("{} is not a list of device profiles: {e}", args.devices.display()))?;
-    let model = load_model(&args.model.resolve()?, args.ctx_size)?;
+    let model = load_model(&args.model.resolve()?, args.ctx_size, args.kv.types())?;
     let strategy: Strategy = args.plan_strategy.parse()?;
     let schedule_with = |strategy| scheduler::schedule(&devices, &model, &Options { strategy, streams: args.parallel.max(1), ..Options::default() });
     let chosen = schedule_with(strategy)?;
@@ -39,13 +39,13 @@ pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// A GGUF (by its magic) or a model-profile JSON.
-fn load_model(path: &Path, ctx: usize) -> Result<ModelProfile, Box<dyn std::error::Error>> {
+fn load_model(path: &Path, ctx: usize, kv: engine::CacheTypes) -> Result<ModelProfile, Box<dyn std::error::Error>> {
     let mut magic = [0u8; 4];
     std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut magic)).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if &magic == b"GGUF" {
         let file = engine::ModelFile::open(path)?;
         let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-        return Ok(crate::runtime::profiling::model::from_gguf(&file, &name, ctx));
+        return Ok(crate::runtime::profiling::model::from_gguf(&file, &name, ctx, kv));
     }
     let text = std::fs::read_to_string(path)?;
     Ok(serde_json::from_str(&text).map_err(|e| format!("{} is neither a GGUF nor a model-profile JSON: {e}", path.display()))?)

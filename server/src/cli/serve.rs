@@ -90,6 +90,7 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
         spec_tokens: args.spec_tokens,
         batch_invariant: args.batch_invariant,
         repack: !args.no_repack,
+        kv: args.kv.types(),
         ring: ring_setup(args)?,
         gpu_layers: {
             let p = crate::runtime::GpuPlacement { layers: args.gpu_layers, experts_in_ram: args.experts_in_ram };

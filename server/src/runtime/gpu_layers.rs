@@ -88,17 +88,17 @@ const ACCEL_RESERVE_BYTES: u64 = 512 << 20;
 /// too).
 /// `experts`: the user's count of layers with experts in RAM, when given. (0, 0) without
 /// an accelerator.
-pub fn fitting_layers(file: &ModelFile, accel: Option<&AcceleratorInfo>, n_seq: usize, n_ctx_seq: usize, experts: GpuLayers) -> (usize, usize) {
+pub fn fitting_layers(file: &ModelFile, accel: Option<&AcceleratorInfo>, n_seq: usize, n_ctx_seq: usize, kv: engine::CacheTypes, experts: GpuLayers) -> (usize, usize) {
     let Some(a) = accel else { return (0, 0) };
     let n_layer = file.spec.n_layer.max(1);
     let ranges = |il: usize| file.layer_byte_ranges(il..il + 1);
     let weights: u64 = (0..n_layer).flat_map(ranges).map(|r| r.len() as u64).sum();
     let expert_bytes: u64 = file.gguf.meta().tensors().iter().filter(|t| t.name.starts_with("blk.") && t.name.contains("_exps.")).map(|t| t.n_bytes).sum();
-    let kv = 2 * file.spec.n_embd_kv() as u64 * 2 * (n_seq * n_ctx_seq) as u64;
+    let kv = kv.bytes_per_token(file.spec.n_embd_kv(), file.spec.n_embd_kv()) as u64 * (n_seq * n_ctx_seq) as u64;
     let whole = (weights / n_layer as u64 + kv).max(1);
     let dense = whole.saturating_sub(expert_bytes / n_layer as u64).max(1);
     // The output layer's bytes as the scheduler counts them (a tied head is the embedding).
-    let output = super::profiling::model::from_gguf(file, "", n_ctx_seq).output_bytes as u64;
+    let output = super::profiling::model::from_gguf(file, "", n_ctx_seq, engine::CacheTypes::default()).output_bytes as u64;
     let room = a.memory_free.saturating_sub(ACCEL_RESERVE_BYTES);
     with_output(room, n_layer, whole, output, fit(room, n_layer, whole, dense, experts))
 }

@@ -38,6 +38,8 @@ pub struct HeadConfig {
     pub batch_invariant: bool,
     /// Repack weights into the CPU kernels' preferred layouts (`--no-repack` turns it off).
     pub repack: bool,
+    /// The KV cache's element types (`--cache-type-k/-v`), on every ring member.
+    pub kv: engine::CacheTypes,
     /// `None`: every layer on this machine.
     pub ring: Option<RingSetup>,
     /// Layers of each of this machine's windows on its accelerator, and of those with
@@ -74,7 +76,7 @@ impl Head {
         let max_batch = cfg.max_batch.max(parallel);
         // Speculation stays exact only if a verified draft computes as it would alone.
         let batch_invariant = cfg.batch_invariant || cfg.speculation.is_some();
-        let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, ..StageConfig::whole(&spec) };
+        let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, ..StageConfig::whole(&spec) };
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
                 let mut pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
@@ -90,11 +92,11 @@ impl Head {
                 }
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
-                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack, gpu_layers: cfg.gpu_layers };
+                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack, kv: stage.kv, gpu_layers: cfg.gpu_layers };
                 // Device selection weighs the streams served at once only where their
                 // micro-batches may fly together.
                 let streams = if ring.micro_batches == Some(1) { 1 } else { stage.n_seq };
-                let planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, ring.strategy, streams);
+                let planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, stage.kv, ring.strategy, streams);
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)
             }
@@ -102,7 +104,7 @@ impl Head {
                 // A model larger than this machine's memory is served from the mapping, paged
                 // by the OS; repacked copies would have to fit in memory instead.
                 let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None);
-                let (fit, fit_experts) = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq, cfg.gpu_layers.experts_in_ram);
+                let (fit, fit_experts) = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq, stage.kv, cfg.gpu_layers.experts_in_ram);
                 let (accel_layers, experts_in_ram) = cfg.gpu_layers.resolve(fit, fit_experts);
                 // One beyond the layers: the output layer too (llama.cpp's count).
                 let accel_layers = accel_layers.min(spec.n_layer + 1);
@@ -126,7 +128,7 @@ impl Head {
             }
         };
         let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens, files: vec![watched] }, proposer);
-        tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = stage.n_ctx_seq, "model loaded");
+        tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = stage.n_ctx_seq, cache = %stage.kv, "model loaded");
         Ok(Head { batcher, board, parallel })
     }
 }

@@ -213,7 +213,7 @@ const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
 /// ring with micro-batches in flight.
 fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::ModelFile, threads: usize) -> Result<()> {
     use engine::{BatchToken, Stage, StageConfig, StageInput};
-    let model = crate::runtime::profiling::model::from_gguf(file, "", CALIBRATION_WARMUP + CALIBRATION_TOKENS / 2);
+    let model = crate::runtime::profiling::model::from_gguf(file, "", CALIBRATION_WARMUP + CALIBRATION_TOKENS / 2, engine::CacheTypes::default());
     let n_layer = model.n_layer.max(1);
     let layers = ((CALIBRATION_BYTES / model.layer_bytes.max(1.0)).ceil() as usize).clamp(1, n_layer);
     // Its own mapping of the file: the caller's stays untouched.
@@ -221,7 +221,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let n_ctx = (CALIBRATION_WARMUP + CALIBRATION_TOKENS + 1).max(CALIBRATION_PROMPT);
     // A model small enough is timed whole, output layer included, as the head runs it.
     let whole = layers == n_layer;
-    let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false };
+    let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default() };
     let mut stage = Stage::new(file.clone(), cfg.clone())?;
     let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
     for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {

@@ -52,8 +52,9 @@ pub fn extra_formats(file: &ModelFile) -> Vec<GgmlType> {
     out
 }
 
-/// `n_kv`: the context the plan is made for (KV-cache bytes and attention FLOPs grow with it).
-pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
+/// `n_kv`: the context the plan is made for (KV-cache bytes and attention FLOPs grow with
+/// it), in a cache of element types `kv`.
+pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTypes) -> ModelProfile {
     let spec = &file.spec;
     let (e, v) = (spec.n_embd, spec.n_vocab);
     let mut layer_bytes = 0u64;
@@ -124,6 +125,8 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize) -> ModelProfile {
         head_dim_v: spec.head_dim,
         n_kv,
         n_head: spec.n_head,
+        kv_element_bytes_k: kv.k.bytes_per_element(),
+        kv_element_bytes_v: kv.v.bytes_per_element(),
         layer_flops: lf,
         output_flops,
         compute_buffer_cpu: buffer,

@@ -324,7 +324,7 @@ mod tests {
             engine::random_model::RandomModel::new("llama", 8, 64, 128, 4, 2).write(&crate::models::vocabulary_fixture(), &model).unwrap();
             let file = Arc::new(ModelFile::open(&model).unwrap());
             let membership = Membership::new(WORKERS.map(String::from).to_vec());
-            let planner = Planner::new(file, model.clone(), membership, ClusterSecret::new("a test secret").unwrap(), 1, 4096, Strategy::Even, 1);
+            let planner = Planner::new(file, model.clone(), membership, ClusterSecret::new("a test secret").unwrap(), 1, 4096, engine::CacheTypes::default(), Strategy::Even, 1);
             let devices = testbed()[..=running].to_vec();
             let s = planner.schedule(&devices, Strategy::Even).unwrap();
             assert_eq!(s.members.len(), running + 1, "{s:?}");

@@ -82,6 +82,8 @@ pub struct RingConfig {
     pub batch_invariant: bool,
     /// The head's own windows may be repacked (`--no-repack` off; paged windows never are).
     pub repack: bool,
+    /// Every member's KV cache types.
+    pub kv: engine::CacheTypes,
     /// The head's GPU layers per window: the plan's, or the user's count.
     pub gpu_layers: crate::runtime::GpuPlacement,
 }
@@ -142,6 +144,7 @@ impl HeadStage {
                 batch_invariant: cfg.batch_invariant,
                 repack: cfg.repack && !paged,
                 read_chosen_experts: paged,
+                kv: cfg.kv,
             },
         )?;
         // Made after the stage, so the stage's own memory counts against the budget.

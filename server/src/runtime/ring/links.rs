@@ -227,6 +227,7 @@ pub fn form(f: Formation<'_>) -> Result<TcpRing> {
                 max_batch: cfg.max_batch,
                 release: cfg.setup.release,
                 batch_invariant: cfg.batch_invariant,
+                kv: cfg.kv,
                 head: head_id.to_string(),
             };
             let body = serde_json::to_value(&wp).map_err(|e| Error::RingRefused(e.to_string()))?;

@@ -97,6 +97,10 @@ pub struct WorkerPlan {
     /// `engine::StageConfig::batch_invariant`).
     #[serde(default)]
     pub batch_invariant: bool,
+    /// The KV cache types every member uses (the head's `--cache-type-k/-v`); F16 from a
+    /// head that does not say.
+    #[serde(default)]
+    pub kv: engine::CacheTypes,
 }
 
 /// A control call to a worker failed: a 4xx answer or a bad secret is the worker saying no

@@ -42,9 +42,9 @@ impl Planner {
     /// `streams`: sequences served at once with micro-batches in flight (1 when they go
     /// one at a time): what device selection weighs beside one token's latency.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(file: Arc<ModelFile>, path: PathBuf, membership: Arc<Membership>, secret: ClusterSecret, threads: usize, ctx: usize, strategy: Strategy, streams: usize) -> Planner {
+    pub fn new(file: Arc<ModelFile>, path: PathBuf, membership: Arc<Membership>, secret: ClusterSecret, threads: usize, ctx: usize, kv: engine::CacheTypes, strategy: Strategy, streams: usize) -> Planner {
         let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
-        let model = crate::runtime::profiling::model::from_gguf(&file, &name, ctx);
+        let model = crate::runtime::profiling::model::from_gguf(&file, &name, ctx, kv);
         Planner { membership, model, options: Options { strategy, streams: streams.max(1), ..Options::default() }, secret, file, path, threads }
     }
 

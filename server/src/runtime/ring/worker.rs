@@ -84,6 +84,12 @@ struct LocalModel {
 }
 
 impl LocalModel {
+    /// False once a worker's own file changed under it (see [`Compute::own_file`]); a
+    /// fetched file's pieces were verified as they arrived.
+    fn unchanged(&self) -> bool {
+        self.layers.is_some() || self.file.gguf.changed().is_none()
+    }
+
     fn holds(&self, windows: &[(usize, usize)]) -> bool {
         self.layers.as_ref().is_none_or(|have| windows.iter().all(|&(a, b)| (a..b).all(|l| have.iter().any(|&(x, y)| (x..y).contains(&l)))))
     }
@@ -113,6 +119,12 @@ struct Compute {
     relay: bool,
     /// The plan generation this stage belongs to: a link of another may not touch it.
     generation: u64,
+    /// The worker's own `--model` file, checked after every step: written to or truncated
+    /// under the stage (a new version copied over it), what the stage read since may be
+    /// garbage. A file fetched from a head is not watched this way: this worker's shipper
+    /// writes further windows into it while the stage serves, and pieces are verified
+    /// against the head's hashes as they arrive; its truncation still shows as a fault.
+    own_file: Option<Arc<ModelFile>>,
 }
 
 impl Worker {
@@ -262,8 +274,10 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
         transport::methods::HEALTH => Ok(json!({"status": "ok", "fingerprint": state.model().map(|m| m.fingerprint), "planned": state.meta().planned})),
         shipping::FETCH => {
             let request: FetchRequest = serde_json::from_value(body).map_err(|e| ControlFailure::bad_request(format!("invalid fetch request: {e}")))?;
-            // Its own file, if it is the head's, holds every layer.
-            if state.model().is_some_and(|m| m.fingerprint == request.fingerprint && m.holds(&request.windows)) {
+            // Its own file, if it is the head's, holds every layer. One that changed since
+            // it was opened is no longer what its fingerprint says: the head's copy is
+            // fetched instead, and the ring forms again without a restart.
+            if state.model().is_some_and(|m| m.fingerprint == request.fingerprint && m.holds(&request.windows) && m.unchanged()) {
                 return serde_json::to_value(FetchStatus { ready: true, ..FetchStatus::default() }).map_err(|e| ControlFailure::failed(e.to_string()));
             }
             let (status, file) = state.shipper.fetch(request.clone());
@@ -324,6 +338,10 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                     plan.fingerprint
                 )));
             }
+            if !model.unchanged() {
+                let why = model.file.gguf.changed().unwrap_or_default();
+                return Err(ControlFailure::bad_request(format!("{why}: this worker fetches the head's copy at the next fetch_model")));
+            }
             if !model.holds(&plan.windows) {
                 return Err(ControlFailure::bad_request(format!("this worker has not fetched windows {:?} from the head yet (fetch_model first)", plan.windows)));
             }
@@ -342,8 +360,10 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 batch_invariant: plan.batch_invariant,
                 repack: state.repack && !paged,
                 read_chosen_experts: paged,
+                kv: plan.kv,
             };
             let layers = cfg.windows.clone();
+            let own_file = model.layers.is_none().then(|| file.clone());
             let release = plan.release;
             let relay = layers.is_empty();
             let built = if relay {
@@ -357,7 +377,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 .await
                 .map_err(|e| ControlFailure::failed(e.to_string()))?
                 .map_err(|e| ControlFailure::bad_request(e.to_string()))?;
-                tracing::info!(windows = ?plan.windows, next = %plan.next, "plan loaded; {}", pager.describe());
+                tracing::info!(windows = ?plan.windows, next = %plan.next, cache = %plan.kv, "plan loaded; {}", pager.describe());
                 Some((stage, pager))
             };
             let generation;
@@ -376,7 +396,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
             let worker = state.clone();
             tokio::task::spawn_blocking(move || {
                 let (stage, pager) = built.unzip();
-                *worker.compute() = Compute { stage, pager, relay, generation };
+                *worker.compute() = Compute { stage, pager, relay, generation, own_file };
             })
             .await
             .map_err(|e| ControlFailure::failed(e.to_string()))?;
@@ -477,7 +497,13 @@ fn compute(state: &Worker, a: Activations, waited: Option<Duration>, generation:
         p.after(round);
     }
     // A model file truncated under this worker read as zeros instead of ending it with
-    // SIGBUS (engine::gguf::faults): what it computed since is not to be sent on.
+    // SIGBUS (engine::gguf::faults), or its own file was written to: what it computed
+    // since is not to be sent on.
+    if let Some(why) = s.own_file.as_ref().and_then(|f| f.gguf.changed()) {
+        let message = format!("{why}; this worker fetches the head's copy when the ring forms again");
+        tracing::error!("{message}");
+        return Frame::Error { step: a.step, message };
+    }
     if engine::gguf::faults::faulted() {
         tracing::error!("{MODEL_TRUNCATED}");
         return Frame::Error { step: a.step, message: MODEL_TRUNCATED.into() };
