@@ -96,19 +96,22 @@ fn llama_cpp_on_the_accelerator_computes_exactly_what_hearth_does() {
     let path = common::default_model();
     let n = ModelFile::open(&path).unwrap().spec.n_layer;
     for gpu_layers in [n, n + 1] {
-        oracle_on_the_accelerator(&info, &path, gpu_layers);
+        oracle_on_the_accelerator(&info, &path, gpu_layers, engine::CacheTypes::default());
     }
+    // A quantized cache on the device: its rotations and quantized attention there too.
+    let kv = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
+    oracle_on_the_accelerator(&info, &path, n + 1, kv);
 }
 
-fn oracle_on_the_accelerator(info: &AcceleratorInfo, path: &std::path::Path, gpu_layers: usize) {
+fn oracle_on_the_accelerator(info: &AcceleratorInfo, path: &std::path::Path, gpu_layers: usize, kv: engine::CacheTypes) {
     let file = Arc::new(ModelFile::open(path).unwrap());
     let n = file.spec.n_layer;
     let tok = Tokenizer::load(path).unwrap();
     let prompt = common::chat_prompt(&tok, "What is the capital of France? Answer in one sentence.");
-    let reference = engine::reference::Reference::load_offloaded(path, common::THREADS, gpu_layers).unwrap();
+    let reference = engine::reference::Reference::load_offloaded(path, common::THREADS, gpu_layers).unwrap().with_cache_types(kv);
     let expected = reference.greedy(&prompt, ORACLE_TOKENS).unwrap();
     let logits = reference.prompt_logits(&prompt).unwrap();
-    let cfg = StageConfig { accel_layers: gpu_layers, ..stage_config(vec![0..n], 1) };
+    let cfg = StageConfig { accel_layers: gpu_layers, kv, ..stage_config(vec![0..n], 1) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file, cfg).unwrap()]).unwrap();
     let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 0, pos: i as u32, logits: true }).collect();
     let ours = hearth.forward(&batch, &prompt).unwrap();
@@ -119,7 +122,7 @@ fn oracle_on_the_accelerator(info: &AcceleratorInfo, path: &std::path::Path, gpu
         got.push(argmax(l.row(0)));
     }
     let output = if gpu_layers > n { "there too" } else { "on the CPU" };
-    eprintln!("{n} layers on {} in both, the output layer {output}: prompt logits rel. RMS at most {worst:.2e}; greedy equal for {} of {ORACLE_TOKENS}", info.name, got.iter().zip(&expected).take_while(|(a, b)| a == b).count());
+    eprintln!("{n} layers on {} in both (cache {kv}), the output layer {output}: prompt logits rel. RMS at most {worst:.2e}; greedy equal for {} of {ORACLE_TOKENS}", info.name, got.iter().zip(&expected).take_while(|(a, b)| a == b).count());
     assert_eq!(got, expected);
     assert_eq!(worst, 0.0, "llama.cpp and hearth on the same device must compute the same numbers");
 }
