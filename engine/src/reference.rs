@@ -399,3 +399,8 @@ pub const FILE_TYPES: &[(&str, u32)] = &[
 pub fn file_type(name: &str) -> Option<u32> {
     FILE_TYPES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
+
+/// The llama-quantize name of a `general.file_type` (`q4_k_m`), if it is one of those.
+pub fn file_type_name(t: u32) -> Option<&'static str> {
+    FILE_TYPES.iter().find(|(_, x)| *x == t).map(|(n, _)| *n)
+}

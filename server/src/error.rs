@@ -47,7 +47,7 @@ pub enum Error {
     #[error("{0}")]
     Config(String),
 
-    /// Fetching the default model failed.
+    /// Fetching the default model, or pulling one from the hub, failed.
     #[error("model fetch: {0}")]
     Fetch(String),
 

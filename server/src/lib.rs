@@ -23,6 +23,7 @@
 pub mod cli;
 pub mod error;
 pub mod http;
+pub mod hub;
 pub mod metrics;
 pub mod models;
 pub mod process;

@@ -55,6 +55,8 @@ fn describe() {
     describe_counter!("hearth_requests_total", "HTTP requests by endpoint and status code");
     describe_counter!("hearth_model_bytes_served_total", Unit::Bytes, "Bytes of the model file this head sent to workers fetching their windows");
     describe_gauge!("hearth_model_fetch_bytes", Unit::Bytes, "A worker's fetch of the model from the head: bytes its windows need (kind=needed) and bytes verified there (kind=verified)");
+    describe_counter!("hearth_model_pull_bytes_total", Unit::Bytes, "Bytes downloaded from the Hugging Face hub (--model hf:...)");
+    describe_gauge!("hearth_model_pull_remaining_bytes", Unit::Bytes, "Bytes of the model being pulled from the hub still to download (0 when done)");
     describe_gauge!("hearth_model_fetch_refused_pieces", "Pieces a worker refused (bytes that did not match the head's manifest) and fetched again, in its current fetch");
     describe_histogram!("hearth_request_duration_seconds", Unit::Seconds, "HTTP request duration by endpoint, until the response headers (a stream: until it starts)");
     describe_histogram!("hearth_queue_time_seconds", Unit::Seconds, "Time a sequence waited in the queue for a slot");

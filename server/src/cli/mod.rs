@@ -8,6 +8,7 @@ pub mod make_model;
 pub mod quantize;
 pub mod plan;
 pub mod profile;
+pub mod pull;
 pub mod serve;
 pub mod worker;
 pub mod worker_profile;
@@ -71,6 +72,13 @@ pub enum Tool {
     BenchServe(BenchServeArgs),
     /// Download the default model into the models folder (idempotent, SHA-256 checked).
     FetchModel(FetchArgs),
+    /// Download a model from the Hugging Face hub by name: `owner/name` or
+    /// `owner/name:QUANT` (e.g. `bartowski/Qwen2.5-7B-Instruct-GGUF:Q4_K_M`; every part of a
+    /// split model), into the hub's cache; prints its path. Resumable, SHA-256 checked.
+    Pull(PullArgs),
+    /// List the models on this machine (the models folder and the hub cache): name, size,
+    /// architecture, quantization, path; `--remove NAME` deletes a pulled one.
+    Models(ModelsArgs),
     /// Measure this device for the scheduler (kernels per weight format, memory, disk,
     /// RAM); a table, or with --json a device profile for `hearth plan --devices`.
     Profile(ProfileArgs),
@@ -293,8 +301,26 @@ pub struct BenchServeArgs {
 }
 
 #[derive(Args, Debug, Clone)]
+pub struct PullArgs {
+    /// `owner/name[:QUANT]` or `owner/name:FILE.gguf` (a leading `hf:` is fine). Without
+    /// QUANT: Q4_K_M, else Q8_0, else the repo's first GGUF.
+    pub model: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelsArgs {
+    /// Delete this pulled model (`owner/name[:QUANT]`, as pulled) from the hub cache.
+    #[arg(long)]
+    pub remove: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug, Clone)]
 pub struct ModelArg {
-    /// GGUF model file. Default: the default model, fetched on first use.
+    /// GGUF model file, or `hf:owner/name[:QUANT]` to pull it from the Hugging Face hub
+    /// first (see `hearth pull`). Default: the default model, fetched on first use.
     #[arg(long, env = "HEARTH_MODEL")]
     pub model: Option<PathBuf>,
 }
@@ -302,6 +328,7 @@ pub struct ModelArg {
 impl ModelArg {
     pub fn resolve(&self) -> crate::Result<PathBuf> {
         match &self.model {
+            Some(p) if p.to_str().is_some_and(|s| s.starts_with(crate::hub::PREFIX)) => pull::resolve(p.to_str().expect("checked")),
             Some(p) => Ok(p.clone()),
             None => {
                 let dir = default_model::models_dir();
@@ -665,6 +692,8 @@ fn run_tool(tool: Tool) -> Result<(), Box<dyn std::error::Error>> {
         Tool::Bench(args) => bench::run(args),
         Tool::BenchServe(args) => bench_serve::run(args),
         Tool::FetchModel(args) => fetch_model(args),
+        Tool::Pull(args) => pull::run(args),
+        Tool::Models(args) => pull::models(args),
         Tool::Plan(args) => plan::run(args),
         Tool::Profile(args) => profile::run(args),
         Tool::Quantize(args) => quantize::run(args),
