@@ -249,8 +249,9 @@ fn bytes_that_are_not_the_listed_ones_are_refused_and_a_killed_pull_resumes() {
 }
 
 /// The commands as a user runs them: `hearth pull` prints the path of the real default
-/// model pulled from the stand-in, `hearth models` lists it with its architecture and
-/// quantization, `hearth models --remove` deletes it.
+/// model pulled from the stand-in, `hearth serve --model hf:…` serves it from the cache,
+/// `hearth models` lists it with its architecture and quantization, `hearth models
+/// --remove` deletes it.
 #[test]
 fn hearth_pull_and_hearth_models_as_a_user_runs_them() {
     let model = std::fs::read(common::default_model()).unwrap();
@@ -272,6 +273,36 @@ fn hearth_pull_and_hearth_models_as_a_user_runs_them() {
         String::from_utf8(out.stdout).unwrap()
     };
     let path = PathBuf::from(hearth(&["pull", "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"]).trim());
+    {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let mut serve = std::process::Command::new(env!("CARGO_BIN_EXE_hearth"))
+            .args(["serve", "--port", "0", "--threads", "1", "--parallel", "1", "--model", "hf:HuggingFaceTB/SmolLM2-135M-Instruct-GGUF:Q4_1"])
+            .env("HF_ENDPOINT", &endpoint)
+            .env("HF_HOME", &home)
+            .env("HEARTH_NO_DISCOVERY", "true")
+            .env("HEARTH_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(serve.stderr.take().unwrap()).lines();
+        let mut log = String::new();
+        let addr = loop {
+            let line = lines.next().unwrap_or_else(|| panic!("hearth serve exited:\n{log}")).unwrap();
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                break a.trim().to_string();
+            }
+            log.push_str(&line);
+            log.push('\n');
+        };
+        assert!(log.contains("already here"), "the served model came from the cache: {log}");
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("smollm2-135m-instruct-q4_1"), "{answer}");
+        serve.kill().unwrap();
+        serve.wait().unwrap();
+    }
     assert!(path.starts_with(home.join("hub/models--HuggingFaceTB--SmolLM2-135M-Instruct-GGUF/snapshots")), "{}", path.display());
     assert_eq!(std::fs::read(&path).unwrap(), model);
     let listed = hearth(&["models"]);
