@@ -120,3 +120,23 @@ fn schedules_and_profiles_round_trip_through_json() {
     let dback: Vec<DeviceProfile> = serde_json::from_str(&dj).unwrap();
     assert_eq!(dback.iter().map(|x| (&x.name, x.os, x.gpu.is_some())).collect::<Vec<_>>(), d.iter().map(|x| (&x.name, x.os, x.gpu.is_some())).collect::<Vec<_>>());
 }
+
+/// A quantized KV cache (`--cache-type-k/-v q4_0`) shrinks what each layer needs at a long
+/// context, and the planner counts it: at 32k tokens the GPUs hold more of Llama 3 70B's
+/// layers than with an F16 cache, and the predicted TPOT is no worse.
+#[test]
+fn a_quantized_kv_cache_lets_the_gpus_hold_more_layers_at_a_long_context() {
+    let d = testbed_d1_d4();
+    let f16 = scheduler::ModelProfile { n_kv: 32768, ..model("llama3-70b") };
+    let q4_0 = 18.0 / 32.0;
+    let q4 = scheduler::ModelProfile { kv_element_bytes_k: q4_0, kv_element_bytes_v: q4_0, ..f16.clone() };
+    assert!(q4.kv_bytes_per_layer() < 0.3 * f16.kv_bytes_per_layer());
+    let on_gpus = |m: &scheduler::ModelProfile| {
+        let s = schedule(&d, m, &Options::default()).unwrap();
+        println!("{}", show(&d, &s));
+        (s.plan.devices.iter().map(|x| x.gpu_layers).sum::<usize>() * s.rounds, s.prediction.tpot_s)
+    };
+    let ((f16_layers, f16_tpot), (q4_layers, q4_tpot)) = (on_gpus(&f16), on_gpus(&q4));
+    assert!(q4_layers > f16_layers, "GPU layers: {q4_layers} with a q4_0 cache, {f16_layers} with F16");
+    assert!(q4_tpot <= f16_tpot * (1.0 + 1e-9), "TPOT {q4_tpot} with q4_0, {f16_tpot} with F16");
+}
