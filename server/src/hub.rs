@@ -148,8 +148,8 @@ struct Lfs {
     size: u64,
 }
 
-/// `name-00001-of-00003.gguf` -> (`name`, 1, 3).
-fn split_part(path: &str) -> Option<(&str, u32, u32)> {
+/// `name-00001-of-00003.gguf` -> (`name`, 1, 3): llama.cpp's split naming.
+pub fn split_part(path: &str) -> Option<(&str, u32, u32)> {
     let stem = path.strip_suffix(".gguf").or_else(|| path.strip_suffix(".GGUF"))?;
     let (rest, count) = stem.rsplit_once("-of-")?;
     let (prefix, no) = rest.rsplit_once('-')?;

@@ -107,11 +107,7 @@ fn gguf_files(dir: &Path) -> Vec<PathBuf> {
 
 /// (part, count) of a `-0000k-of-0000n.gguf` file.
 fn split_parts(p: &Path) -> Option<(u32, u32)> {
-    let stem = p.file_stem()?.to_str()?;
-    let (rest, count) = stem.rsplit_once("-of-")?;
-    let (_, no) = rest.rsplit_once('-')?;
-    (no.len() == 5 && count.len() == 5).then_some(())?;
-    Some((no.parse().ok()?, count.parse().ok()?))
+    hub::split_part(p.file_name()?.to_str()?).map(|(_, no, count)| (no, count))
 }
 
 fn describe(name: String, path: &Path) -> Local {
