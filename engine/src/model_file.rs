@@ -20,6 +20,15 @@ pub struct ModelFile {
 impl ModelFile {
     pub fn open(path: impl AsRef<Path>) -> Result<ModelFile> {
         let gguf = GgufFile::open(path.as_ref())?;
+        // A part of a split set (`-00001-of-00003.gguf`) holds only some tensors: said
+        // plainly, rather than as the first tensor found missing.
+        if let Some(count) = gguf.meta().get_u64("split.count").filter(|&n| n > 1) {
+            let no = gguf.meta().get_u64("split.no").unwrap_or(0) + 1;
+            return Err(crate::Error::InvalidModel(format!(
+                "{} is part {no} of a model split into {count} files: hearth opens a model in one file for now; join the parts with `llama-gguf-split --merge FIRST-PART OUT.gguf`",
+                path.as_ref().display()
+            )));
+        }
         let spec = ModelSpec::from_gguf(&gguf)?;
         Ok(ModelFile { gguf, spec, fingerprint: std::sync::OnceLock::new() })
     }

@@ -525,6 +525,17 @@ fn gguf_reader_and_model_spec_survive_hostile_files() {
 /// was the one size taken from metadata without the `MAX_DIMENSION` bound the others get,
 /// and `n_embd_q() = head_dim * n_head` then overflowed (a panic with overflow checks, a
 /// refusal naming no such size without).
+/// One part of a split model is refused by saying so (not as a missing tensor).
+#[test]
+fn a_part_of_a_split_model_is_refused_by_saying_so() {
+    let bytes = tiny_llama_with(&[("split.no", Value::U16(0)), ("split.count", Value::U16(3)), ("split.tensors.count", Value::I32(9))]);
+    let path = std::env::temp_dir().join(format!("hearth-split-part-{}.gguf", std::process::id()));
+    std::fs::write(&path, bytes).expect("write");
+    let err = engine::ModelFile::open(&path).expect_err("a split part is refused");
+    std::fs::remove_file(&path).ok();
+    assert!(err.to_string().contains("part 1 of a model split into 3 files"), "{err}");
+}
+
 #[test]
 fn an_absurd_head_size_is_refused_by_name() {
     let bytes = tiny_llama_with(&[("llama.attention.key_length", Value::U64(1 << 62))]);
