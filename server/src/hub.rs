@@ -246,9 +246,6 @@ pub fn pull(hub: &Hub, model: &ModelRef) -> Result<Pulled> {
 }
 
 fn client(hub: &Hub) -> Result<reqwest::Client> {
-    // reqwest is built without a TLS crypto provider of its own (aws-lc needs a C build):
-    // ring's, installed once per process. Already installed is fine.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(t) = &hub.token {
         let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| Error::Fetch("HF_TOKEN has characters a header cannot carry".into()))?;
