@@ -159,10 +159,18 @@ impl CacheTypes {
 
 /// The orthonormal Walsh-Hadamard matrix of size `n` (a power of two), row-major: entry
 /// (i, j) is `(-1)^popcount(i & j) / sqrt(n)`, the Sylvester construction llama.cpp uses.
-pub fn hadamard(n: usize) -> Vec<f32> {
+/// Made once per size and shared: every step of a quantized cache uploads it.
+pub fn hadamard(n: usize) -> std::sync::Arc<[f32]> {
+    static MADE: std::sync::Mutex<Vec<(usize, std::sync::Arc<[f32]>)>> = std::sync::Mutex::new(Vec::new());
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, m)) = made.iter().find(|(size, _)| *size == n) {
+        return m.clone();
+    }
     // Computed as llama.cpp computes it (`1.0 / sqrtf(n)`: a double division), to the bit.
     let scale = (1.0f64 / f64::from((n as f32).sqrt())) as f32;
-    (0..n * n).map(|x| if ((x / n) & (x % n)).count_ones() % 2 == 0 { scale } else { -scale }).collect()
+    let m: std::sync::Arc<[f32]> = (0..n * n).map(|x| if ((x / n) & (x % n)).count_ones() % 2 == 0 { scale } else { -scale }).collect();
+    made.push((n, m.clone()));
+    m
 }
 
 /// Per-layer K/V tensors of a window.

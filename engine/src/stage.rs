@@ -518,7 +518,7 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
         set(t, as_bytes(&v));
     }
     for t in [g.k_rot, g.v_rot].into_iter().flatten() {
-        set(t, as_bytes(&crate::kv_cache::hadamard((*t).ne[0] as usize)));
+        set(t, as_bytes(&crate::kv_cache::hadamard((*t).ne[0] as usize)[..]));
     }
     let status = sys::ggml_backend_sched_graph_compute(sched, g.graph);
     if status != sys::GGML_STATUS_SUCCESS {

@@ -431,7 +431,8 @@ enum Resume {
 /// One request for the rest of `f` after what `part` holds.
 async fn resume(client: &reqwest::Client, url: &str, f: &RemoteFile, part: &Path, progress: &mut Progress) -> std::result::Result<u64, Resume> {
     let fail = |e: Error| Resume::Fail(e);
-    let mut file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(part).map_err(|e| fail(io("open", part, e)))?;
+    // The cache is a folder anyone with access to it may write: no link at the name is followed.
+    let mut file = crate::process::open_in_dir(part, crate::process::Open::ReadWrite).map_err(|e| fail(io("open", part, e)))?;
     let mut have = file.metadata().map_err(|e| fail(io("read", part, e)))?.len();
     if have > f.size {
         file.set_len(0).map_err(|e| fail(io("truncate", part, e)))?;
@@ -513,7 +514,7 @@ struct BlobLock(std::fs::File);
 impl BlobLock {
     async fn take(path: &Path) -> Result<BlobLock> {
         use std::os::fd::AsRawFd;
-        let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path).map_err(|e| io("open", path, e))?;
+        let file = crate::process::open_in_dir(path, crate::process::Open::ReadWrite).map_err(|e| io("open", path, e))?;
         let mut told = false;
         loop {
             // SAFETY: a plain flock on an open descriptor.

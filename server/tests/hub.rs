@@ -227,9 +227,17 @@ fn bytes_that_are_not_the_listed_ones_are_refused_and_a_killed_pull_resumes() {
     let left: Vec<_> = std::fs::read_dir(&blobs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| !n.ends_with(".lock")).collect();
     assert!(left.is_empty(), "wrong bytes were kept: {left:?}");
 
-    // A pull killed after 100,000 bytes left its partial blob: the next one asks for the rest.
+    // A link planted at the partial blob's name is not written through.
     let blobs = cache.join("models--someone--Good-GGUF/blobs");
     std::fs::create_dir_all(&blobs).unwrap();
+    let outside = cache.join("precious");
+    std::fs::write(&outside, b"precious").unwrap();
+    std::os::unix::fs::symlink(&outside, blobs.join(format!("{}.incomplete", sha256(&good)))).unwrap();
+    let e = hub::pull(&hub, &"someone/Good-GGUF".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("symbolic link"), "{e}");
+    assert_eq!(std::fs::read(&outside).unwrap(), b"precious");
+    std::fs::remove_file(blobs.join(format!("{}.incomplete", sha256(&good)))).unwrap();
+    // A pull killed after 100,000 bytes left its partial blob: the next one asks for the rest.
     std::fs::write(blobs.join(format!("{}.incomplete", sha256(&good))), &good[..100_000]).unwrap();
     let pulled = hub::pull(&hub, &"someone/Good-GGUF:Q4_0".parse().unwrap()).unwrap();
     assert_eq!(std::fs::read(&pulled.path).unwrap(), good);

@@ -133,9 +133,11 @@ fn remove(hub: &Hub, model: &ModelRef) -> crate::Result<u64> {
     let pulled = hub::cached(hub, model).ok_or_else(|| crate::Error::Fetch(format!("{model} is not in the hub cache ({})", hub.cache.display())))?;
     let snapshot = pulled.path.ancestors().nth(pulled.files[0].path.split('/').count()).map(Path::to_path_buf).unwrap_or_default();
     let mut freed = 0;
+    // Only blobs of this repo: a link planted in the snapshot must not delete what it points at.
+    let blobs = std::fs::canonicalize(snapshot.ancestors().nth(2).unwrap_or(&snapshot).join("blobs")).ok();
     for f in &pulled.files {
         let link = snapshot.join(&f.path);
-        if let Ok(blob) = std::fs::canonicalize(&link) {
+        if let Some(blob) = std::fs::canonicalize(&link).ok().filter(|b| blobs.as_ref().is_some_and(|d| b.parent() == Some(d.as_path()))) {
             freed += std::fs::metadata(&blob).map(|m| m.len()).unwrap_or(0);
             std::fs::remove_file(&blob).map_err(|e| crate::Error::Fetch(format!("cannot remove {}: {e}", blob.display())))?;
         }
