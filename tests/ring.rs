@@ -158,6 +158,52 @@ fn other_weight_types_give_the_single_node_output_through_the_ring_up_to_a_full_
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A split model (`hearth quantize --split-max-size`, llama.cpp's gguf-split layout, three
+/// parts or more) served by a head whose workers are one with its own copy of the split set and
+/// one with no model, which fetches its windows from the head part by part: the ring
+/// gives what the single node gives on the model in one file, for windows cut across the
+/// parts' boundaries, and up to a full context.
+#[test]
+fn a_split_model_through_the_ring_with_a_worker_fetching_its_windows_gives_the_single_file_output() {
+    const CHUNK: &str = "64";
+    let ctx = CTX_NEAR_FULL.to_string();
+    let dir = std::env::temp_dir().join(format!("hearth-ring-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = common::default_model();
+    let third = std::fs::metadata(&model).unwrap().len() / 3 + 1;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hearth-under-test"))
+        .args(["quantize", model.to_str().unwrap(), dir.join("split.gguf").to_str().unwrap(), "--split-max-size", &third.to_string()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "hearth quantize --split-max-size: {}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let parts = printed.lines().count() as u64;
+    let first = dir.join(engine::gguf::split::part_name("split", 1, parts));
+    assert!(parts >= 3 && first.is_file(), "three parts or more expected: {printed}");
+
+    let single = Served::start(&["--threads", "1", "--ctx-size", &ctx, "--max-batch", CHUNK]);
+    let (short, full) = (chat(&single.addr, false), fill_the_context(&single.addr));
+    drop(single);
+    let w1 = Served::worker_at("127.0.0.1:0", &first, &["--threads", "1"]).unwrap();
+    let shipped = dir.join("shipped");
+    let w2 = Served::worker_fetching(&["--threads", "1", "--model-dir", shipped.to_str().unwrap()]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    for windows in ["10,10,10", "4,13,13"] {
+        let head = Served::start_model(&first, &["--threads", "1", "--ctx-size", &ctx, "--workers", &workers, "--windows", windows, "--max-batch", CHUNK, "--prompt-chunk", CHUNK]);
+        assert_eq!(chat(&head.addr, false), short, "windows {windows}");
+        assert_eq!(chat(&head.addr, true), short, "windows {windows}, streamed");
+        if windows == "4,13,13" {
+            assert_eq!(fill_the_context(&head.addr), full, "windows {windows}, a prompt answered until the context is full");
+            assert!(metric(&head.addr, "hearth_model_bytes_served_total") > 0.0, "the worker without the model fetched it from the head");
+        }
+    }
+    // The worker's copy: the head's parts.
+    let copies: Vec<String> = std::fs::read_dir(&shipped).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".gguf")).collect();
+    assert_eq!(copies.len() as u64, parts, "{copies:?}");
+    assert!(copies.iter().all(|n| n.ends_with(&format!("-of-{parts:05}.gguf"))), "{copies:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A quantized KV cache (`--cache-type-k q8_0 --cache-type-v q4_0`) set on the head
 /// reaches every worker with the plan: the ring gives the single node's answer with the
 /// same flags for a short chat and for a prompt of over 1,000 tokens answered until the

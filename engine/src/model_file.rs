@@ -1,5 +1,6 @@
-//! An opened model: the GGUF mapping and the spec derived from it, shared (behind an
-//! `Arc`) by every stage and window of one process so the file is mapped once.
+//! An opened model: the GGUF mapping (one file or a split set) and the spec derived from
+//! it, shared (behind an `Arc`) by every stage and window of one process so the file is
+//! mapped once.
 
 use std::ops::Range;
 use std::path::Path;
@@ -20,15 +21,6 @@ pub struct ModelFile {
 impl ModelFile {
     pub fn open(path: impl AsRef<Path>) -> Result<ModelFile> {
         let gguf = GgufFile::open(path.as_ref())?;
-        // A part of a split set (`-00001-of-00003.gguf`) holds only some tensors: said
-        // plainly, rather than as the first tensor found missing.
-        if let Some(count) = gguf.meta().get_u64("split.count").filter(|&n| n > 1) {
-            let no = gguf.meta().get_u64("split.no").unwrap_or(0) + 1;
-            return Err(crate::Error::InvalidModel(format!(
-                "{} is part {no} of a model split into {count} files: hearth opens a model in one file for now; join the parts with `llama-gguf-split --merge FIRST-PART OUT.gguf`",
-                path.as_ref().display()
-            )));
-        }
         let spec = ModelSpec::from_gguf(&gguf)?;
         Ok(ModelFile { gguf, spec, fingerprint: std::sync::OnceLock::new() })
     }
@@ -65,8 +57,8 @@ const FINGERPRINT_SAMPLE: usize = 4096;
 
 impl ModelFile {
     /// A content fingerprint (SHA-256, hex) that ring members compare at the handshake so
-    /// every device runs the same model: the file length, the whole header and the first
-    /// and last bytes of each tensor.
+    /// every device runs the same model: the model's length, every file's header and the
+    /// first and last bytes of each tensor.
     pub fn fingerprint(&self) -> String {
         self.fingerprint.get_or_init(|| self.compute_fingerprint()).clone()
     }
@@ -76,7 +68,12 @@ impl ModelFile {
         let bytes = self.gguf.bytes();
         let mut h = Sha256::new();
         h.update((bytes.len() as u64).to_le_bytes());
-        h.update(&bytes[..(self.gguf.data_offset() as usize).min(bytes.len())]);
+        // Every part's header (one for a model in one file): a split set and the same
+        // model joined into one file are different files to ship, with different offsets.
+        for part in self.gguf.parts() {
+            let header = part.base() as usize..(part.base() + part.header_len()) as usize;
+            h.update(&bytes[header.start.min(bytes.len())..header.end.min(bytes.len())]);
+        }
         for t in self.gguf.meta().tensors() {
             let data = self.gguf.tensor_bytes(t);
             let n = data.len().min(FINGERPRINT_SAMPLE);

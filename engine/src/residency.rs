@@ -85,16 +85,16 @@ impl ModelFile {
     /// windows that run next. The file is unchanged; a later touch reads it back.
     pub fn release(&self, ranges: &[Range<usize>]) {
         let base = self.gguf.bytes().as_ptr();
-        let file = std::fs::File::open(self.gguf.path()).ok();
         for r in ranges {
             // SAFETY: a read-only shared file mapping: dropping its pages loses nothing.
             unsafe {
                 libc::madvise(base.add(r.start) as *mut libc::c_void, r.len(), libc::MADV_DONTNEED);
             }
-            if let Some(f) = &file {
+            // The page cache by file: a range of a split model may cover two parts.
+            for (part, within) in self.gguf.file_ranges(r.clone()) {
                 use std::os::fd::AsRawFd;
-                // SAFETY: plain advice on an open descriptor of the model file.
-                unsafe { libc::posix_fadvise(f.as_raw_fd(), r.start as libc::off_t, r.len() as libc::off_t, libc::POSIX_FADV_DONTNEED) };
+                // SAFETY: plain advice on an open descriptor of a model file.
+                unsafe { libc::posix_fadvise(part.file().as_raw_fd(), within.start as libc::off_t, (within.end - within.start) as libc::off_t, libc::POSIX_FADV_DONTNEED) };
             }
         }
     }

@@ -277,3 +277,54 @@ fn open_reports_missing_and_empty_files() {
         other => panic!("expected Error::InvalidGguf, got {other:?}"),
     }
 }
+
+/// A split set missing a part, with a part renamed, with a part of another set, or whose
+/// first part counts other tensors: each refused by naming the file and what is wrong.
+#[test]
+fn a_split_set_that_is_not_whole_is_refused_with_the_file_named() {
+    let dir = std::env::temp_dir().join(format!("gguf-hostile-split-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, tensors: usize, max: u64| {
+        let mut w = GgufWriter::new();
+        w.set("general.architecture", Value::String("llama".into())).unwrap();
+        for i in 0..tensors {
+            w.add_tensor(format!("t{i}"), GgmlType::F32, &[64], vec![i as u8; 256]).unwrap();
+        }
+        w.write_split_streaming(&dir.join(name).to_string_lossy(), max, |_, _, _, _| {}).unwrap()
+    };
+    let parts = write("m", 3, 256);
+    assert_eq!(parts.len(), 3);
+    let whole = GgufFile::open(&parts[1]).expect("a whole set opens from any part");
+    assert_eq!(whole.tensors().len(), 3);
+    for (i, t) in whole.tensors().iter().enumerate() {
+        assert_eq!(whole.tensor_bytes(t), &[i as u8; 256][..]);
+    }
+    assert_eq!(whole.parts().len(), 3);
+    drop(whole);
+    let refused = |path: &std::path::Path| GgufFile::open(path).expect_err("refused").to_string();
+
+    std::fs::rename(&parts[2], dir.join("elsewhere.gguf")).unwrap();
+    let e = refused(&parts[0]);
+    assert!(e.contains("m-00003-of-00003.gguf is missing") && e.contains("same folder"), "{e}");
+    let e = refused(&dir.join("elsewhere.gguf"));
+    assert!(e.contains("does not follow") && e.contains("NAME-00003-of-00003.gguf"), "{e}");
+
+    // Part 3 of another set of three, put in this one's place.
+    let other = write("o", 4, 256);
+    assert_eq!(other.len(), 4);
+    std::fs::copy(&other[2], &parts[2]).unwrap();
+    let e = refused(&parts[0]);
+    assert!(e.contains("should be part 3 of 3") && e.contains("part 3 of 4"), "{e}");
+    // A part that is a whole model.
+    let mut plain = GgufWriter::new();
+    plain.add_tensor("t2", GgmlType::F32, &[64], vec![2; 256]).unwrap();
+    plain.write_to(&parts[2]).unwrap();
+    assert!(refused(&parts[0]).contains("it is a whole model"));
+    // Truncated: its tensors past its end.
+    std::fs::copy(&parts[1], &parts[2]).unwrap();
+    let bytes = std::fs::read(&parts[1]).unwrap();
+    std::fs::write(&parts[1], &bytes[..bytes.len() - 100]).unwrap();
+    let e = refused(&parts[0]);
+    assert!(e.contains("m-00002-of-00003.gguf (part 2 of 3): invalid GGUF") && e.contains("past end of file"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

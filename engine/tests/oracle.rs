@@ -63,6 +63,68 @@ fn greedy_generation_matches_llama_cpp_and_survives_cutting_into_windows() {
     }
 }
 
+/// A split set (written as llama.cpp's gguf-split writes one, here in parts of about a
+/// quarter of the model): hearth opens it from any part as one model whose logits are the
+/// same model's in one file, bit for bit, and llama.cpp's on the split set; windows whose
+/// layers lie in two parts give the same greedy tokens as llama.cpp.
+#[test]
+fn a_split_model_computes_what_the_model_in_one_file_and_llama_cpp_on_the_split_set_compute() {
+    use engine::ModelFile;
+    let path = common::default_model();
+    let single = ModelFile::open(&path).unwrap();
+    let dir = std::env::temp_dir().join(format!("hearth-split-oracle-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("default").to_string_lossy().into_owned();
+    let parts = engine::gguf::split::write_split(&single.gguf, &prefix, single.gguf.bytes().len() as u64 / 4).unwrap();
+    assert!(parts.len() >= 4, "{parts:?}");
+    let split = ModelFile::open(&parts[0]).unwrap();
+    assert_eq!(split.gguf.parts().len(), parts.len());
+    assert_eq!(split.gguf.tensors().len(), single.gguf.tensors().len());
+    for t in single.gguf.tensors() {
+        let s = split.gguf.tensor(&t.name).unwrap();
+        assert!(split.gguf.tensor_bytes(s) == single.gguf.tensor_bytes(t), "tensor {} differs in the split set", t.name);
+    }
+    // Named by another part, the same set opens.
+    let from_third = ModelFile::open(&parts[2]).unwrap();
+    assert_eq!(from_third.gguf.path(), parts[0].as_path());
+    assert_eq!(from_third.fingerprint(), split.fingerprint());
+    assert_ne!(split.fingerprint(), single.fingerprint(), "a split set is other files to ship than the model in one file");
+    // A layer whose tensors lie in two parts: a window boundary there.
+    let part_of = |name: &str| {
+        let t = split.gguf.tensor(name).unwrap();
+        let at = (split.gguf.data_offset() + t.offset) as usize;
+        split.gguf.parts().iter().position(|p| (p.base() as usize..(p.base() + p.len()) as usize).contains(&at)).unwrap()
+    };
+    let n_layer = split.spec.n_layer;
+    let parts_of = |l: usize| -> std::collections::BTreeSet<usize> {
+        split.gguf.tensors().iter().filter(|t| t.name.starts_with(&format!("blk.{l}."))).map(|t| part_of(&t.name)).collect()
+    };
+    let crossing = (0..n_layer).find(|&l| parts_of(l).len() > 1).expect("a layer split between two parts");
+
+    let tok = Tokenizer::load(&parts[0]).unwrap();
+    let prompt = chat_prompt(&tok, PROMPTS[1]);
+    let positions: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 3, pos: i as u32, logits: true }).collect();
+    let one = common::pipeline(&path, &windows(&[0..n_layer]), 1).forward(&positions, &prompt).unwrap();
+    let mut whole = common::pipeline(&parts[0], &windows(&[0..n_layer]), 1);
+    let logits = whole.forward(&positions, &prompt).unwrap();
+    let reference_single = Reference::load(&path, THREADS).unwrap().prompt_logits(&prompt).unwrap();
+    let reference = Reference::load(&parts[0], THREADS).unwrap();
+    let expected = reference.prompt_logits(&prompt).unwrap();
+    assert_eq!(expected, reference_single, "llama.cpp reads the split set as the model in one file");
+    let mut worst = 0f64;
+    for (i, r) in expected.iter().enumerate() {
+        assert_eq!(logits.row(i), one.row(i), "position {i}: the split set's logits are not the single file's");
+        assert_eq!(argmax(logits.row(i)), argmax(r), "position {i}: argmax differs from llama.cpp on the split set");
+        worst = worst.max(common::rel_rms(logits.row(i), r));
+    }
+    assert!(worst < 1e-2, "relative RMS error against llama.cpp on the split set {worst}");
+    let greedy = reference.greedy(&prompt, GEN).unwrap();
+    let mut cut = common::pipeline(&parts[0], &windows(&[0..crossing, crossing..crossing + 1, crossing + 1..n_layer]), 1);
+    assert_eq!(cut.greedy(0, &prompt, GEN, 512).unwrap(), greedy, "windows at the part boundary (layer {crossing}) differ from llama.cpp");
+    eprintln!("{} parts, layer {crossing} in two of them; worst relative RMS error against llama.cpp {worst:.2e}", parts.len());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Quantized and other KV cache types (llama.cpp's `--cache-type-k/-v`): every type, K
 /// and V mixed, gives llama.cpp's logits at every prompt position and its greedy tokens
 /// with the same types, whole and cut into two stages; and the type is really used (a

@@ -148,17 +148,8 @@ struct Lfs {
     size: u64,
 }
 
-/// `name-00001-of-00003.gguf` -> (`name`, 1, 3): llama.cpp's split naming.
-pub fn split_part(path: &str) -> Option<(&str, u32, u32)> {
-    let stem = path.strip_suffix(".gguf").or_else(|| path.strip_suffix(".GGUF"))?;
-    let (rest, count) = stem.rsplit_once("-of-")?;
-    let (prefix, no) = rest.rsplit_once('-')?;
-    let digits = |s: &str| s.len() == 5 && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(no) || !digits(count) {
-        return None;
-    }
-    Some((prefix, no.parse().ok()?, count.parse().ok()?))
-}
+/// llama.cpp's split naming, as the engine reads it to find a set's parts.
+pub use engine::gguf::split::split_part;
 
 fn is_model(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();

@@ -20,9 +20,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
-/// Mappings watched at once: a process maps its model, a draft model and, in tests, a few
-/// more; a mapping past this many is served unwatched (as before this module).
-const SLOTS: usize = 64;
+/// Mappings watched at once: a process maps its model (one per part of a split set), a
+/// draft model and, in tests, a few more; a mapping past this many is served unwatched.
+const SLOTS: usize = 256;
 
 struct Slot {
     /// Taken by a registration (set before the fields below are written, so two
@@ -84,7 +84,7 @@ impl Drop for Watch {
     }
 }
 
-fn page_size() -> usize {
+pub(super) fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if size > 0 {

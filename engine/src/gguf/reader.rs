@@ -5,10 +5,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::fs::File;
-use std::path::{Path, PathBuf};
-
-use memmap2::Mmap;
 
 use super::tensor_type::GgmlType;
 use super::value::{Value, ValueType, MAX_ARRAY_DEPTH};
@@ -108,115 +104,19 @@ impl GgufMeta {
     pub fn data_offset(&self) -> u64 {
         self.data_offset
     }
-}
 
-/// A GGUF file mapped read-only, with its header parsed and validated.
-#[derive(Debug)]
-pub struct GgufFile {
-    path: PathBuf,
-    /// Dropped before the mapping (fields drop in order): the fault handler must not
-    /// look at a range that is no longer mapped.
-    watch: super::faults::Watch,
-    mmap: Mmap,
-    meta: GgufMeta,
-    /// The file as mapped, to tell when it changes under the mapping.
-    file: File,
-    opened: (u64, Option<std::time::SystemTime>),
-}
-
-impl GgufFile {
-    pub fn open(path: impl AsRef<Path>) -> Result<GgufFile> {
-        let path = path.as_ref().to_path_buf();
-        let io = |source| Error::Io {
-            path: path.clone(),
-            source,
-        };
-        let file = File::open(&path).map_err(io)?;
-        let stat = file.metadata().map_err(io)?;
-        // SAFETY: the mapping is read-only. A file truncated under it faults on a read
-        // past the new end; `faults` turns that into zero pages and a mark that
-        // `changed` reports, instead of the end of the process.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let watch = super::faults::Watch::register(mmap.as_ptr(), mmap.len());
-        let meta = parse(&mmap)?;
-        Ok(GgufFile { path, watch, mmap, meta, file, opened: (stat.len(), stat.modified().ok()) })
-    }
-
-    /// Why the file is no longer what was mapped, if it is not: written to or truncated
-    /// since it was opened (a new version copied over it), or a read of the mapping
-    /// faulted. What was read from it since may be garbage: serve nothing more from it.
-    /// A file replaced by a rename (a new file at the path) is not a change: the mapping
-    /// keeps the old one.
-    pub fn changed(&self) -> Option<String> {
-        let shown = self.path.display();
-        if self.watch.faulted() {
-            return Some(format!("the model file {shown} was truncated while being served (a read past its new end)"));
+    /// This metadata with `tensors` instead of its own: a split set's first part with the
+    /// tensors of every part. An error names a tensor that two parts both hold.
+    pub(super) fn with_tensors(mut self, tensors: Vec<TensorInfo>) -> std::result::Result<GgufMeta, String> {
+        let mut names = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if names.insert(t.name.clone(), i).is_some() {
+                return Err(format!("tensor `{}` is in two parts", Shown(&t.name)));
+            }
         }
-        let stat = match self.file.metadata() {
-            Ok(stat) => stat,
-            Err(e) => return Some(format!("the model file {shown} cannot be checked: {e}")),
-        };
-        let (len, modified) = self.opened;
-        if stat.len() != len {
-            return Some(format!("the model file {shown} changed size while being served ({len} bytes when loaded, {} now)", stat.len()));
-        }
-        if modified.is_some() && stat.modified().ok() != modified {
-            return Some(format!("the model file {shown} was written to while being served"));
-        }
-        None
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub fn meta(&self) -> &GgufMeta {
-        &self.meta
-    }
-
-    /// The whole mapping.
-    pub fn bytes(&self) -> &[u8] {
-        &self.mmap
-    }
-
-    pub fn data_offset(&self) -> u64 {
-        self.meta.data_offset
-    }
-
-    /// The tensor's bytes, borrowed from the mapping. For a `TensorInfo` of this file
-    /// parse proved the range is inside it; one from another file whose range does
-    /// not fit this mapping gets an empty slice rather than a panic.
-    pub fn tensor_bytes(&self, t: &TensorInfo) -> &[u8] {
-        let start = self.meta.data_offset.checked_add(t.offset);
-        let end = start.and_then(|s| s.checked_add(t.n_bytes));
-        let range = start
-            .zip(end)
-            .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
-        range.and_then(|r| self.mmap.get(r)).unwrap_or(&[])
-    }
-
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        self.meta.get(key)
-    }
-
-    pub fn get_str(&self, key: &str) -> Option<&str> {
-        self.meta.get_str(key)
-    }
-
-    pub fn get_u64(&self, key: &str) -> Option<u64> {
-        self.meta.get_u64(key)
-    }
-
-    pub fn get_f32(&self, key: &str) -> Option<f32> {
-        self.meta.get_f32(key)
-    }
-
-    pub fn tensors(&self) -> &[TensorInfo] {
-        self.meta.tensors()
-    }
-
-    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.meta.tensor(name)
+        self.tensors = tensors;
+        self.names = names;
+        Ok(self)
     }
 }
 
@@ -769,15 +669,6 @@ pub(crate) mod tests {
         assert!(parse(&file).is_ok());
         for len in 0..file.len() {
             assert!(parse(&file[..len]).is_err(), "prefix of {len} bytes parsed");
-        }
-    }
-
-    #[test]
-    fn open_reports_missing_files_with_their_path() {
-        let path = std::env::temp_dir().join(format!("gguf-missing-{}.gguf", std::process::id()));
-        match GgufFile::open(&path) {
-            Err(Error::Io { path: p, .. }) => assert_eq!(p, path),
-            other => panic!("expected Io error, got {other:?}"),
         }
     }
 }

@@ -158,6 +158,49 @@ impl GgufWriter {
         w.into_inner().map_err(|e| io(e.into_error()))?.sync_all().map_err(io)
     }
 
+    /// Writes the model as a split set, llama.cpp's `gguf-split --split-max-size` layout:
+    /// `PREFIX-00001-of-0000N.gguf` and on, each part's tensor data at most `max_bytes`
+    /// (a part holds at least one tensor, however large), the first part with all the
+    /// metadata, every part with `split.no`, `split.count` and `split.tensors.count`.
+    /// `fill` is asked for tensors as in [`write_streaming`](Self::write_streaming).
+    /// Returns the parts' paths in order.
+    pub fn write_split_streaming(&self, prefix: &str, max_bytes: u64, mut fill: impl FnMut(&str, GgmlType, &[u64], &mut [u8])) -> Result<Vec<std::path::PathBuf>> {
+        use super::split::{part_name, MAX_PARTS, SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS_COUNT};
+        let mut groups: Vec<Vec<&PendingTensor>> = vec![Vec::new()];
+        let mut size = 0;
+        for t in &self.tensors {
+            let group = groups.last_mut().expect("one group at least");
+            if !group.is_empty() && size + t.len > max_bytes {
+                groups.push(Vec::new());
+                size = 0;
+            }
+            groups.last_mut().expect("pushed").push(t);
+            size += padded(t.len, self.alignment());
+        }
+        let count = groups.len() as u64;
+        if count > MAX_PARTS {
+            return Err(Error::InvalidModel(format!("{count} parts of at most {max_bytes} bytes: more than the {MAX_PARTS} a split set may have")));
+        }
+        let n_tensors = i32::try_from(self.tensors.len()).map_err(|_| Error::InvalidModel("too many tensors for split.tensors.count".into()))?;
+        let mut paths = Vec::new();
+        for (k, group) in groups.into_iter().enumerate() {
+            let mut part = if k == 0 { GgufWriter { metadata: self.metadata.clone(), tensors: Vec::new() } } else { GgufWriter::new() };
+            if k > 0 {
+                if let Some(align) = self.get(ALIGNMENT_KEY) {
+                    part.set(ALIGNMENT_KEY, align.clone())?;
+                }
+            }
+            part.set(SPLIT_NO, Value::U16(k as u16))?;
+            part.set(SPLIT_COUNT, Value::U16(count as u16))?;
+            part.set(SPLIT_TENSORS_COUNT, Value::I32(n_tensors))?;
+            part.tensors = group.into_iter().cloned().collect();
+            let path = std::path::PathBuf::from(part_name(prefix, k as u64 + 1, count));
+            part.write_streaming(&path, &mut fill)?;
+            paths.push(path);
+        }
+        Ok(paths)
+    }
+
     /// `general.alignment` if set, else the GGUF default.
     pub fn alignment(&self) -> u64 {
         match self.get(ALIGNMENT_KEY) {
@@ -251,7 +294,8 @@ fn put_value(out: &mut Vec<u8>, value: &Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::reader::{parse, tests::reason, GgufFile};
+    use super::super::file::GgufFile;
+    use super::super::reader::{parse, tests::reason};
     use super::super::value::{ValueType, MAX_ARRAY_DEPTH};
     use super::*;
 

@@ -86,7 +86,7 @@ pub enum Tool {
     /// (GGUF, or a model-profile JSON); prints the windows per device and the predicted TPOT.
     Plan(PlanArgs),
     /// Requantize a GGUF into another weight type with llama.cpp's own quantizer
-    /// (e.g. `--type q4_k_m`).
+    /// (e.g. `--type q4_k_m`), and/or write it as a split set (`--split-max-size 2G`).
     Quantize(QuantizeArgs),
     /// Print a new cluster secret (128 random bits) to give every node as --cluster-secret
     /// (or HEARTH_CLUSTER_SECRET).
@@ -258,15 +258,20 @@ pub struct MakeModelArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct QuantizeArgs {
-    /// The GGUF to read.
+    /// The GGUF to read (a split set: any of its parts).
     pub input: PathBuf,
-    /// The GGUF to write.
+    /// The GGUF to write; with --split-max-size, the parts are OUT-00001-of-0000N.gguf
+    /// and on (OUT without its .gguf).
     pub output: PathBuf,
     /// Target type, as llama-quantize names them: f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1,
     /// q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_s, q4_k_m, q5_k_s, q5_k_m, q6_k, iq4_nl, iq4_xs,
-    /// iq3_s, iq3_m, mxfp4_moe.
+    /// iq3_s, iq3_m, mxfp4_moe. Without it the weights are copied as they are (only split).
     #[arg(long = "type")]
-    pub ty: String,
+    pub ty: Option<String>,
+    /// Write a split set whose parts hold at most this much tensor data each, as
+    /// llama.cpp's `gguf-split --split-max-size` does: `2G`, `500M` (powers of 1000).
+    #[arg(long)]
+    pub split_max_size: Option<String>,
     #[arg(long, env = "HEARTH_THREADS", default_value_t = 2)]
     pub threads: usize,
 }

@@ -111,17 +111,16 @@ fn split_parts(p: &Path) -> Option<(u32, u32)> {
 }
 
 fn describe(name: String, path: &Path) -> Local {
-    let parts = split_parts(path).map_or(1, |(_, n)| n as usize);
-    let files: Vec<PathBuf> = match split_parts(path) {
-        Some((_, n)) => {
-            let s = path.to_string_lossy();
-            let prefix = &s[..s.len() - "-00001-of-00001.gguf".len()];
-            (1..=n).map(|k| PathBuf::from(format!("{prefix}-{k:05}-of-{n:05}.gguf"))).collect()
-        }
-        None => vec![path.to_path_buf()],
-    };
-    let bytes = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
+    // Opened as the engine opens it (every part of a split set); a set with a part
+    // missing is counted by name, with what of it is here.
     let header = engine::gguf::GgufFile::open(path).ok();
+    let (parts, bytes) = match &header {
+        Some(g) => (g.parts().len(), g.parts().iter().map(|p| p.len()).sum()),
+        None => {
+            let files = split_parts(path).and_then(|(no, n)| engine::gguf::split::part_paths(path, u64::from(no) - 1, n.into())).unwrap_or_else(|| vec![path.to_path_buf()]);
+            (files.len(), files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum())
+        }
+    };
     let architecture = header.as_ref().and_then(|g| g.get_str("general.architecture").map(str::to_string));
     let quantization = header.as_ref().and_then(|g| g.get_u64("general.file_type")).and_then(|t| engine::reference::file_type_name(t as u32)).map(str::to_ascii_uppercase);
     Local { name, bytes, parts, architecture, quantization, path: path.to_path_buf() }

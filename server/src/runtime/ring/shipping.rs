@@ -54,14 +54,30 @@ pub struct TensorPiece {
     pub piece: Piece,
 }
 
-/// The head's model, piece by piece: its header (everything before the tensor data) and
-/// every tensor.
+/// One file of the head's model: its length and its header (everything before its tensor
+/// data). The header piece's offset is where the file starts in the model's byte space
+/// (`GgufFile::bytes`, the offsets every piece and range use).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilePiece {
+    pub file_bytes: u64,
+    pub header: Piece,
+}
+
+/// The head's model, piece by piece: every file's header (one file, or each part of a
+/// split set) and every tensor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     pub fingerprint: String,
-    pub file_bytes: u64,
-    pub header: Piece,
+    pub files: Vec<FilePiece>,
     pub tensors: Vec<TensorPiece>,
+}
+
+/// The name of file `k`'s header in a worker's record of verified pieces.
+fn header_name(k: usize) -> String {
+    match k {
+        0 => "(header)".into(),
+        k => format!("(header of part {})", k + 1),
+    }
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -79,7 +95,15 @@ impl Manifest {
             Piece { offset, bytes: data.len() as u64, sha256: hex(&digest) }
         };
         let data_offset = file.gguf.data_offset();
-        let header = piece(0, &bytes[..(data_offset as usize).min(bytes.len())]);
+        let files = file
+            .gguf
+            .parts()
+            .iter()
+            .map(|p| {
+                let (start, end) = ((p.base() as usize).min(bytes.len()), ((p.base() + p.header_len()) as usize).min(bytes.len()));
+                FilePiece { file_bytes: p.len(), header: piece(p.base(), &bytes[start..end]) }
+            })
+            .collect();
         let tensors = file
             .gguf
             .meta()
@@ -87,7 +111,7 @@ impl Manifest {
             .iter()
             .map(|t| TensorPiece { name: t.name.clone(), piece: piece(data_offset + t.offset, file.gguf.tensor_bytes(t)) })
             .collect();
-        Manifest { fingerprint: file.fingerprint(), file_bytes: bytes.len() as u64, header, tensors }
+        Manifest { fingerprint: file.fingerprint(), files, tensors }
     }
 
     /// The tensors by name (a MoE model has thousands).
@@ -95,9 +119,22 @@ impl Manifest {
         self.tensors.iter().map(|t| (t.name.as_str(), t)).collect()
     }
 
-    /// The pieces a worker of `windows` needs: the header first, then its tensors.
+    /// The headers, named as a worker records them.
+    fn headers(&self) -> Vec<(String, Piece)> {
+        self.files.iter().enumerate().map(|(k, f)| (header_name(k), f.header.clone())).collect()
+    }
+
+    /// Whether the files are the ones `file` maps.
+    fn describes(&self, file: &ModelFile) -> bool {
+        self.files.iter().map(|f| (f.header.offset, f.file_bytes)).eq(file.gguf.parts().iter().map(|p| (p.base(), p.len())))
+    }
+
+    /// The pieces a worker of `windows` needs: the headers first, then its tensors.
     fn pieces_for(&self, file: &ModelFile, windows: &[Range<usize>]) -> Result<Vec<(String, Piece)>, String> {
-        let mut out = vec![(HEADER.to_string(), self.header.clone())];
+        if !self.describes(file) {
+            return Err("the head's manifest lists other files than the headers it sent".into());
+        }
+        let mut out = self.headers();
         let data_offset = file.gguf.data_offset();
         let by_name = self.by_name();
         for t in engine::model_file::window_tensors(file.gguf.meta(), windows) {
@@ -110,9 +147,6 @@ impl Manifest {
         Ok(out)
     }
 }
-
-/// The header's name in a worker's record of verified pieces.
-const HEADER: &str = "(header)";
 
 enum StoreState {
     Computing,
@@ -182,7 +216,7 @@ fn load_or_compute(file: &ModelFile, progress: &AtomicU64) -> Manifest {
     let fingerprint = file.fingerprint();
     let cache = manifest_cache(&fingerprint);
     let cached = cache.as_ref().and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice::<Manifest>(&b).ok());
-    if let Some(m) = cached.filter(|m| m.fingerprint == fingerprint && m.file_bytes == file.gguf.bytes().len() as u64) {
+    if let Some(m) = cached.filter(|m| m.fingerprint == fingerprint && m.describes(file)) {
         tracing::info!("model manifest read from the cache");
         return m;
     }
@@ -361,19 +395,24 @@ async fn run_fetch(request: FetchRequest, dir: PathBuf, budget: Option<u64>, sec
     }
 }
 
-/// Where a shipped model lives in `dir`: the file, the head's manifest, and the record of
-/// verified pieces.
+/// Where a shipped model lives in `dir`: its files (one, or a split set's parts named as
+/// llama.cpp names them), the head's manifest, and the record of verified pieces.
 struct Paths {
-    file: PathBuf,
+    stem: String,
+    files: Vec<PathBuf>,
     manifest: PathBuf,
     record: PathBuf,
 }
 
-fn paths(dir: &Path, fingerprint: &str) -> Paths {
+fn paths(dir: &Path, fingerprint: &str, files: usize) -> Paths {
     // Only hex digits reach the name: whatever a manifest says, the file stays in `dir`.
     let short: String = fingerprint.chars().filter(char::is_ascii_hexdigit).take(16).collect();
     let stem = format!("shipped-{short}");
-    Paths { file: dir.join(format!("{stem}.gguf")), manifest: dir.join(format!("{stem}.manifest.json")), record: dir.join(format!("{stem}.verified.json")) }
+    let files = match files {
+        0 | 1 => vec![dir.join(format!("{stem}.gguf"))],
+        n => (1..=n as u64).map(|k| dir.join(engine::gguf::split::part_name(&stem, k, n as u64))).collect(),
+    };
+    Paths { files, manifest: dir.join(format!("{stem}.manifest.json")), record: dir.join(format!("{stem}.verified.json")), stem }
 }
 
 /// Bytes a file takes on disk (a sparse file: only what was written).
@@ -382,25 +421,40 @@ fn allocated(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.blocks() * 512)
 }
 
+/// The shipped model a file in `dir` belongs to (`shipped-…`, without the part and the
+/// extension), if it is one.
+fn shipped_stem(name: &str) -> Option<&str> {
+    let stem = engine::gguf::split::split_part(name).map(|(prefix, _, _)| prefix).or_else(|| name.strip_suffix(".gguf"))?;
+    stem.starts_with("shipped-").then_some(stem)
+}
+
 /// Makes room in `dir` for `needed` more bytes under `budget`: other shipped models go,
 /// least recently used first. An error when even that is not enough.
 fn make_room(dir: &Path, keep: &Paths, needed: u64, budget: u64) -> Result<(), String> {
-    let mut others: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("shipped-") && n.ends_with(".gguf")) && *p != keep.file)
-        .map(|p| (std::fs::metadata(&p).and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH), p))
-        .collect();
+    // Each shipped model: its files, their disk use, its last use (its newest file).
+    let mut models: HashMap<String, (std::time::SystemTime, Vec<PathBuf>)> = HashMap::new();
+    for path in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?.flatten().map(|e| e.path()) {
+        let Some(stem) = path.file_name().and_then(|n| n.to_str()).and_then(shipped_stem) else { continue };
+        if stem == keep.stem {
+            continue;
+        }
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).unwrap_or(std::time::UNIX_EPOCH);
+        let entry = models.entry(stem.to_string()).or_insert((std::time::UNIX_EPOCH, Vec::new()));
+        entry.0 = entry.0.max(modified);
+        entry.1.push(path);
+    }
+    let mut others: Vec<(std::time::SystemTime, String, Vec<PathBuf>)> = models.into_iter().map(|(stem, (t, files))| (t, stem, files)).collect();
     others.sort();
-    let used = |others: &[(std::time::SystemTime, PathBuf)]| others.iter().map(|(_, p)| allocated(p)).sum::<u64>() + allocated(&keep.file);
+    let used = |others: &[(std::time::SystemTime, String, Vec<PathBuf>)]| others.iter().flat_map(|(_, _, f)| f).map(|p| allocated(p)).sum::<u64>() + keep.files.iter().map(|p| allocated(p)).sum::<u64>();
     let mut total = used(&others);
     while total + needed > budget && !others.is_empty() {
-        let (_, old) = others.remove(0);
-        tracing::info!("removing {} to stay within the disk budget", old.display());
-        let _ = std::fs::remove_file(&old);
-        let _ = std::fs::remove_file(old.with_extension("manifest.json"));
-        let _ = std::fs::remove_file(old.with_extension("verified.json"));
+        let (_, stem, files) = others.remove(0);
+        tracing::info!("removing the shipped model {stem} to stay within the disk budget");
+        for f in files {
+            let _ = std::fs::remove_file(f);
+        }
+        let _ = std::fs::remove_file(dir.join(format!("{stem}.manifest.json")));
+        let _ = std::fs::remove_file(dir.join(format!("{stem}.verified.json")));
         total = used(&others);
     }
     if total + needed > budget {
@@ -409,13 +463,51 @@ fn make_room(dir: &Path, keep: &Paths, needed: u64, budget: u64) -> Result<(), S
     Ok(())
 }
 
-fn read_piece(file: &std::fs::File, piece: &Piece) -> std::io::Result<String> {
+/// A worker's copy of the head's files, each where the manifest places it in the model's
+/// byte space.
+struct LocalFiles {
+    files: Vec<(Range<u64>, Arc<std::fs::File>)>,
+}
+
+impl LocalFiles {
+    /// The file that holds the piece, and where in it the piece starts.
+    fn locate(&self, piece: &Piece) -> Result<(Arc<std::fs::File>, u64), String> {
+        let end = piece.offset.checked_add(piece.bytes).ok_or("a piece past the end of the byte space")?;
+        self.files
+            .iter()
+            .find(|(r, _)| r.start <= piece.offset && end <= r.end)
+            .map(|(r, f)| (f.clone(), piece.offset - r.start))
+            .ok_or_else(|| format!("bytes {}..{end} of the head's manifest lie in none of its files", piece.offset))
+    }
+}
+
+impl Manifest {
+    /// The files must follow one another and hold their headers: a manifest that says
+    /// otherwise is refused before any file is made from it.
+    fn check_files(&self) -> Result<(), String> {
+        if self.files.is_empty() || self.files.len() as u64 > engine::gguf::split::MAX_PARTS {
+            return Err(format!("the head's manifest lists {} files", self.files.len()));
+        }
+        let mut end = 0;
+        for f in &self.files {
+            let start = f.header.offset;
+            if start < end || f.header.bytes > f.file_bytes {
+                return Err("the head's manifest places its files over one another".into());
+            }
+            end = start.checked_add(f.file_bytes).ok_or("the head's manifest lists a file past the end of the byte space")?;
+        }
+        Ok(())
+    }
+}
+
+fn read_piece(files: &LocalFiles, piece: &Piece) -> std::io::Result<String> {
+    let (file, start) = files.locate(piece).map_err(std::io::Error::other)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; (piece.bytes as usize).min(MAX_BLOB_BYTES)];
     let mut at = 0;
     while at < piece.bytes {
         let n = ((piece.bytes - at) as usize).min(buf.len());
-        file.read_exact_at(&mut buf[..n], piece.offset + at)?;
+        file.read_exact_at(&mut buf[..n], start + at)?;
         hasher.update(&buf[..n]);
         at += n as u64;
     }
@@ -499,8 +591,9 @@ enum PieceError {
     Local(String),
 }
 
-/// Fetches one piece into `file` and checks it; `Ok(false)`: the bytes did not match.
-async fn fetch_piece(client: &ControlClient, file: &Arc<std::fs::File>, piece: &Piece, progress: &Progress) -> Result<bool, PieceError> {
+/// Fetches one piece into its file and checks it; `Ok(false)`: the bytes did not match.
+async fn fetch_piece(client: &ControlClient, files: &LocalFiles, piece: &Piece, progress: &Progress) -> Result<bool, PieceError> {
+    let (file, start) = files.locate(piece).map_err(PieceError::Local)?;
     let mut hasher = Sha256::new();
     let mut at = 0;
     while at < piece.bytes {
@@ -510,7 +603,7 @@ async fn fetch_piece(client: &ControlClient, file: &Arc<std::fs::File>, piece: &
             return Ok(false);
         }
         hasher.update(&bytes);
-        let (f, offset) = (file.clone(), piece.offset + at);
+        let (f, offset) = (file.clone(), start + at);
         tokio::task::spawn_blocking(move || f.write_all_at(&bytes, offset))
             .await
             .map_err(|e| PieceError::Local(e.to_string()))?
@@ -526,20 +619,26 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create --model-dir {}: {e}", dir.display()))?;
     let mut client = connect(&request.source, secret).await?;
     let manifest = manifest_of(&client, request).await?;
-    let paths = paths(dir, &manifest.fingerprint);
-    let opened = crate::process::open_in_dir(&paths.file, crate::process::Open::ReadWrite).map_err(|e| format!("cannot open {}: {e}", paths.file.display()))?;
-    // A sparse file the size of the head's: tensors keep their offsets, and the bytes
-    // this worker never fetches take no disk.
-    if opened.metadata().map_err(|e| e.to_string())?.len() != manifest.file_bytes {
-        opened.set_len(manifest.file_bytes).map_err(|e| format!("cannot size {}: {e}", paths.file.display()))?;
+    manifest.check_files()?;
+    let paths = paths(dir, &manifest.fingerprint, manifest.files.len());
+    let mut files = LocalFiles { files: Vec::new() };
+    for (path, listed) in paths.files.iter().zip(&manifest.files) {
+        let opened = crate::process::open_in_dir(path, crate::process::Open::ReadWrite).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        // A sparse file the size of the head's: tensors keep their offsets, and the bytes
+        // this worker never fetches take no disk.
+        if opened.metadata().map_err(|e| e.to_string())?.len() != listed.file_bytes {
+            opened.set_len(listed.file_bytes).map_err(|e| format!("cannot size {}: {e}", path.display()))?;
+        }
+        files.files.push((listed.header.offset..listed.header.offset + listed.file_bytes, Arc::new(opened)));
     }
-    let file = Arc::new(opened);
+    let files = Arc::new(files);
     crate::process::write_atomically(&paths.manifest, &serde_json::to_vec(&manifest).unwrap_or_default()).map_err(|e| format!("cannot write {}: {e}", paths.manifest.display()))?;
     let mut verified: BTreeSet<String> = std::fs::read(&paths.record).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default();
     let by_name = manifest.by_name();
+    let headers = manifest.headers();
     let listed = |name: &str| -> Option<Piece> {
-        if name == HEADER {
-            return Some(manifest.header.clone());
+        if let Some((_, piece)) = headers.iter().find(|(n, _)| n == name) {
+            return Some(piece.clone());
         }
         by_name.get(name).map(|t| t.piece.clone())
     };
@@ -549,7 +648,7 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
     for name in recorded {
         let good = match listed(&name) {
             Some(piece) => {
-                let f = file.clone();
+                let f = files.clone();
                 tokio::task::spawn_blocking(move || read_piece(&f, &piece).map(|d| d == piece.sha256)).await.map_err(|e| e.to_string())?.unwrap_or(false)
             }
             None => false,
@@ -563,9 +662,9 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
 
     let mut reporter = Reporter::new();
     let mut last_record = Instant::now();
-    // The header first: it says where the windows' tensors are.
+    // The headers first: they say where the windows' tensors are.
     let mut model: Option<Arc<ModelFile>> = None;
-    let mut pieces = vec![(HEADER.to_string(), manifest.header.clone())];
+    let mut pieces = headers.clone();
     let mut i = 0;
     while i < pieces.len() {
         let (name, piece) = pieces[i].clone();
@@ -573,7 +672,7 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
             let mut attempts = 0;
             let mut link_failures = 0;
             loop {
-                match fetch_piece(&client, &file, &piece, progress).await {
+                match fetch_piece(&client, &files, &piece, progress).await {
                     Ok(true) => break,
                     Ok(false) => {
                         attempts += 1;
@@ -602,9 +701,9 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
             }
         }
         progress.verified.fetch_add(piece.bytes, Ordering::Relaxed);
-        if model.is_none() {
-            // The header is here: open the file and list what the windows need.
-            let opened = ModelFile::open_as(&paths.file, manifest.fingerprint.clone()).map_err(|e| format!("the fetched header does not open: {e}"))?;
+        if model.is_none() && i + 1 == headers.len() {
+            // The headers are here: open the model and list what the windows need.
+            let opened = ModelFile::open_as(&paths.files[0], manifest.fingerprint.clone()).map_err(|e| format!("the fetched headers do not open: {e}"))?;
             let all = manifest.pieces_for(&opened, &windows)?;
             let needed: u64 = all.iter().map(|(_, p)| p.bytes).sum();
             progress.needed.store(needed, Ordering::Relaxed);
@@ -622,12 +721,14 @@ async fn fetch(request: &FetchRequest, dir: &Path, budget: Option<u64>, secret: 
     // Written back before the windows are used: a device short of memory releases its
     // windows after each use, and the kernel cannot drop pages still dirty from the fetch
     // (they linger until writeback, tens of seconds), so the release would free nothing.
-    let f = file.clone();
-    tokio::task::spawn_blocking(move || f.sync_data()).await.map_err(|e| e.to_string())?.map_err(|e| format!("cannot write {}: {e}", paths.file.display()))?;
+    let f = files.clone();
+    tokio::task::spawn_blocking(move || f.files.iter().try_for_each(|(_, f)| f.sync_data())).await.map_err(|e| e.to_string())?.map_err(|e| format!("cannot write the model into {}: {e}", dir.display()))?;
     record(&verified).map_err(|e| format!("cannot write {}: {e}", paths.record.display()))?;
     reporter.report(progress, true);
-    // The file's last use decides which shipped model a tight disk budget removes first.
-    let _ = file.set_modified(std::time::SystemTime::now());
+    // The files' last use decides which shipped model a tight disk budget removes first.
+    for (_, f) in &files.files {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
     model.ok_or_else(|| "no header".into())
 }
 
@@ -638,11 +739,17 @@ mod tests {
 
     #[test]
     fn paths_are_named_after_the_fingerprint() {
-        let p = paths(Path::new("/m"), "0123456789abcdef0123");
-        assert_eq!(p.file, Path::new("/m/shipped-0123456789abcdef.gguf"));
+        let p = paths(Path::new("/m"), "0123456789abcdef0123", 1);
+        assert_eq!(p.files, [Path::new("/m/shipped-0123456789abcdef.gguf")]);
         assert_eq!(p.record, Path::new("/m/shipped-0123456789abcdef.verified.json"));
-        assert_eq!(paths(Path::new("/m"), "../../etc/passwd").file, Path::new("/m/shipped-ecad.gguf"), "only hex digits");
-        assert_eq!(paths(Path::new("/m"), "é").file, Path::new("/m/shipped-.gguf"));
+        assert_eq!(paths(Path::new("/m"), "../../etc/passwd", 1).files, [Path::new("/m/shipped-ecad.gguf")], "only hex digits");
+        assert_eq!(paths(Path::new("/m"), "é", 1).files, [Path::new("/m/shipped-.gguf")]);
+        // A split set's parts, named so the engine finds them from the first.
+        let split = paths(Path::new("/m"), "0123456789abcdef0123", 2);
+        assert_eq!(split.files, [Path::new("/m/shipped-0123456789abcdef-00001-of-00002.gguf"), Path::new("/m/shipped-0123456789abcdef-00002-of-00002.gguf")]);
+        assert_eq!(split.files.iter().map(|f| shipped_stem(f.file_name().unwrap().to_str().unwrap())).collect::<Vec<_>>(), [Some("shipped-0123456789abcdef"); 2]);
+        assert_eq!(shipped_stem("shipped-0123456789abcdef.manifest.json"), None);
+        assert_eq!(shipped_stem("model.gguf"), None, "only shipped models are removed for room");
     }
 
     #[test]
@@ -652,10 +759,10 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let outside = dir.with_extension("outside");
         std::fs::write(&outside, b"precious").unwrap();
-        let p = paths(&dir, "0123456789abcdef");
-        std::os::unix::fs::symlink(&outside, &p.file).unwrap();
+        let p = paths(&dir, "0123456789abcdef", 1);
+        std::os::unix::fs::symlink(&outside, &p.files[0]).unwrap();
         std::os::unix::fs::symlink(&outside, &p.manifest).unwrap();
-        let e = crate::process::open_in_dir(&p.file, crate::process::Open::ReadWrite).unwrap_err();
+        let e = crate::process::open_in_dir(&p.files[0], crate::process::Open::ReadWrite).unwrap_err();
         assert!(e.to_string().contains("symbolic link"), "{e}");
         // An atomic write replaces the link itself.
         crate::process::write_atomically(&p.manifest, b"{}").unwrap();
@@ -743,37 +850,54 @@ mod tests {
         // A small random model with the checked-in vocabulary: nothing to download.
         let model = std::env::temp_dir().join(format!("hearth-shipping-model-{}.gguf", std::process::id()));
         engine::random_model::RandomModel::new("llama", 6, 256, 512, 4, 2).write(&crate::models::vocabulary_fixture(), &model).unwrap();
-        let file = Arc::new(ModelFile::open(&model).unwrap());
+        fetches_only_its_windows(&model, "one").await;
+        // The same model as a split set of three parts: the parts' headers cross, each
+        // tensor lands in its part, and the copy opens as the same split set.
+        let file = ModelFile::open(&model).unwrap();
+        let prefix = model.with_extension("").to_string_lossy().into_owned() + "-split";
+        let part_bytes = file.gguf.bytes().len() as u64 / 3;
+        let parts = engine::gguf::split::write_split(&file.gguf, &prefix, part_bytes).unwrap();
+        assert!(parts.len() >= 3, "{parts:?}");
+        fetches_only_its_windows(&parts[0], "split").await;
+        for p in parts.iter().chain([&model]) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    async fn fetches_only_its_windows(model: &Path, tag: &str) {
+        let file = Arc::new(ModelFile::open(model).unwrap());
         let meta = file.gguf.meta();
         let data = file.gguf.data_offset();
+        let headers: u64 = file.gguf.parts().iter().map(|p| p.header_len()).sum();
         let windows = vec![(1usize, 3usize)];
         let wanted = engine::model_file::window_tensors(meta, &[1..3]);
         let target = meta.tensor("blk.1.attn_q.weight").unwrap().clone();
         let sent = Arc::new(AtomicUsize::new(0));
         let server = head(file.clone(), data + target.offset + target.n_bytes / 2, sent.clone()).await;
-        let dir = std::env::temp_dir().join(format!("hearth-shipping-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("hearth-shipping-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let secret = ClusterSecret::new(SECRET).unwrap();
         let request = FetchRequest { fingerprint: file.fingerprint(), source: server.local_addr().to_string(), windows };
 
-        // Only the header and the windows' tensors cross; the tampered piece is refused
+        // Only the headers and the windows' tensors cross; the tampered piece is refused
         // and fetched again.
         let (status, shipped) = until_done(&Shipper::new(dir.clone(), None, secret.clone()), &request).await;
         assert!(status.ready, "{status:?}");
-        let needed = data + wanted.iter().map(|t| t.n_bytes).sum::<u64>();
+        let needed = headers + wanted.iter().map(|t| t.n_bytes).sum::<u64>();
         assert_eq!(status.needed_bytes, needed);
         assert_eq!(status.refused_pieces, 1);
         assert_eq!(status.fetched_bytes, needed + target.n_bytes, "the tampered tensor is fetched twice, nothing else");
         assert_eq!(sent.load(Ordering::SeqCst) as u64, status.fetched_bytes);
         let shipped = shipped.expect("the fetched file");
         assert_eq!(shipped.fingerprint(), file.fingerprint(), "the sparse copy carries the head's fingerprint");
+        assert_eq!(shipped.gguf.parts().len(), file.gguf.parts().len(), "the copy has the head's files");
         for t in &wanted {
             assert!(shipped.gguf.tensor_bytes(t) == file.gguf.tensor_bytes(t), "tensor {} differs", t.name);
         }
         let outside = meta.tensor("blk.5.attn_q.weight").unwrap();
         assert!(shipped.gguf.tensor_bytes(outside).iter().all(|&b| b == 0), "a tensor outside the windows was fetched");
-        let on_disk = allocated(shipped.gguf.path());
-        assert!(on_disk < needed + 8 * 4096 * wanted.len() as u64, "the file takes {on_disk} bytes of disk for {needed} fetched");
+        let on_disk: u64 = shipped.gguf.parts().iter().map(|p| allocated(p.path())).sum();
+        assert!(on_disk < needed + 8 * 4096 * (wanted.len() + file.gguf.parts().len()) as u64, "the files take {on_disk} bytes of disk for {needed} fetched");
 
         // A restarted worker checks what it has and fetches nothing.
         let before = sent.load(Ordering::SeqCst);
@@ -783,11 +907,12 @@ mod tests {
 
         // A byte changed on disk: that tensor, and only it, is fetched again.
         let changed = meta.tensor("blk.2.ffn_down.weight").unwrap();
-        let local = std::fs::OpenOptions::new().read(true).write(true).open(shipped.gguf.path()).unwrap();
-        let at = data + changed.offset + 7;
+        let at = (data + changed.offset + 7) as usize;
+        let (part, within) = shipped.gguf.file_ranges(at..at + 1).next().expect("in a file");
+        let local = std::fs::OpenOptions::new().read(true).write(true).open(part.path()).unwrap();
         let mut byte = [0u8];
-        local.read_exact_at(&mut byte, at).unwrap();
-        local.write_all_at(&[byte[0] ^ 1], at).unwrap();
+        local.read_exact_at(&mut byte, within.start).unwrap();
+        local.write_all_at(&[byte[0] ^ 1], within.start).unwrap();
         let (status, _) = until_done(&Shipper::new(dir.clone(), None, secret.clone()), &request).await;
         assert!(status.ready, "{status:?}");
         assert_eq!(status.fetched_bytes, changed.n_bytes);
@@ -811,6 +936,5 @@ mod tests {
         assert!(status.error.is_some(), "{status:?}");
         assert_eq!(sent.load(Ordering::SeqCst), before, "bytes went to a peer without the secret");
         let _ = std::fs::remove_dir_all(&dir);
-        let _ = std::fs::remove_file(&model);
     }
 }
