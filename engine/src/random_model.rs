@@ -31,7 +31,8 @@ pub struct RandomModel {
     /// Sliding-window archs: the window in tokens.
     pub n_swa: u32,
     /// Type of the matrices (norms and biases are F32; gpt-oss experts are MXFP4, as in
-    /// every gpt-oss GGUF).
+    /// every gpt-oss GGUF). Q4_K means llama.cpp's Q4_K_M mix: Q6_K for the output layer
+    /// and for `attn_v` and `ffn_down` in the layers llama-quantize gives more bits.
     pub ty: GgmlType,
     pub tied_output: bool,
     /// Q/K/V biases (qwen2; gpt-oss always has them).
@@ -113,6 +114,43 @@ impl RandomModel {
     /// Writes the model to `out`, with the tokenizer of `tokenizer_from`; returns the
     /// file's size in bytes.
     pub fn write(&self, tokenizer_from: &Path, out: &Path) -> Result<u64> {
+        self.writer(tokenizer_from)?.write_streaming(out, self.filler())?;
+        Ok(std::fs::metadata(out).map_err(|e| Error::Io { path: out.to_path_buf(), source: e })?.len())
+    }
+
+    /// Writes the model as a split set (`PREFIX-00001-of-0000N.gguf` …, parts of at most
+    /// `max_bytes` of tensor data, as gguf-split writes them); returns the parts' paths.
+    pub fn write_split(&self, tokenizer_from: &Path, prefix: &str, max_bytes: u64) -> Result<Vec<std::path::PathBuf>> {
+        self.writer(tokenizer_from)?.write_split_streaming(prefix, max_bytes, self.filler())
+    }
+
+    /// The weights' noise, tensor by tensor, in write order.
+    fn filler(&self) -> impl FnMut(&str, GgmlType, &[u64], &mut [u8]) {
+        let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        move |name, ty, dims, buf| {
+            let (std, center) = spread(name, dims);
+            fill(&mut rng, ty, buf, std, center);
+        }
+    }
+
+    /// The type of the matrix `name` of layer `il` (see [`RandomModel::ty`]).
+    fn matrix_type(&self, name: &str, il: u32) -> GgmlType {
+        if self.ty != GgmlType::Q4_K {
+            return self.ty;
+        }
+        // llama-quantize's `use_more_bits`: the first and last eighth, and every third
+        // layer between.
+        let n = self.n_layer;
+        let more_bits = il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2;
+        match name {
+            "output.weight" => GgmlType::Q6_K,
+            "attn_v.weight" | "ffn_down.weight" if more_bits => GgmlType::Q6_K,
+            _ => GgmlType::Q4_K,
+        }
+    }
+
+    /// Everything but the weights' bytes: metadata, the tokenizer, the tensor list.
+    fn writer(&self, tokenizer_from: &Path) -> Result<GgufWriter> {
         self.validate()?;
         let real = GgufFile::open(tokenizer_from)?;
         // A vocabulary-only file (see `write_vocabulary`) has no embedding to size it by.
@@ -132,6 +170,10 @@ impl RandomModel {
         let (q, kv) = (hd * self.n_head as u64, hd * self.n_head_kv as u64);
         w.set("general.architecture", Value::from(a))?;
         w.set("general.name", Value::from(format!("random-{a}-{}x{e}-{}", self.n_layer, self.ty)))?;
+        if self.ty == GgmlType::Q4_K {
+            // LLAMA_FTYPE_MOSTLY_Q4_K_M: what the file is, as `hearth models` shows it.
+            w.set("general.file_type", Value::U32(15))?;
+        }
         let u32k = |w: &mut GgufWriter, k: &str, v: u64| w.set(format!("{a}.{k}"), Value::U32(v as u32));
         // GLM: one multi-token-prediction block after the layers, as GLM-4.5 files have;
         // its tensors are left out (llama.cpp then loads the trunk only, as hearth runs it).
@@ -174,7 +216,7 @@ impl RandomModel {
         w.add_tensor_later("token_embd.weight", ty, &[e, n_vocab])?;
         w.add_tensor_later("output_norm.weight", f32t, &[e])?;
         if !self.tied_output {
-            w.add_tensor_later("output.weight", ty, &[e, n_vocab])?;
+            w.add_tensor_later("output.weight", self.matrix_type("output.weight", 0), &[e, n_vocab])?;
         }
         let (n_exp, ffe) = (self.n_expert as u64, self.n_ff_exp);
         for il in 0..self.n_layer {
@@ -182,7 +224,7 @@ impl RandomModel {
             w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
             w.add_tensor_later(t("attn_q.weight"), ty, &[e, q])?;
             w.add_tensor_later(t("attn_k.weight"), ty, &[e, kv])?;
-            w.add_tensor_later(t("attn_v.weight"), ty, &[e, kv])?;
+            w.add_tensor_later(t("attn_v.weight"), self.matrix_type("attn_v.weight", il), &[e, kv])?;
             w.add_tensor_later(t("attn_output.weight"), ty, &[q, e])?;
             if self.qkv_bias {
                 w.add_tensor_later(t("attn_q.bias"), f32t, &[q])?;
@@ -231,15 +273,10 @@ impl RandomModel {
             } else {
                 w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
                 w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
-                w.add_tensor_later(t("ffn_down.weight"), ty, &[self.n_ff, e])?;
+                w.add_tensor_later(t("ffn_down.weight"), self.matrix_type("ffn_down.weight", il), &[self.n_ff, e])?;
             }
         }
-        let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        w.write_streaming(out, |name, ty, dims, buf| {
-            let (std, center) = spread(name, dims);
-            fill(&mut rng, ty, buf, std, center);
-        })?;
-        Ok(std::fs::metadata(out).map_err(|e| Error::Io { path: out.to_path_buf(), source: e })?.len())
+        Ok(w)
     }
 }
 
@@ -342,7 +379,36 @@ fn fill(rng: &mut Rng, ty: GgmlType, buf: &mut [u8], std: f32, center: f32) {
                 block[9..17].copy_from_slice(&rng.next().to_le_bytes());
             }
         }
-        other => unreachable!("random models are written in f32, f16, q8_0, q4_0 and mxfp4, not {other}"),
+        GgmlType::Q4_K => {
+            // Super-blocks of 256: f16 d and dmin, 12 bytes packing eight 6-bit scales and
+            // eight 6-bit mins, 128 bytes of nibbles q; value d*sc*q - dmin*m. Every scale
+            // and min is 32 (0xA0 carries the high bits of the last four), dmin = 7.5 d
+            // centres the uniform nibbles (std 4.61) on 0.
+            let d = std / (32.0 * 4.61);
+            let (dd, dmin) = (f16_bits(d).to_le_bytes(), f16_bits(7.5 * d).to_le_bytes());
+            const SCALES: [u8; 12] = [0xA0, 0xA0, 0xA0, 0xA0, 0xA0, 0xA0, 0xA0, 0xA0, 0, 0, 0, 0];
+            for block in buf.chunks_exact_mut(144) {
+                block[..2].copy_from_slice(&dd);
+                block[2..4].copy_from_slice(&dmin);
+                block[4..16].copy_from_slice(&SCALES);
+                for c in block[16..].chunks_exact_mut(8) {
+                    c.copy_from_slice(&rng.next().to_le_bytes());
+                }
+            }
+        }
+        GgmlType::Q6_K => {
+            // Super-blocks of 256: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16
+            // int8 scales, f16 d; value d*scale*(q-32), q uniform in 0..64 (std 18.5).
+            let d = f16_bits(std / (16.0 * 18.5)).to_le_bytes();
+            for block in buf.chunks_exact_mut(210) {
+                for c in block[..192].chunks_exact_mut(8) {
+                    c.copy_from_slice(&rng.next().to_le_bytes());
+                }
+                block[192..208].fill(16);
+                block[208..].copy_from_slice(&d);
+            }
+        }
+        other => unreachable!("random models are written in f32, f16, q8_0, q4_0, q4_k (the Q4_K_M mix) and mxfp4, not {other}"),
     }
 }
 

@@ -329,6 +329,33 @@ fn tiny_llama_untied_matches_llama_cpp() {
     tiny(common::tiny::model("llama"));
 }
 
+/// The random Q4_K_M mix (`hearth make-model --type q4_k_m`, the journey's 70B-shaped
+/// model): Q4_K and Q6_K blocks written by hand decode to finite, varied logits, and
+/// hearth computes what llama.cpp computes on them. Rows of 256 (the K-quants' block).
+#[test]
+fn tiny_llama_in_the_random_q4_k_m_mix_matches_llama_cpp() {
+    let mut m = RandomModel::new("llama", 3, 256, 512, 4, 2);
+    m.ty = engine::gguf::GgmlType::Q4_K;
+    m.context_length = 2048;
+    m.seed = 5;
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-q4km-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&m, &dir);
+    let file = engine::ModelFile::open(&path).unwrap();
+    let types: std::collections::BTreeSet<String> = file.gguf.tensors().iter().map(|t| t.ty.to_string()).collect();
+    assert!(types.contains("q4_K") && types.contains("q6_K"), "{types:?}");
+    assert_eq!(file.gguf.get_u64("general.file_type"), Some(15));
+    drop(file);
+    let tok = Tokenizer::load(&path).unwrap();
+    let logits = Reference::load(&path, THREADS).unwrap().prompt_logits(&tok.tokenize("A few words of text.", false)).unwrap();
+    let last = logits.last().unwrap();
+    let mean = last.iter().map(|&x| x as f64).sum::<f64>() / last.len() as f64;
+    let std = (last.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / last.len() as f64).sqrt();
+    assert!(last.iter().all(|x| x.is_finite()) && std > 0.1, "the logits are not finite and varied: std {std}");
+    std::fs::remove_dir_all(&dir).ok();
+    tiny(m);
+}
+
 #[test]
 fn tiny_qwen3moe_routes_experts_as_llama_cpp() {
     tiny(common::tiny::model("qwen3moe"));

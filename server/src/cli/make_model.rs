@@ -15,7 +15,8 @@ pub fn run(args: MakeModelArgs) -> Result<(), Box<dyn std::error::Error>> {
         "q8_0" => GgmlType::Q8_0,
         "q4_0" => GgmlType::Q4_0,
         "f16" => GgmlType::F16,
-        other => return Err(format!("--type {other}: use q8_0, q4_0 or f16").into()),
+        "q4_k_m" => GgmlType::Q4_K,
+        other => return Err(format!("--type {other}: use q8_0, q4_0, f16 or q4_k_m").into()),
     };
     let mut m = RandomModel::new(&args.arch, args.layers, args.embd, args.ff, args.heads, args.kv_heads);
     m.ty = ty;
@@ -30,7 +31,19 @@ pub fn run(args: MakeModelArgs) -> Result<(), Box<dyn std::error::Error>> {
         m.n_swa = args.window;
     }
     let tokenizer: PathBuf = args.tokenizer_from.resolve()?;
-    let size = m.write(&tokenizer, &args.out)?;
-    println!("{} ({} {} layers, e={}, ff={}, {ty}): {size} bytes", args.out.display(), args.arch, args.layers, args.embd, args.ff);
+    let what = format!("{} {} layers, e={}, ff={}, {}", args.arch, args.layers, args.embd, args.ff, args.r#type);
+    match &args.split_max_size {
+        None => {
+            let size = m.write(&tokenizer, &args.out)?;
+            println!("{} ({what}): {size} bytes", args.out.display());
+        }
+        Some(s) => {
+            let max = engine::gguf::split::parse_size(s).ok_or_else(|| format!("--split-max-size {s}: give a size such as 20G, 500M or a number of bytes"))?;
+            let out = args.out.to_string_lossy();
+            for part in m.write_split(&tokenizer, out.strip_suffix(".gguf").unwrap_or(&out), max)? {
+                println!("{} ({what}): {} bytes", part.display(), std::fs::metadata(&part)?.len());
+            }
+        }
+    }
     Ok(())
 }

@@ -244,13 +244,19 @@ pub struct MakeModelArgs {
     /// Sliding-window archs (gemma3, gpt-oss): the window in tokens.
     #[arg(long, default_value_t = 128)]
     pub window: u32,
-    /// Weight type of the matrices: q8_0, q4_0 or f16 (gpt-oss experts are always mxfp4).
+    /// Weight type of the matrices: q8_0, q4_0, f16, or q4_k_m (llama.cpp's mix of Q4_K
+    /// and Q6_K); gpt-oss experts are always mxfp4.
     #[arg(long, default_value = "q8_0")]
     pub r#type: String,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The GGUF to write; with --split-max-size, the parts are OUT-00001-of-0000N.gguf
+    /// and on (OUT without its .gguf).
     #[arg(long)]
     pub out: PathBuf,
+    /// Write a split set whose parts hold at most this much tensor data each (`20G`).
+    #[arg(long)]
+    pub split_max_size: Option<String>,
     /// The GGUF whose tokenizer the new model gets (default: the default model).
     #[command(flatten)]
     pub tokenizer_from: ModelArg,
