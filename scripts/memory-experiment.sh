@@ -64,57 +64,10 @@ if [ ! -f "$MODEL" ]; then
   # shellcheck disable=SC2086 # MAKE_MODEL is a list of arguments
   "$HEARTH" make-model ${MAKE_MODEL:---layers 30 --embd 2048 --ff 9216 --type q8_0} --out "$MODEL" >&2
 fi
-# The disk holding the model, for the blkio throttle (the whole disk, not a partition).
-dev_of() {
-  local src; src=$(df --output=source "$1" | tail -1)
-  local name; name=$(lsblk -no pkname "$src" 2>/dev/null | head -1)
-  [ -n "$name" ] || name=$(basename "$src")
-  cat "/sys/class/block/$name/dev"
-}
+# shellcheck source=scripts/lib-cgroups.sh
+. "$root/scripts/lib-cgroups.sh"
 DISK_DEV=$(dev_of "$MODEL")
-
-pids=()
-cleanup() {
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-remove_groups() {
-  for c in memory blkio; do
-    for d in /sys/fs/cgroup/$c/$CG/*/; do [ -d "$d" ] && rmdir "$d" 2>/dev/null || true; done
-    rmdir "/sys/fs/cgroup/$c/$CG" 2>/dev/null || true
-  done
-}
 trap 'cleanup; remove_groups' EXIT
-
-# make_group NAME LIMIT_MIB: a memory (and blkio) cgroup for one process.
-make_group() {
-  local m=/sys/fs/cgroup/memory/$CG/$1 b=/sys/fs/cgroup/blkio/$CG/$1
-  mkdir -p "$m" "$b"
-  # Empty it of pages from a previous run before lowering the limit.
-  echo 0 > "$m/memory.force_empty" 2>/dev/null || true
-  echo $(( $2 * 1024 * 1024 )) > "$m/memory.limit_in_bytes"
-  if [ "$DISK_MBPS" != 0 ]; then
-    echo "$DISK_DEV $(( DISK_MBPS * 1000 * 1000 ))" > "$b/blkio.throttle.read_bps_device"
-  else
-    echo "$DISK_DEV 0" > "$b/blkio.throttle.read_bps_device" 2>/dev/null || true
-  fi
-}
-
-# start NAME LOG CMD...: runs CMD inside cgroup NAME, in the background.
-start() {
-  local name=$1 log=$2; shift 2
-  sh -c 'echo $$ > /sys/fs/cgroup/memory/'"$CG/$name"'/cgroup.procs; echo $$ > /sys/fs/cgroup/blkio/'"$CG/$name"'/cgroup.procs; exec "$@"' hearth "$@" >"$log" 2>&1 &
-  pids+=($!)
-}
-
-wait_for() { # wait_for SECONDS CMD...
-  local deadline=$(( $(date +%s) + $1 )); shift
-  until "$@" >/dev/null 2>&1; do
-    [ "$(date +%s)" -lt "$deadline" ] || return 1
-    sleep 0.5
-  done
-}
 
 # One streamed greedy /v1/completions (no end-of-text: random weights may pick it at once);
 # prints "tpot_s ttft_s tokens".

@@ -10,6 +10,14 @@ use std::time::Instant;
 use engine::{BatchToken, ModelFile, Stage, StageConfig, StageInput};
 use hearth::runtime::ring::paging::WindowPager;
 
+/// One test at a time: the pager counts the disk reads of the whole process
+/// (`/proc/self/io`), so another test re-reading its copy meanwhile (after dropping its
+/// pages) showed up as reads of this one's window, and the test failed on a busy host.
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn private_copy(tag: &str) -> (PathBuf, Arc<ModelFile>) {
     let model = hearth::models::ensure_default_model(&hearth::models::models_dir()).unwrap();
     let dir = std::env::temp_dir().join(format!("hearth-paging-{tag}-{}", std::process::id()));
@@ -48,6 +56,7 @@ fn window_bytes(file: &ModelFile, layers: std::ops::Range<usize>) -> (Vec<std::o
 
 #[test]
 fn release_drops_the_window_run_and_prefetch_reads_the_next() {
+    let _alone = alone();
     let (dir, file) = private_copy("on");
     let windows = [0..10, 10..20];
     let mut stage = stage(&file, &windows);
@@ -81,6 +90,7 @@ fn release_drops_the_window_run_and_prefetch_reads_the_next() {
 
 #[test]
 fn without_release_or_prefetch_the_pages_stay_as_the_compute_left_them() {
+    let _alone = alone();
     let (dir, file) = private_copy("off");
     let windows = [0..10, 10..20];
     let mut stage = stage(&file, &windows);
@@ -103,6 +113,7 @@ fn without_release_or_prefetch_the_pages_stay_as_the_compute_left_them() {
 
 #[test]
 fn one_window_never_releases_or_prefetches_and_the_hooks_are_cheap() {
+    let _alone = alone();
     let (dir, file) = private_copy("one");
     let windows = [0..30];
     let mut stage = stage(&file, &windows);
@@ -129,6 +140,7 @@ fn one_window_never_releases_or_prefetches_and_the_hooks_are_cheap() {
 /// does not use stay on disk.
 #[test]
 fn a_moe_window_is_kept_and_only_its_dense_part_is_read_ahead() {
+    let _alone = alone();
     let dir = std::env::temp_dir().join(format!("hearth-paging-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("moe.gguf");
@@ -163,6 +175,7 @@ fn a_moe_window_is_kept_and_only_its_dense_part_is_read_ahead() {
 /// computes (the graph now runs in pieces, stopping after each router).
 #[test]
 fn a_paged_moe_stage_reads_exactly_the_chosen_experts_and_computes_the_same() {
+    let _alone = alone();
     let dir = std::env::temp_dir().join(format!("hearth-paging-experts-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("moe.gguf");

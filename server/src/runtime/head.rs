@@ -103,7 +103,7 @@ impl Head {
             None => {
                 // A model larger than this machine's memory is served from the mapping, paged
                 // by the OS; repacked copies would have to fit in memory instead.
-                let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None);
+                let paged = super::ring::paging::pages_from_disk(&file, &[0..spec.n_layer], None, &stage);
                 let (fit, fit_experts) = super::gpu_layers::fitting_layers(&file, engine::accelerators().first(), stage.n_seq, stage.n_ctx_seq, stage.kv, cfg.gpu_layers.experts_in_ram);
                 let (accel_layers, experts_in_ram) = cfg.gpu_layers.resolve(fit, fit_experts);
                 // One beyond the layers: the output layer too (llama.cpp's count).

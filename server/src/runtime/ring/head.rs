@@ -127,26 +127,26 @@ impl HeadStage {
             windows.len() - 1
         });
         let own = (0..plan.rounds()).map(|r| (!own_windows.is_empty()).then_some(first_own + r)).collect();
-        let paged = super::paging::pages_from_disk(&file, &own_windows, cfg.setup.release);
         let planned = plan.devices.first().map_or((0, 0), |d| (d.gpu_layers, d.experts_in_ram));
         let (accel_layers, experts_in_ram) = cfg.gpu_layers.resolve(planned.0, planned.1);
-        let stage = Stage::new(
-            file.clone(),
-            StageConfig {
-                windows,
-                n_seq: cfg.n_seq,
-                n_ctx_seq: cfg.n_ctx_seq,
-                max_batch: cfg.max_batch,
-                threads: cfg.threads,
-                accel_layers,
-                experts_in_ram,
-                owns_output: true,
-                batch_invariant: cfg.batch_invariant,
-                repack: cfg.repack && !paged,
-                read_chosen_experts: paged,
-                kv: cfg.kv,
-            },
-        )?;
+        let mut config = StageConfig {
+            windows,
+            n_seq: cfg.n_seq,
+            n_ctx_seq: cfg.n_ctx_seq,
+            max_batch: cfg.max_batch,
+            threads: cfg.threads,
+            accel_layers,
+            experts_in_ram,
+            owns_output: true,
+            batch_invariant: cfg.batch_invariant,
+            repack: cfg.repack,
+            read_chosen_experts: false,
+            kv: cfg.kv,
+        };
+        let paged = super::paging::pages_from_disk(&file, &own_windows, cfg.setup.release, &config);
+        config.repack = cfg.repack && !paged;
+        config.read_chosen_experts = paged;
+        let stage = Stage::new(file.clone(), config)?;
         // Made after the stage, so the stage's own memory counts against the budget.
         let pager = (!own_windows.is_empty()).then(|| WindowPager::new(file.clone(), own_windows.clone(), cfg.setup.prefetch, cfg.setup.release));
         if let Some(p) = &pager {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::residency::{self, MemoryBudget, Prefetch};
-use engine::ModelFile;
+use engine::{ModelFile, StageConfig};
 use serde_json::{json, Value};
 
 /// Cumulative and last-step figures of one window.
@@ -72,17 +72,35 @@ pub struct WindowPager {
 
 /// Whether a stage with these windows will be paged from the file's mapping: when the
 /// plan releases windows after use, or when they would not fit the memory this process
-/// may use. Such a stage is never repacked (repacked copies would have to fit in memory)
-/// and, for a MoE model, reads only the experts its tokens chose (`read_chosen_experts`).
-pub fn pages_from_disk(file: &ModelFile, layers: &[Range<usize>], release: Option<bool>) -> bool {
+/// may use beside what the stage itself will allocate (`stage`). Such a stage is never
+/// repacked (repacked copies are anonymous memory: a process past its limit is killed, not
+/// paged) and, for a MoE model, reads only the experts its tokens chose
+/// (`read_chosen_experts`).
+pub fn pages_from_disk(file: &ModelFile, layers: &[Range<usize>], release: Option<bool>, stage: &StageConfig) -> bool {
     if release == Some(true) {
         return true;
     }
     let need: u64 = layers.iter().flat_map(|l| file.layer_byte_ranges(l.clone())).map(|r| r.len() as u64).sum();
+    let n_layers = layers.iter().map(|l| l.len()).sum();
     match residency::memory_budget() {
-        Some(b) => residency::overloaded(need, b.bytes, residency::anon_bytes().unwrap_or(0)),
+        Some(b) => residency::overloaded(need, b.bytes, residency::anon_bytes().unwrap_or(0) + stage_anon_bytes(&file.spec, n_layers, stage)),
         None => false,
     }
+}
+
+/// Anonymous memory a stage allocates besides its weights, before it has: its KV cache
+/// (the windows' layers, every sequence's cells, of the cache's types) and one batch's
+/// intermediates (the FFN's hidden width twice and a few rows of the model's width, F32;
+/// the logits when it owns the output). Without it, a 70B-shaped layer of 0.5 GB whose
+/// repacked copy fit a 590 MiB limit left no room for its ~160 MB of buffers, and the
+/// process was killed at its first prompt.
+pub fn stage_anon_bytes(spec: &engine::ModelSpec, n_layers: usize, stage: &StageConfig) -> u64 {
+    let cells = (stage.n_seq * stage.n_ctx_seq) as f64;
+    let kv = n_layers as f64 * cells * spec.n_embd_kv() as f64 * (stage.kv.k.bytes_per_element() + stage.kv.v.bytes_per_element());
+    let n_ff = spec.moe.map_or(spec.n_ff, |m| m.n_ff_exp * m.n_expert_used.max(1));
+    let rows = stage.max_batch as f64;
+    let batch = rows * 4.0 * (2 * n_ff + 4 * spec.n_embd) as f64 + if stage.owns_output { rows * 4.0 * spec.n_vocab as f64 } else { 0.0 };
+    (kv + batch) as u64
 }
 
 impl WindowPager {

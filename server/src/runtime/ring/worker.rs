@@ -346,9 +346,8 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 return Err(ControlFailure::bad_request(format!("this worker has not fetched windows {:?} from the head yet (fetch_model first)", plan.windows)));
             }
             state.gpu_layers.check(file.spec.moe.is_some()).map_err(ControlFailure::bad_request)?;
-            let paged = super::paging::pages_from_disk(&file, &plan.windows.iter().map(|&(a, b)| a..b).collect::<Vec<_>>(), plan.release);
             let (accel_layers, experts_in_ram) = state.gpu_layers.resolve(plan.gpu_layers, plan.experts_in_ram);
-            let cfg = StageConfig {
+            let mut cfg = StageConfig {
                 windows: plan.windows.iter().map(|&(a, b)| a..b).collect(),
                 n_seq: plan.n_seq,
                 n_ctx_seq: plan.n_ctx_seq,
@@ -358,10 +357,13 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 experts_in_ram,
                 owns_output: false,
                 batch_invariant: plan.batch_invariant,
-                repack: state.repack && !paged,
-                read_chosen_experts: paged,
+                repack: state.repack,
+                read_chosen_experts: false,
                 kv: plan.kv,
             };
+            let paged = super::paging::pages_from_disk(&file, &cfg.windows, plan.release, &cfg);
+            cfg.repack = state.repack && !paged;
+            cfg.read_chosen_experts = paged;
             let layers = cfg.windows.clone();
             let own_file = model.layers.is_none().then(|| file.clone());
             let release = plan.release;
