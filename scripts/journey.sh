@@ -82,7 +82,7 @@ EOF
 if ! ls "$hub_dir"/*-00001-of-*.gguf >/dev/null 2>&1; then
   t=$(now)
   run "$HEARTH" make-model --arch llama --layers "$LAYERS" --embd 8192 --ff 28672 --heads 64 --kv-heads 8 \
-    --type q4_k_m --split-max-size "$split_bytes" --out "$hub_dir/$NAME.gguf"
+    --type q4_k_m --context-length 8192 --split-max-size "$split_bytes" --out "$hub_dir/$NAME.gguf"
   say "model written in $(since "$t") s"
 fi
 model_bytes=$(cat "$hub_dir"/*.gguf | wc -c)

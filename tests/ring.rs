@@ -204,6 +204,40 @@ fn a_split_model_through_the_ring_with_a_worker_fetching_its_windows_gives_the_s
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// `--ctx-size` past the model's trained context (a random model trained for 256 cells,
+/// served with 512): each sequence gets the model's 256, on the single node and through
+/// the ring alike, and a prompt answered past them ends with `length` where the single
+/// node ends it. Found by the journey (scripts/journey.sh): the ring's head admitted
+/// what --ctx-size allowed while its stages held the model's context, and a 4,196-token
+/// prompt failed mid-answer with a server error at cell 4,096.
+#[test]
+fn a_ctx_size_past_the_models_context_ends_the_answer_where_the_single_node_does() {
+    let dir = std::env::temp_dir().join(format!("hearth-ring-ctx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut m = engine::random_model::RandomModel::new("llama", 6, 64, 128, 4, 2);
+    m.context_length = 256;
+    m.seed = 3;
+    let path = dir.join("ctx256.gguf");
+    m.write(&common::default_model(), &path).unwrap();
+    let answer = |addr: &str| {
+        let v = common::complete_real_text(addr, 800, 200);
+        let (prompt, completion) = (v["usage"]["prompt_tokens"].as_u64().unwrap(), v["usage"]["completion_tokens"].as_u64().unwrap());
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), v["choices"][0]["finish_reason"].as_str().unwrap().to_string(), prompt, completion)
+    };
+    let args = ["--threads", "1", "--ctx-size", "512", "--max-batch", "64"];
+    let single = Served::start_model(&path, &args);
+    let expected = answer(&single.addr);
+    drop(single);
+    assert_eq!(expected.1, "length", "{expected:?}");
+    assert!(expected.2 + expected.3 <= 256 && expected.2 + 200 > 256, "the answer stops at the model's 256 cells: {expected:?}");
+    let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+    let w2 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start_model(&path, &[&args[..], &["--workers", &workers, "--windows", "2,2,2", "--prompt-chunk", "64"]].concat());
+    assert_eq!(answer(&head.addr), expected);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// A quantized KV cache (`--cache-type-k q8_0 --cache-type-v q4_0`) set on the head
 /// reaches every worker with the plan: the ring gives the single node's answer with the
 /// same flags for a short chat and for a prompt of over 1,000 tokens answered until the

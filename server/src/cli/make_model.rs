@@ -22,6 +22,7 @@ pub fn run(args: MakeModelArgs) -> Result<(), Box<dyn std::error::Error>> {
     m.ty = ty;
     m.head_dim = args.head_dim;
     m.seed = args.seed;
+    m.context_length = args.context_length;
     if m.n_expert > 0 {
         m.n_expert = args.experts;
         m.n_expert_used = args.experts_used;

@@ -257,6 +257,10 @@ pub struct MakeModelArgs {
     /// Write a split set whose parts hold at most this much tensor data each (`20G`).
     #[arg(long)]
     pub split_max_size: Option<String>,
+    /// The context the model says it was trained for (`context_length`): the most cells
+    /// a sequence gets.
+    #[arg(long, default_value_t = 4096)]
+    pub context_length: u32,
     /// The GGUF whose tokenizer the new model gets (default: the default model).
     #[command(flatten)]
     pub tokenizer_from: ModelArg,

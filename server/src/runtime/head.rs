@@ -76,7 +76,14 @@ impl Head {
         let max_batch = cfg.max_batch.max(parallel);
         // Speculation stays exact only if a verified draft computes as it would alone.
         let batch_invariant = cfg.batch_invariant || cfg.speculation.is_some();
-        let stage = StageConfig { n_seq: parallel, n_ctx_seq: cfg.n_ctx_seq.max(16), max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, ..StageConfig::whole(&spec) };
+        // The engine holds no more cells per sequence than the model was trained for; every
+        // part of the server (admission, the ring's plan, the workers' caches) must count
+        // the same cells, or a prompt that fits --ctx-size fails mid-answer in the ring.
+        let n_ctx_seq = cfg.n_ctx_seq.max(16).min(spec.n_ctx_train.max(16));
+        if n_ctx_seq < cfg.n_ctx_seq {
+            tracing::warn!(asked = cfg.n_ctx_seq, model = spec.n_ctx_train, "--ctx-size is past the model's trained context: each sequence gets {n_ctx_seq} cells");
+        }
+        let stage = StageConfig { n_seq: parallel, n_ctx_seq, max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, ..StageConfig::whole(&spec) };
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
                 let mut pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
