@@ -156,10 +156,10 @@ cluster prp "$prp_windows"
 read -r tpot_prp _ _ <<<"$(tpot "The history of the")"
 say "TPOT, PRP with prefetch (windows $prp_windows x2): $tpot_prp s"
 say "fetched after PRP's windows: $(fetched)"
-prompt_tokens() { curl -sf "http://127.0.0.1:$PORT/metrics" | awk '/^hearth_prompt_tokens_total/ { print $2 }'; }
-before=$(prompt_tokens)
+prompt_tokens_total() { curl -sf "http://127.0.0.1:$PORT/metrics" | awk '/^hearth_prompt_tokens_total/ { print $2 }'; }
+before=$(prompt_tokens_total)
 read -r long_tpot long_ttft long_n <<<"$(tpot "$long_prompt")"
-prompt_tokens=$(python3 -c "import sys; print(int(float(sys.argv[2]) - float(sys.argv[1])))" "$before" "$(prompt_tokens)" || echo "?")
+prompt_tokens=$(python3 -c "import sys; print(int(float(sys.argv[2]) - float(sys.argv[1])))" "$before" "$(prompt_tokens_total)" || echo "?")
 say "long prompt ($prompt_tokens tokens of the paper's text), PRP: time to first token $long_ttft s, then TPOT $long_tpot s ($long_n tokens)"
 python3 -c "import sys; k,p=float(sys.argv[1]),float(sys.argv[2]); print(f'PRP/plain TPOT ratio: {p/k:.2f}')" "$tpot_k1" "$tpot_prp" | tee -a "$report"
 cleanup

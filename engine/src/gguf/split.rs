@@ -41,6 +41,12 @@ pub fn part_name(prefix: &str, no: u64, count: u64) -> String {
     format!("{prefix}-{no:05}-of-{count:05}.gguf")
 }
 
+/// The prefix a split set written to `out` is numbered after: `out.gguf` -> `out`.
+pub fn prefix_of(out: &Path) -> String {
+    let s = out.to_string_lossy();
+    s.strip_suffix(".gguf").unwrap_or(&s).to_string()
+}
+
 /// The paths of every part of the set `path` belongs to, as part `no` (from 0) of `count`:
 /// its siblings named after the same prefix. `None` when its name does not follow the
 /// scheme for that place in the set (a renamed part: its siblings cannot be found).
@@ -99,6 +105,8 @@ mod tests {
         assert_eq!(split_part("m-0001-of-00003.gguf"), None, "four digits");
         assert_eq!(split_part("m.gguf"), None);
         assert_eq!(part_name("a/b", 7, 12), "a/b-00007-of-00012.gguf");
+        assert_eq!(prefix_of(Path::new("/m/out.gguf")), "/m/out");
+        assert_eq!(prefix_of(Path::new("/m/out")), "/m/out");
         let paths = part_paths(Path::new("/m/big-00002-of-00003.gguf"), 1, 3).unwrap();
         assert_eq!(paths, [Path::new("/m/big-00001-of-00003.gguf"), Path::new("/m/big-00002-of-00003.gguf"), Path::new("/m/big-00003-of-00003.gguf")]);
         assert_eq!(part_paths(Path::new("/m/big-00002-of-00003.gguf"), 0, 3), None, "the name says another part");

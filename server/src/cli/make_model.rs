@@ -40,8 +40,7 @@ pub fn run(args: MakeModelArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         Some(s) => {
             let max = engine::gguf::split::parse_size(s).ok_or_else(|| format!("--split-max-size {s}: give a size such as 20G, 500M or a number of bytes"))?;
-            let out = args.out.to_string_lossy();
-            for part in m.write_split(&tokenizer, out.strip_suffix(".gguf").unwrap_or(&out), max)? {
+            for part in m.write_split(&tokenizer, &engine::gguf::split::prefix_of(&args.out), max)? {
                 println!("{} ({what}): {} bytes", part.display(), std::fs::metadata(&part)?.len());
             }
         }

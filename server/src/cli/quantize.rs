@@ -6,6 +6,8 @@
 
 use std::path::{Path, PathBuf};
 
+use engine::gguf::split::prefix_of;
+
 use crate::cli::QuantizeArgs;
 
 pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -54,12 +56,6 @@ pub fn run(args: QuantizeArgs) -> Result<(), Box<dyn std::error::Error>> {
         println!("{}: {size} bytes", part.display());
     }
     Ok(())
-}
-
-/// `out.gguf` -> `out`: the name the parts are numbered after.
-fn prefix_of(output: &Path) -> String {
-    let s = output.to_string_lossy();
-    s.strip_suffix(".gguf").unwrap_or(&s).to_string()
 }
 
 fn sibling(output: &Path, suffix: &str) -> PathBuf {
