@@ -23,9 +23,12 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "setup: cargo is missing; install Rust from https://rustup.rs" >&2
   exit 1
 fi
-if ! python3 -c 'import openai' >/dev/null 2>&1; then
-  python3 -m pip install --quiet --disable-pip-version-check openai >&2 || echo "setup: could not install the openai package; client tests will be skipped" >&2
-fi
+# The client libraries the SDK tests drive hearth with (tests/openai_sdk.rs, tests/client_sdks.rs).
+for package in openai anthropic ollama; do
+  if ! python3 -c "import $package" >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check "$package" >&2 || echo "setup: could not install the $package package; its client tests will fail" >&2
+  fi
+done
 # Schemathesis checks the live API against its OpenAPI document (tests/schemathesis.rs).
 if ! command -v schemathesis >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check schemathesis >&2 || echo "setup: could not install schemathesis; the API conformance test will be skipped" >&2

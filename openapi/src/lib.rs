@@ -9,6 +9,7 @@
 
 #[macro_use]
 mod sampling;
+mod anthropic;
 mod chat;
 mod completions;
 mod error;
@@ -17,6 +18,7 @@ mod models;
 mod spec;
 mod validate;
 
+pub use anthropic::*;
 pub use chat::*;
 pub use completions::*;
 pub use error::*;

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
+use crate::anthropic::{AnthropicErrorResponse, CountTokensRequest, CountTokensResponse, MessageStreamEvent, MessagesRequest, MessagesResponse};
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
 use crate::error::ErrorResponse;
@@ -114,6 +115,84 @@ fn create_chat_completion() {}
     security(("api_key" = []))
 )]
 fn create_completion() {}
+
+/// The refusals of the Anthropic routes, in Anthropic's envelope.
+#[derive(utoipa::IntoResponses)]
+enum AnthropicRefusals {
+    #[response(status = 400, description = "Invalid request (`invalid_request_error`), an image, or a prompt longer than the context (`prompt is too long: N tokens > M maximum`)")]
+    Invalid(AnthropicErrorResponse),
+    #[response(status = 401, description = "Missing or wrong API key (`authentication_error`)")]
+    Unauthorized(AnthropicErrorResponse),
+    #[response(status = 404, description = "Unknown model (`not_found_error`)")]
+    ModelNotFound(AnthropicErrorResponse),
+    #[response(status = 413, description = "Request body over the server's limit (`request_too_large`)")]
+    TooLarge(AnthropicErrorResponse),
+    #[response(status = 500, description = "Internal error (`api_error`)")]
+    Internal(AnthropicErrorResponse),
+    #[response(status = 503, description = "Not ready, shutting down, or a ring member lost (`api_error`); retry later",
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
+    Unavailable(AnthropicErrorResponse),
+    #[response(status = 529, description = "At capacity (`overloaded_error`); retry later",
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
+    Overloaded(AnthropicErrorResponse),
+}
+
+/// Creates a message (Anthropic's Messages API).
+///
+/// For Claude Code and programs built on Anthropic's SDKs: the conversation (content
+/// blocks, tool results, earlier thinking) is rendered with the model's chat template and
+/// generated as chat completions are. With `stream`, answered as Anthropic's server-sent
+/// events (`message_start`, `content_block_start`, `content_block_delta`,
+/// `content_block_stop`, `message_delta`, `message_stop`, `ping`), each named on its
+/// `event:` line. The key may come as `x-api-key` or `Authorization: Bearer`; the
+/// `anthropic-version` and `anthropic-beta` headers and the `beta` query are accepted.
+#[utoipa::path(
+    post,
+    path = "/v1/messages",
+    tag = "Anthropic",
+    operation_id = "createMessage",
+    request_body = MessagesRequest,
+    responses(
+        (status = 200, description = "The message; with `stream`, Anthropic's event stream",
+            content(
+                (MessagesResponse = "application/json"),
+                (MessageStreamEvent = "text/event-stream"),
+            )),
+        AnthropicRefusals,
+    ),
+    security(("api_key" = []), ("x_api_key" = []))
+)]
+fn create_message() {}
+
+/// Counts the tokens of a Messages request's prompt (Anthropic's Messages API).
+///
+/// The prompt as it would be generated from: system, messages and tools rendered with the
+/// model's chat template.
+#[utoipa::path(
+    post,
+    path = "/v1/messages/count_tokens",
+    tag = "Anthropic",
+    operation_id = "countMessageTokens",
+    request_body = CountTokensRequest,
+    responses(
+        (status = 200, description = "The prompt's tokens", body = CountTokensResponse),
+        AnthropicRefusals,
+    ),
+    security(("api_key" = []), ("x_api_key" = []))
+)]
+fn count_message_tokens() {}
+
+/// Answers that the server is up: clients probe the root (`HEAD /`) before anything else.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "Operations",
+    operation_id = "root",
+    responses(
+        (status = 200, description = "`hearth is running`", body = String, content_type = "text/plain; charset=utf-8"),
+    )
+)]
+fn root() {}
 
 /// Lists the models this server serves.
 #[utoipa::path(
@@ -273,6 +352,15 @@ impl Modify for BearerApiKey {
             ),
         );
         components.add_security_scheme(
+            "x_api_key",
+            SecurityScheme::ApiKey(utoipa::openapi::security::ApiKey::Header(
+                utoipa::openapi::security::ApiKeyValue::with_description(
+                    "x-api-key",
+                    "The same key as `api_key`, in Anthropic's header.",
+                ),
+            )),
+        );
+        components.add_security_scheme(
             "admin_key",
             SecurityScheme::Http(
                 HttpBuilder::new()
@@ -321,13 +409,36 @@ impl SseEvents {
     }
 }
 
+impl SseEvents {
+    /// Anthropic's events: `event` names the event, `data` is it as JSON (an `error` event
+    /// when generation fails mid-stream), and there is no `[DONE]`.
+    fn named_event_schema(event_type: &str) -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        let event = serde_json::json!({
+            "type": "object",
+            "description": format!("One server-sent event: `event` is the event's `type`, `data` a `{event_type}` as JSON."),
+            "required": ["event", "data"],
+            "properties": {
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"$ref": format!("#/components/schemas/{event_type}")}
+                },
+                "event": {"type": "string"},
+                "id": {"type": "string"},
+                "retry": {"type": "integer", "minimum": 0}
+            }
+        });
+        serde_json::from_value(event).expect("a valid schema object")
+    }
+}
+
 impl Modify for SseEvents {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for (path, chunk) in [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionChunk")] {
+        for (path, chunk) in [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionChunk"), ("/v1/messages", "MessageStreamEvent")] {
             let ok = openapi.paths.paths.get_mut(path).and_then(|p| p.post.as_mut()).and_then(|op| op.responses.responses.get_mut("200"));
             if let Some(utoipa::openapi::RefOr::T(response)) = ok {
                 if let Some(utoipa::openapi::RefOr::T(content)) = response.content.get_mut("text/event-stream") {
-                    content.schema = Some(Self::event_schema(chunk));
+                    content.schema = Some(if chunk == "MessageStreamEvent" { Self::named_event_schema(chunk) } else { Self::event_schema(chunk) });
                 }
             }
         }
@@ -343,13 +454,15 @@ impl Modify for SseEvents {
         description = "An OpenAI-compatible inference server that runs one language model across \
             the devices of a home. The `OpenAI` operations follow OpenAI's API (unknown request \
             fields are ignored); hearth's extensions are marked in the field descriptions. Every \
-            error, including 404 for an unknown route, has OpenAI's envelope \
-            `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`."
+            error of those operations, and 404 for an unknown route, has OpenAI's envelope \
+            `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
+            operations answer in Anthropic's."
     ),
-    paths(create_chat_completion, create_completion, list_models, retrieve_model, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_message, count_message_tokens, list_models, retrieve_model, root, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
+        (name = "Anthropic", description = "Anthropic's Messages API, for Claude Code and the `anthropic` SDKs; errors in Anthropic's envelope `{\"type\": \"error\", \"error\": {\"type\", \"message\"}}`"),
         (name = "Operations", description = "Health and metrics for orchestrators and Prometheus"),
         (name = "Admin", description = "The ring's plan and the scheduler, behind `--admin-key` (hearth extension)"),
     )

@@ -436,3 +436,74 @@ async fn think_blocks_become_reasoning_content() {
     assert_eq!(streamed_field(&chunks, "content"), "<think>\nShort greeting.\n</think>\n\nHi there");
     assert!(whole["choices"][0]["message"].get("reasoning_content").is_none(), "{whole}");
 }
+
+/// Anthropic's events of an SSE body as (event name, data); every frame is named.
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    body.trim_end()
+        .split("\n\n")
+        .filter(|f| !f.starts_with(':'))
+        .map(|f| {
+            let name = f.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_else(|| panic!("no event line: {f:?}"));
+            let data: Value = serde_json::from_str(f.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
+            assert_eq!(data["type"], name);
+            (name.to_string(), data)
+        })
+        .collect()
+}
+
+fn message(extra: Value) -> Value {
+    let mut body = json!({"model": "claude-opus-4-1", "max_tokens": 50, "messages": [{"role": "user", "content": "Say hello"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// Thinking comes as its own block before the text, whole and streamed (with the empty
+/// signature Anthropic's SDK expects before the block closes).
+#[tokio::test]
+async fn anthropic_thinking_is_a_thinking_block() {
+    let tokens = ["<think>", "\nShort greeting", ".\n", "</think>", "\n\n", "Hi", " there"];
+    let mut events = vec![ScriptEvent::Started(3)];
+    events.extend(tokens.iter().map(|&t| ScriptEvent::Token(t)));
+    events.push(ScriptEvent::Done(Finish::Stop, tokens.len()));
+    let script = Script::Events(events);
+    let run = |body: Value| {
+        let script = script.clone();
+        async move { call(app_with(Arc::new(Fake::new(script)), None, Some(ReasoningFormat::ThinkTags)), "POST", "/v1/messages", Some(body), None).await }
+    };
+    let (status, _, text) = run(message(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let m: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(m["content"], json!([{"type": "thinking", "thinking": "\nShort greeting.\n", "signature": ""}, {"type": "text", "text": "Hi there"}]));
+    assert_eq!((m["stop_reason"].as_str(), m["usage"]["output_tokens"].as_u64(), m["usage"]["cache_read_input_tokens"].as_u64()), (Some("end_turn"), Some(7), Some(3)));
+    let (status, _, text) = run(message(json!({"stream": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let names: Vec<String> = named_events(&text).into_iter().map(|(n, d)| if n == "content_block_delta" { d["delta"]["type"].as_str().unwrap().to_string() } else { n }).collect();
+    let want = ["message_start", "ping", "content_block_start", "thinking_delta", "thinking_delta", "signature_delta", "content_block_stop", "content_block_start", "text_delta", "text_delta", "content_block_stop", "message_delta", "message_stop"];
+    assert_eq!(names, want);
+}
+
+#[tokio::test]
+async fn anthropic_failures_are_anthropic_errors_before_and_during_a_stream() {
+    let failed = Script::Events(vec![ScriptEvent::Started(0), ScriptEvent::Token("Hel"), ScriptEvent::Unavailable("worker w2 closed the ring link")]);
+    let (status, _, text) = call(app(Arc::new(Fake::new(failed)), None), "POST", "/v1/messages", Some(message(json!({"stream": true}))), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    let events = named_events(&text);
+    let (name, err) = events.last().unwrap();
+    assert_eq!(name, "error", "{events:?}");
+    assert_eq!(err["error"]["type"], "api_error");
+    assert!(err["error"]["message"].as_str().unwrap().contains("w2"), "{err}");
+    assert!(events.iter().all(|(n, _)| n != "message_stop"), "{events:?}");
+    // At capacity: Anthropic's 529 overloaded_error, with Retry-After.
+    let (status, headers, text) = call(app(Arc::new(Fake::new(Script::Refuse(SubmitError::QueueFull))), None), "POST", "/v1/messages", Some(message(json!({}))), None).await;
+    assert_eq!(status.as_u16(), 529, "{text}");
+    assert!(headers.contains_key("retry-after"));
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some("overloaded_error")), "{v}");
+    // An engine failure says nothing of itself.
+    let broken = Script::Events(vec![ScriptEvent::Failed("secret detail")]);
+    let (status, _, text) = call(app(Arc::new(Fake::new(broken)), None), "POST", "/v1/messages", Some(message(json!({}))), None).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!text.contains("secret detail") && text.contains("api_error"), "{text}");
+}

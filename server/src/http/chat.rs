@@ -17,7 +17,8 @@ use super::error::ApiError;
 use super::generate::{self, finish_reason, Choice, GenSpec};
 use super::json::ApiJson;
 use super::prepare;
-use super::reasoning::{HarmonyCall, ReasoningFormat, Split, Splitter};
+use super::reasoning::Splitter;
+use super::turn::{Answer, Piece, ReasoningSetup, TurnStream};
 use super::sse;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
@@ -28,7 +29,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     generate::check_room(&state)?;
     let (req, prepared) = {
         let state = state.clone();
-        prepare::run(move || prepare(&state, &req).map(|p| (req, p))).await?
+        prepare::run(move || prepare(&state, &req, None).map(|p| (req, p))).await?
     };
     let Prepared { prompt, sampling, tool_use, opens_thinking } = prepared;
     let reasoning = (state.reasoning, opens_thinking);
@@ -48,8 +49,8 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     let meta = Meta { id, created: now_secs(), model: state.model_id.clone(), fingerprint: state.fingerprint.clone(), prompt_tokens: spec.prompt.len() };
     if req.stream {
         let prompt_tokens = meta.prompt_tokens;
-        let chunks = ChatChunks { meta, usage_field: req.include_usage().then_some(None), tool_use, choices: (0..n).map(|_| ChoiceStream::new(reasoning)).collect() };
-        Ok(sse::stream(receivers, prompt_tokens, req.include_usage(), chunks))
+        let chunks = ChatChunks { meta, usage_field: req.include_usage().then_some(None), tool_use, choices: (0..n).map(|_| TurnStream::new(reasoning)).collect() };
+        Ok(sse::stream(receivers, prompt_tokens, chunks))
     } else {
         let choices = generate::collect_all(receivers).await?;
         Ok(Json(response(meta, choices, tool_use.as_ref(), reasoning)).into_response())
@@ -57,17 +58,18 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
 }
 
 /// A chat request made ready to generate.
-struct Prepared {
-    prompt: Vec<i32>,
-    sampling: SamplingParams,
-    tool_use: Option<ToolUse>,
+pub(super) struct Prepared {
+    pub prompt: Vec<i32>,
+    pub sampling: SamplingParams,
+    pub tool_use: Option<ToolUse>,
     /// The rendered prompt leaves the model inside a `<think>` block.
-    opens_thinking: bool,
+    pub opens_thinking: bool,
 }
 
 /// Everything a chat request needs before generation, all of it CPU work that may take a
-/// while for large requests: it runs on a preparation thread (`prepare::run`).
-fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, ApiError> {
+/// while for large requests: it runs on a preparation thread (`prepare::run`). A `prefill`
+/// (Anthropic's last assistant turn) is the start of the answer: the model continues it.
+pub(super) fn prepare(state: &AppState, req: &ChatCompletionRequest, prefill: Option<&str>) -> Result<Prepared, ApiError> {
     req.validate(&state.limits)?;
     check_model(state, &req.model)?;
     // The content alone may show the prompt cannot fit; then nothing is rendered.
@@ -77,8 +79,19 @@ fn prepare(state: &AppState, req: &ChatCompletionRequest) -> Result<Prepared, Ap
     let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
     let rendered = state.template.render_chat_with(&messages, tools_for_template.as_ref(), true, &req.template_variables())?;
     generate::check_prompt_bytes(state, rendered.text.len(), "messages")?;
-    let prompt = state.tokenizer.tokenize_chat(&rendered)?;
-    let opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
+    let mut prompt = state.tokenizer.tokenize_chat(&rendered)?;
+    let mut opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
+    if let Some(text) = prefill {
+        // The client's text, never control tokens; without the BOS a tokenizer adds to
+        // the start of a text.
+        let bos = state.tokenizer.tokenize("", false);
+        let mut tokens = state.tokenizer.tokenize(text, false);
+        if !bos.is_empty() && tokens.starts_with(&bos) {
+            tokens.drain(..bos.len());
+        }
+        prompt.extend(tokens);
+        opens_thinking = Splitter::prompt_opens_thinking(&format!("{}{text}", rendered.text));
+    }
 
     fn invalid(param: &'static str) -> impl Fn(String) -> ApiError {
         move |message| ApiError::InvalidParameter { param: Some(param.into()), message }
@@ -121,7 +134,7 @@ fn tool_use(req: &ChatCompletionRequest) -> Option<ToolUse> {
         Some(ToolChoice::Mode(ToolChoiceMode::Required)) => (true, Vec::new()),
         Some(ToolChoice::Function(f)) => (true, vec![f.function.name.clone()]),
     };
-    Some(ToolUse { tools, required, names })
+    Some(ToolUse { tools, required, names, single: req.parallel_tool_calls == Some(false) })
 }
 
 /// OpenAI messages as the chat template sees them. Without template support for tools,
@@ -197,30 +210,24 @@ fn logprobs_of(tokens: &[TokenInfo]) -> ChoiceLogprobs {
     }
 }
 
-fn new_call_id() -> String {
+pub(super) fn new_call_id() -> String {
     format!("call_{}", &uuid::Uuid::new_v4().simple().to_string()[..24])
 }
 
-fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>, (format, opens_thinking): (ReasoningFormat, bool)) -> ChatCompletionResponse {
+fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>, reasoning: ReasoningSetup) -> ChatCompletionResponse {
     let completion: usize = choices.iter().map(|c| c.completion_tokens).sum();
     let cached = choices.iter().map(|c| c.cached_tokens).max().unwrap_or(0);
     let choices = choices
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
-            let mut splitter = Splitter::new(format, opens_thinking);
-            let mut split = splitter.push(c.text);
-            let rest = splitter.finish();
-            split.reasoning.push_str(&rest.reasoning);
-            split.content.push_str(&rest.content);
-            split.calls.extend(rest.calls);
-            let calls = answer_calls(&split, tool_use);
             let logprobs = (!c.tokens.is_empty()).then(|| logprobs_of(&c.tokens));
-            let reasoning_content = (!split.reasoning.is_empty()).then_some(split.reasoning);
-            let (content, tool_calls, finish) = if calls.is_empty() {
-                (Some(split.content), None, finish_reason(c.finish.unwrap_or(Finish::Stop)))
+            let answer = Answer::of(c.text, reasoning, tool_use);
+            let reasoning_content = (!answer.reasoning.is_empty()).then_some(answer.reasoning);
+            let (content, tool_calls, finish) = if answer.calls.is_empty() {
+                (Some(answer.text), None, finish_reason(c.finish.unwrap_or(Finish::Stop)))
             } else {
-                let calls = calls.into_iter().map(|p| ToolCall { id: new_call_id(), kind: Default::default(), function: FunctionCall { name: p.name, arguments: p.arguments } }).collect();
+                let calls = answer.calls.into_iter().map(|p| ToolCall { id: new_call_id(), kind: Default::default(), function: FunctionCall { name: p.name, arguments: p.arguments } }).collect();
                 (None, Some(calls), FinishReason::ToolCalls)
             };
             ChatChoice { index: i as u32, message: AssistantMessage { role: Default::default(), content, reasoning_content, tool_calls }, logprobs, finish_reason: finish }
@@ -237,15 +244,6 @@ fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>, (forma
     }
 }
 
-/// The tool calls of a whole answer: those the model wrote as harmony messages, else
-/// those the request's tools let `tools` find in its text.
-fn answer_calls(split: &Split, tool_use: Option<&ToolUse>) -> Vec<HarmonyCall> {
-    if !split.calls.is_empty() {
-        return split.calls.clone();
-    }
-    tool_use.map(|t| tools::parse_tool_calls(&split.content, &t.tools)).unwrap_or_default().into_iter().map(|p| HarmonyCall { name: p.name, arguments: p.arguments }).collect()
-}
-
 /// Chat's chunks: a role chunk per choice first; content as it comes, unless the request
 /// has tools and the text may still be a tool call (then it is held back and decided at
 /// the end: one tool-call chunk, or the held text as content); a finish chunk per choice.
@@ -254,25 +252,7 @@ struct ChatChunks {
     /// Every chunk carries `usage: null` when usage was asked for.
     usage_field: Option<Option<Usage>>,
     tool_use: Option<ToolUse>,
-    choices: Vec<ChoiceStream>,
-}
-
-/// Per-choice streaming state.
-struct ChoiceStream {
-    /// Thinking apart from the answer.
-    splitter: Splitter,
-    /// Text held back while it may still be a tool call.
-    held: String,
-    /// Held text turned out to be ordinary content: stream from now on.
-    plain: bool,
-    /// Tool calls written as harmony messages, sent at the end.
-    calls: Vec<HarmonyCall>,
-}
-
-impl ChoiceStream {
-    fn new((format, opens_thinking): (ReasoningFormat, bool)) -> ChoiceStream {
-        ChoiceStream { splitter: Splitter::new(format, opens_thinking), held: String::new(), plain: false, calls: Vec::new() }
-    }
+    choices: Vec<TurnStream>,
 }
 
 impl ChatChunks {
@@ -289,31 +269,23 @@ impl ChatChunks {
         self.delta(i, Delta { content: Some(text), ..Delta::default() }, logprobs, None)
     }
 
-    /// The events for a piece of split text: thinking at once; the answer at once unless
-    /// it may still be a tool call (then held, and decided at the end). The token's
-    /// log-probabilities ride on the answer's chunk, else on the thinking's.
-    fn emit(&mut self, i: usize, split: Split, info: Option<TokenInfo>) -> Vec<SseEvent> {
+    /// The chunks of a turn's pieces. The token's log-probabilities ride on the answer's
+    /// first chunk, else on the thinking's, else on an empty answer chunk.
+    fn emit(&self, i: usize, pieces: Vec<Piece>, info: Option<TokenInfo>) -> Vec<SseEvent> {
         let mut logprobs = info.map(|t| logprobs_of(&[t]));
-        self.choices[i].calls.extend(split.calls);
-        let mut answer = Vec::new();
-        let st = &mut self.choices[i];
-        if self.tool_use.is_some() && !st.plain {
-            st.held.push_str(&split.content);
-            if !tools::may_be_tool_call(&st.held) {
-                st.plain = true;
-                let held = std::mem::take(&mut st.held);
-                answer.push(self.content(i, held, logprobs.take()));
-            }
-        } else if !split.content.is_empty() {
-            answer.push(self.content(i, split.content, logprobs.take()));
-        }
-        let mut out = Vec::new();
-        if !split.reasoning.is_empty() {
-            let lp = if answer.is_empty() { logprobs.take() } else { None };
-            out.push(self.delta(i, Delta { reasoning_content: Some(split.reasoning), ..Delta::default() }, lp, None));
-        }
-        out.extend(answer);
-        if out.is_empty() && logprobs.is_some() {
+        let carrier = pieces.iter().position(|p| matches!(p, Piece::Text(_))).or((!pieces.is_empty()).then_some(0));
+        let mut out: Vec<SseEvent> = pieces
+            .into_iter()
+            .enumerate()
+            .map(|(k, p)| {
+                let lp = if Some(k) == carrier { logprobs.take() } else { None };
+                match p {
+                    Piece::Reasoning(r) => self.delta(i, Delta { reasoning_content: Some(r), ..Delta::default() }, lp, None),
+                    Piece::Text(t) => self.content(i, t, lp),
+                }
+            })
+            .collect();
+        if logprobs.is_some() {
             out.push(self.content(i, String::new(), logprobs));
         }
         out
@@ -328,25 +300,14 @@ impl sse::Chunks for ChatChunks {
     }
 
     fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent> {
-        let split = self.choices[i].splitter.push(text);
-        self.emit(i, split, info)
+        let pieces = self.choices[i].push(text, self.tool_use.as_ref());
+        self.emit(i, pieces, info)
     }
 
     fn finish(&mut self, i: usize, finish: Finish) -> Vec<SseEvent> {
-        let rest = self.choices[i].splitter.finish();
+        let (rest, calls) = self.choices[i].finish(self.tool_use.as_ref());
         let mut out = self.emit(i, rest, None);
         let mut reason = finish_reason(finish);
-        let st = &mut self.choices[i];
-        let mut calls = std::mem::take(&mut st.calls);
-        if let (Some(t), false) = (&self.tool_use, st.plain) {
-            let held = std::mem::take(&mut st.held);
-            if calls.is_empty() {
-                calls = tools::parse_tool_calls(&held, &t.tools).into_iter().map(|p| HarmonyCall { name: p.name, arguments: p.arguments }).collect();
-            }
-            if calls.is_empty() && !held.is_empty() {
-                out.push(self.content(i, held, None));
-            }
-        }
         if !calls.is_empty() {
             let deltas = calls
                 .into_iter()
@@ -360,8 +321,9 @@ impl sse::Chunks for ChatChunks {
         out
     }
 
-    fn usage(&self, usage: Usage) -> SseEvent {
+    fn done(&mut self, usage: Usage) -> Vec<SseEvent> {
         let m = &self.meta;
-        sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![], usage: Some(Some(usage)) })
+        let chunk = self.usage_field.is_some().then(|| sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![], usage: Some(Some(usage)) }));
+        sse::openai_done(chunk)
     }
 }

@@ -58,7 +58,7 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
     }
 
     let chunks = CompletionChunks { id, created, model, fingerprint, usage_field: req.include_usage().then_some(None), offsets: echoes.iter().map(String::len).collect(), echoes, logprobs };
-    Ok(sse::stream(receivers, prompt_tokens, req.include_usage(), chunks))
+    Ok(sse::stream(receivers, prompt_tokens, chunks))
 }
 
 /// Text completions' chunks: the echoed prompts first (with `echo`), then text as it
@@ -105,8 +105,8 @@ impl sse::Chunks for CompletionChunks {
         vec![self.chunk(vec![CompletionChunkChoice { text: String::new(), index: i as u32, logprobs: None, finish_reason: Some(finish_reason(finish)) }], self.usage_field)]
     }
 
-    fn usage(&self, usage: Usage) -> SseEvent {
-        self.chunk(vec![], Some(Some(usage)))
+    fn done(&mut self, usage: Usage) -> Vec<SseEvent> {
+        sse::openai_done(self.usage_field.is_some().then(|| self.chunk(vec![], Some(Some(usage)))))
     }
 }
 

@@ -1,14 +1,20 @@
 //! THE place where errors become HTTP responses: the API's own refusals, the runtime's
-//! (`SubmitError`, `ReplanError`) and the engine's, in OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`.
+//! (`SubmitError`, `ReplanError`) and the engine's, in the envelope of the API the route
+//! belongs to ([`Dialect`]): OpenAI's `{"error": {"message", "type", "param", "code"}}`,
+//! Anthropic's `{"type": "error", "error": {"type", "message"}}`, Ollama's `{"error": "..."}`.
 
+use std::sync::Arc;
+
+use axum::extract::Request;
 use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use openapi::{ErrorBody, ErrorResponse, WireError};
+use openapi::{AnthropicErrorBody, AnthropicErrorResponse, ErrorBody, ErrorResponse, WireError};
 
 use crate::error::ReplanError;
 use crate::runtime::generation::SubmitError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ApiError {
     #[error("{message}")]
     InvalidParameter { param: Option<String>, message: String },
@@ -21,7 +27,7 @@ pub enum ApiError {
     PromptTooLong { max: usize, at_least: usize, field: &'static str },
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
-    #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` with the key the server was started with.")]
+    #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with the key the server was started with.")]
     Unauthorized,
     #[error("The admin endpoints are off: start hearth serve with --admin-key (or HEARTH_ADMIN_KEY) to use them")]
     AdminDisabled,
@@ -49,6 +55,23 @@ pub enum ApiError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// The API whose envelope errors go out in. Routes of one API are grouped, and the
+/// group's layer ([`speak`]) renders every error its handlers, extractors and auth raise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    OpenAi,
+    Anthropic,
+    Ollama,
+}
+
+/// Anthropic's status for "overloaded": the server is at capacity.
+const ANTHROPIC_OVERLOADED: u16 = 529;
+
+/// Every error response carries its error, so that a route group of another API can
+/// answer it in that API's envelope.
+#[derive(Clone)]
+struct Raised(Arc<ApiError>);
 
 /// Seconds a client should wait before retrying when the queue is full: about the time a
 /// short generation takes to free a slot.
@@ -130,16 +153,68 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The status and body in Anthropic's terms. A prompt over the context reads as
+    /// Anthropic's own ("prompt is too long: N tokens > M maximum"), which clients such as
+    /// Claude Code recognise to compact the conversation.
+    pub fn anthropic(&self) -> (StatusCode, AnthropicErrorResponse) {
+        let (status, kind) = match self {
+            ApiError::QueueFull | ApiError::PreparationBusy => (StatusCode::from_u16(ANTHROPIC_OVERLOADED).expect("a valid status"), "overloaded_error"),
+            other => {
+                let status = other.status();
+                let kind = match status {
+                    StatusCode::UNAUTHORIZED => "authentication_error",
+                    StatusCode::FORBIDDEN => "permission_error",
+                    StatusCode::NOT_FOUND => "not_found_error",
+                    StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                    StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+                    s if s.is_server_error() => "api_error",
+                    _ => "invalid_request_error",
+                };
+                (status, kind)
+            }
+        };
+        let message = match self {
+            ApiError::ContextLengthExceeded { max, prompt, .. } => format!("prompt is too long: {prompt} tokens > {} maximum", max.saturating_sub(1)),
+            ApiError::PromptTooLong { max, at_least, .. } => format!("prompt is too long: {at_least} tokens > {} maximum", max.saturating_sub(1)),
+            _ => self.body().error.message,
+        };
+        (status, AnthropicErrorResponse { kind: Default::default(), error: AnthropicErrorBody { kind: kind.into(), message } })
+    }
+
+    /// The response in `dialect`'s envelope.
+    fn response_in(&self, dialect: Dialect) -> Response {
+        let mut resp = match dialect {
+            Dialect::OpenAi => (self.status(), axum::Json(self.body())).into_response(),
+            Dialect::Anthropic => {
+                let (status, body) = self.anthropic();
+                (status, axum::Json(body)).into_response()
+            }
+            Dialect::Ollama => (self.status(), axum::Json(serde_json::json!({"error": self.body().error.message}))).into_response(),
+        };
+        if matches!(self, ApiError::QueueFull | ApiError::PreparationBusy | ApiError::ShuttingDown | ApiError::Unavailable(_)) {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
+        }
+        resp
+    }
+}
+
+/// Layer of a route group: its errors in `dialect`'s envelope.
+pub async fn speak(dialect: Dialect, req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    match resp.extensions().get::<Raised>() {
+        Some(Raised(e)) if dialect != Dialect::OpenAi => e.response_in(dialect),
+        _ => resp,
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if let ApiError::Internal(detail) = &self {
             tracing::error!("internal error: {detail}");
         }
-        let status = self.status();
-        let mut resp = (status, axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::QueueFull | ApiError::PreparationBusy | ApiError::ShuttingDown | ApiError::Unavailable(_)) {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
-        }
+        let mut resp = self.response_in(Dialect::OpenAi);
+        resp.extensions_mut().insert(Raised(Arc::new(self)));
         resp
     }
 }

@@ -178,7 +178,7 @@ pub fn merged(receivers: Vec<mpsc::UnboundedReceiver<Event>>) -> impl Stream<Ite
 
 pub fn finish_reason(f: Finish) -> openapi::FinishReason {
     match f {
-        Finish::Stop => openapi::FinishReason::Stop,
+        Finish::Stop | Finish::StopString(_) => openapi::FinishReason::Stop,
         Finish::Length => openapi::FinishReason::Length,
     }
 }

@@ -3,6 +3,7 @@
 //! events back into OpenAI JSON; they never touch the engine directly.
 
 mod admin;
+mod anthropic;
 mod chat;
 mod completions;
 mod error;
@@ -13,6 +14,7 @@ pub mod reasoning;
 pub mod server;
 mod sse;
 mod tools;
+mod turn;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -29,6 +31,7 @@ use engine::tokenizer::Tokenizer;
 use openapi::{HealthResponse, Limits, ModelCard, ModelList};
 
 pub use error::ApiError;
+use error::Dialect;
 
 use crate::runtime::Runtime;
 
@@ -61,6 +64,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
+    let anthropic = Router::new()
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .layer(middleware::from_fn(|req, next| error::speak(Dialect::Anthropic, req, next)));
     let admin = Router::new()
         .route("/admin/plan", get(admin::plan))
         .route("/admin/replan", post(admin::replan))
@@ -68,7 +76,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), admin::require_admin_key));
     Router::new()
         .merge(api)
+        .merge(anthropic)
         .merge(admin)
+        // Clients probe the server's root before anything else (Claude Code sends `HEAD /`
+        // and reads anything but 2xx as "down").
+        .route("/", get(root))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
@@ -81,11 +93,18 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 async fn require_api_key(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        if !bearer_is(&req, key) {
+        if !api_key_is(&req, key) {
             return ApiError::Unauthorized.into_response();
         }
     }
     next.run(req).await
+}
+
+/// Whether the request carries the key as `Authorization: Bearer <key>` (OpenAI's and
+/// Ollama's clients) or `x-api-key: <key>` (Anthropic's).
+fn api_key_is(req: &Request, key: &str) -> bool {
+    let x_api_key = req.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer_is(req, key) || x_api_key.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
 }
 
 /// Whether the request carries `Authorization: Bearer <key>`.
@@ -103,6 +122,8 @@ async fn record_metrics(req: Request, next: Next) -> Response {
     let endpoint = match req.uri().path() {
         "/v1/chat/completions" => "chat_completions",
         "/v1/completions" => "completions",
+        "/v1/messages" => "messages",
+        "/v1/messages/count_tokens" => "count_tokens",
         p if p.starts_with("/v1/models") => "models",
         "/health" => "health",
         "/metrics" => "metrics",
@@ -120,6 +141,10 @@ async fn record_metrics(req: Request, next: Next) -> Response {
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::NotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
+}
+
+async fn root() -> &'static str {
+    "hearth is running"
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {

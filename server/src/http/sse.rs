@@ -1,8 +1,8 @@
-//! The one SSE writer of generation streams, for chat and text completions alike. It
-//! merges the choices' event streams and owns everything the two must agree on: the
-//! usage chunk (with cached prompt tokens) after every choice has finished, a failure as
-//! an error event in OpenAI's envelope, `data: [DONE]` at the end, and keep-alives. What
-//! differs — the chunks themselves — comes from the endpoint's `Chunks`.
+//! The one SSE writer of generation streams, for every API that streams events (chat and
+//! text completions, Anthropic Messages). It merges the choices' event streams, counts the
+//! usage (with cached prompt tokens) until every choice has finished, ends the stream
+//! after a failure, and sends keep-alives. What differs — the events themselves, how a
+//! stream closes and how a failure reads — comes from the endpoint's `Chunks`.
 
 use std::convert::Infallible;
 
@@ -24,8 +24,19 @@ pub trait Chunks: Send + 'static {
     fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent>;
     /// Choice `i` ended: what it still held back, then its finish chunk.
     fn finish(&mut self, i: usize, finish: Finish) -> Vec<SseEvent>;
-    /// The usage chunk, which carries no choices.
-    fn usage(&self, usage: Usage) -> SseEvent;
+    /// Every choice has finished: what closes the stream (OpenAI: the usage chunk when
+    /// asked for, then `data: [DONE]`).
+    fn done(&mut self, usage: Usage) -> Vec<SseEvent>;
+    /// Generation failed after the stream began: the status line has gone out already, so
+    /// the error travels as events (OpenAI: its envelope, then `data: [DONE]`).
+    fn failure(&mut self, e: &ApiError) -> Vec<SseEvent> {
+        vec![data(&e.body()), SseEvent::default().data("[DONE]")]
+    }
+}
+
+/// OpenAI's close: the usage chunk (when asked for), then `data: [DONE]`.
+pub fn openai_done(usage_chunk: Option<SseEvent>) -> Vec<SseEvent> {
+    usage_chunk.into_iter().chain([SseEvent::default().data("[DONE]")]).collect()
 }
 
 /// A chunk serialized as one `data:` event.
@@ -40,7 +51,7 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usiz
 }
 
 /// Streams the choices' events as `chunks` renders them.
-pub fn stream(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, include_usage: bool, mut chunks: impl Chunks) -> Response {
+pub fn stream(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, mut chunks: impl Chunks) -> Response {
     let n = receivers.len();
     let opening = chunks.opening();
     let (mut completion, mut cached, mut finished, mut ended) = (0, 0, 0, false);
@@ -58,19 +69,17 @@ pub fn stream(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, in
                 finished += 1;
                 out.extend(chunks.finish(i, finish));
                 if finished == n {
-                    if include_usage {
-                        out.push(chunks.usage(usage(prompt_tokens, completion, cached)));
-                    }
-                    out.push(SseEvent::default().data("[DONE]"));
+                    out.extend(chunks.done(usage(prompt_tokens, completion, cached)));
                     ended = true;
                 }
             }
             Event::Failed(m) => {
-                out.extend(failure(ApiError::Internal(m)));
+                tracing::error!("generation failed: {m}");
+                out.extend(chunks.failure(&ApiError::Internal(m)));
                 ended = true;
             }
             Event::Unavailable(m) => {
-                out.extend(failure(ApiError::Unavailable(m)));
+                out.extend(chunks.failure(&ApiError::Unavailable(m)));
                 ended = true;
             }
         }
@@ -78,13 +87,4 @@ pub fn stream(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, in
     });
     let events = futures::stream::iter(opening).chain(body).map(Ok::<_, Infallible>);
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
-}
-
-/// A failure mid-stream: the status line has gone out already, so the error travels as
-/// an event in OpenAI's envelope, then `[DONE]`.
-fn failure(e: ApiError) -> [SseEvent; 2] {
-    if let ApiError::Internal(detail) = &e {
-        tracing::error!("generation failed: {detail}");
-    }
-    [data(&e.body()), SseEvent::default().data("[DONE]")]
 }

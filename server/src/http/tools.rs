@@ -16,6 +16,9 @@ pub struct ToolUse {
     /// The model must call a tool (one of `names` when narrowed by `tool_choice`).
     pub required: bool,
     pub names: Vec<String>,
+    /// At most one call per turn (OpenAI's `parallel_tool_calls: false`, Anthropic's
+    /// `disable_parallel_tool_use`).
+    pub single: bool,
 }
 
 /// The system text describing the tools, for templates that do not render them.

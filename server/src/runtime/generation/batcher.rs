@@ -790,7 +790,7 @@ impl Loop {
             let (text, hit) = a.stop.push(&piece);
             let _ = a.req.events.send(Event::Token { text, info });
             if hit {
-                Some((Finish::Stop, false))
+                Some((a.stop.matched().map_or(Finish::Stop, Finish::StopString), false))
             } else if a.generated >= a.req.max_tokens || s.cached.len() + 1 >= n_ctx {
                 Some((Finish::Length, true))
             } else {

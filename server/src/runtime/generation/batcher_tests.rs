@@ -175,7 +175,7 @@ fn a_stop_string_cuts_the_text_before_it() {
     let rig = Rig::simple(counting());
     let a = answer(rig.submit(&prompt("Count:"), 50, &[" thr"]));
     assert_eq!(a.text, " one two");
-    assert_eq!(a.finish, Some(Finish::Stop));
+    assert_eq!(a.finish, Some(Finish::StopString(0)));
     // Held back while it might have been the stop string, then released: " two" was sent.
     let a = answer(rig.submit(&prompt("Count:"), 3, &[" two fo", " onf"]));
     assert_eq!(a.text, " one two three");

@@ -22,8 +22,10 @@ pub struct GenerationRequest {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
-    /// End-of-generation token or a stop string.
+    /// End-of-generation token.
     Stop,
+    /// The request's stop string at this index in its list (not part of the text).
+    StopString(usize),
     /// `max_tokens` or the context ran out.
     Length,
 }

@@ -14,6 +14,8 @@
 #[derive(Debug, Default)]
 pub struct StopMatcher {
     stops: Vec<Kmp>,
+    /// Index (in the request's list) of the stop string that ended the text, once one has.
+    matched: Option<usize>,
     /// Text not yet emitted starts at `start`; what comes before it was emitted and is
     /// dropped only once it is at least half the buffer, so dropping costs amortised
     /// constant time per byte however much text stays held back.
@@ -24,6 +26,8 @@ pub struct StopMatcher {
 /// One stop string and the matcher's state on the text so far.
 #[derive(Debug)]
 struct Kmp {
+    /// Position in the request's stop list (empty strings are left out of `stops`).
+    index: usize,
     pattern: Vec<u8>,
     /// `fail[i]`: length of the longest proper prefix of `pattern[..=i]` that is also its
     /// suffix (the prefix function).
@@ -33,7 +37,7 @@ struct Kmp {
 }
 
 impl Kmp {
-    fn new(pattern: String) -> Kmp {
+    fn new(index: usize, pattern: String) -> Kmp {
         let p = pattern.into_bytes();
         let mut fail = vec![0u32; p.len()];
         let mut k = 0usize;
@@ -46,7 +50,7 @@ impl Kmp {
             }
             fail[i] = k as u32;
         }
-        Kmp { pattern: p, fail, state: 0 }
+        Kmp { index, pattern: p, fail, state: 0 }
     }
 
     /// Feeds one byte; true when the stop string ends with it.
@@ -70,7 +74,12 @@ impl Kmp {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> StopMatcher {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).map(Kmp::new).collect(), held: String::new(), start: 0 }
+        StopMatcher {
+            stops: stops.into_iter().enumerate().filter(|(_, s)| !s.is_empty()).map(|(i, s)| Kmp::new(i, s)).collect(),
+            matched: None,
+            held: String::new(),
+            start: 0,
+        }
     }
 
     /// Adds generated text. Returns the text that is safe to emit, and whether a stop
@@ -82,17 +91,19 @@ impl StopMatcher {
         // complete before `text`, so each one's first hit in it is its earliest; all of
         // `text` is scanned because a longer stop string that started earlier may end
         // after a shorter one, and the earliest start wins.
-        let mut first: Option<usize> = None;
+        // (start, stop index); on equal starts the earlier-listed stop string wins.
+        let mut first: Option<(usize, usize)> = None;
         for s in &mut self.stops {
             for (i, &b) in text.as_bytes().iter().enumerate() {
                 if s.step(b) {
-                    let at = base + i + 1 - s.pattern.len();
+                    let at = (base + i + 1 - s.pattern.len(), s.index);
                     first = Some(first.map_or(at, |f| f.min(at)));
                     break;
                 }
             }
         }
-        if let Some(at) = first {
+        if let Some((at, index)) = first {
+            self.matched = Some(index);
             // A stop string held back earlier started within the unemitted text.
             let out = self.held[self.start..at.max(self.start)].to_string();
             self.held.clear();
@@ -119,6 +130,12 @@ impl StopMatcher {
         (out, false)
     }
 
+    /// Which stop string (its index in the list given to `new`) ended the text, once
+    /// `push` has reported a hit.
+    pub fn matched(&self) -> Option<usize> {
+        self.matched
+    }
+
     /// Text still held back when generation ends for another reason.
     pub fn finish(&mut self) -> String {
         let out = self.held.split_off(self.start);
@@ -134,6 +151,20 @@ impl StopMatcher {
 #[cfg(test)]
 mod tests {
     use super::StopMatcher;
+
+    #[test]
+    fn the_stop_string_that_ended_the_text_is_named_by_its_index() {
+        // The empty string is skipped but still counts for the indices.
+        let mut m = StopMatcher::new(vec!["".into(), "zzz".into(), "b c".into(), "c".into()]);
+        assert_eq!(m.push("a b"), ("a ".to_string(), false));
+        assert_eq!(m.matched(), None);
+        // "b c" starts before "c", so it wins though "c" completes in the same piece.
+        assert_eq!(m.push(" c d"), (String::new(), true));
+        assert_eq!(m.matched(), Some(2));
+        let mut m = StopMatcher::new(vec!["x".into(), "y".into()]);
+        assert_eq!(m.push("aay"), ("aa".to_string(), true));
+        assert_eq!(m.matched(), Some(1));
+    }
 
     #[test]
     fn stop_strings_never_leak_even_when_split_across_tokens() {

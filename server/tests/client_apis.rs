@@ -1,0 +1,331 @@
+//! The other APIs clients point at a home server, in-process on the default model: each
+//! must say what chat completions say for the same conversation (greedy, so the same
+//! text), in its own shapes, events and error envelope. The real SDKs drive the same
+//! routes in tests/client_sdks.rs.
+
+mod common;
+
+use std::sync::Arc;
+
+use clap::Parser;
+use hearth::cli::{Cli, Command};
+use hearth::http::AppState;
+use serde_json::{json, Value};
+
+struct Server {
+    base: String,
+    #[allow(dead_code)]
+    state: Arc<AppState>,
+    client: reqwest::Client,
+}
+
+const KEY: &str = "k3y";
+
+async fn start() -> Server {
+    let model = common::default_model().to_string_lossy().into_owned();
+    let argv = ["hearth", "serve", "--port", "0", "--threads", "1", "--ctx-size", "1024", "--parallel", "4", "--api-key", KEY, "--model", &model];
+    let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };
+    let (state, addr) = hearth::cli::serve::build(&args).unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = hearth::http::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    Server { base, state, client: reqwest::Client::new() }
+}
+
+impl Server {
+    /// A POST the way Anthropic's SDK sends it (`x-api-key`, `anthropic-version`).
+    async fn anthropic(&self, path: &str, body: &Value) -> (u16, Value) {
+        let r = self.client.post(format!("{}{path}", self.base)).header("x-api-key", KEY).header("anthropic-version", "2023-06-01").json(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// A streamed Messages response as (event name, data) pairs.
+    async fn anthropic_stream(&self, body: &Value) -> Vec<(String, Value)> {
+        let r = self.client.post(format!("{}/v1/messages?beta=true", self.base)).header("x-api-key", KEY).header("anthropic-beta", "fine-grained-tool-streaming-2025-05-14").json(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        let text = r.text().await.unwrap();
+        text.split("\n\n")
+            .filter(|f| !f.trim().is_empty() && !f.starts_with(':'))
+            .map(|frame| {
+                let name = frame.lines().find_map(|l| l.strip_prefix("event: ")).unwrap_or_else(|| panic!("a frame without `event:`: {frame}"));
+                let data = frame.lines().find_map(|l| l.strip_prefix("data: ")).unwrap_or_else(|| panic!("a frame without `data:`: {frame}"));
+                let data: Value = serde_json::from_str(data).unwrap();
+                assert_eq!(data["type"], name, "the event name is the data's type");
+                (name.to_string(), data)
+            })
+            .collect()
+    }
+
+    async fn chat(&self, body: &Value) -> Value {
+        let r = self.client.post(format!("{}/v1/chat/completions", self.base)).bearer_auth(KEY).json(body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+}
+
+/// The text of a streamed message, checking Anthropic's event order on the way: one
+/// `message_start` first, blocks opened, filled and closed in index order, then
+/// `message_delta` and `message_stop` last.
+fn streamed_message(events: &[(String, Value)]) -> (Vec<Value>, Value) {
+    assert_eq!(events.first().map(|e| e.0.as_str()), Some("message_start"), "{events:?}");
+    assert_eq!(events.last().map(|e| e.0.as_str()), Some("message_stop"), "{events:?}");
+    let mut blocks: Vec<Value> = Vec::new();
+    let mut open: Option<usize> = None;
+    let mut delta = Value::Null;
+    for (name, data) in &events[1..events.len() - 1] {
+        match name.as_str() {
+            "ping" => {}
+            "content_block_start" => {
+                assert!(open.is_none(), "a block opened inside another: {events:?}");
+                let index = data["index"].as_u64().unwrap() as usize;
+                assert_eq!(index, blocks.len(), "indices are positions: {events:?}");
+                blocks.push(data["content_block"].clone());
+                open = Some(index);
+            }
+            "content_block_delta" => {
+                let index = data["index"].as_u64().unwrap() as usize;
+                assert_eq!(Some(index), open);
+                let b = &mut blocks[index];
+                let d = &data["delta"];
+                match d["type"].as_str().unwrap() {
+                    "text_delta" => b["text"] = json!(format!("{}{}", b["text"].as_str().unwrap(), d["text"].as_str().unwrap())),
+                    "thinking_delta" => b["thinking"] = json!(format!("{}{}", b["thinking"].as_str().unwrap(), d["thinking"].as_str().unwrap())),
+                    "signature_delta" => {}
+                    "input_json_delta" => {
+                        let so_far = b.get("partial").and_then(Value::as_str).unwrap_or_default().to_string();
+                        b["partial"] = json!(format!("{so_far}{}", d["partial_json"].as_str().unwrap()));
+                    }
+                    other => panic!("unknown delta {other}"),
+                }
+            }
+            "content_block_stop" => {
+                assert_eq!(open, Some(data["index"].as_u64().unwrap() as usize));
+                let b = &mut blocks[open.take().unwrap()];
+                if let Some(p) = b.as_object_mut().unwrap().remove("partial") {
+                    b["input"] = serde_json::from_str(p.as_str().unwrap()).unwrap();
+                }
+            }
+            "message_delta" => {
+                assert!(open.is_none());
+                delta = data.clone();
+            }
+            other => panic!("unexpected event {other}: {events:?}"),
+        }
+    }
+    assert!(delta.is_object(), "no message_delta: {events:?}");
+    (blocks, delta)
+}
+
+fn text_of(blocks: &[Value]) -> String {
+    blocks.iter().filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap()).collect()
+}
+
+const WEATHER_SCHEMA: &str = r#"{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_messages_say_what_chat_says_whole_and_streamed() {
+    let s = start().await;
+    let system = "You are a concise assistant.";
+    let question = "What is the capital of France?";
+    let chat = s.chat(&json!({"model": "", "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}], "max_tokens": 24, "temperature": 0})).await;
+    let want = chat["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(!want.is_empty());
+
+    // The system prompt as blocks, a Claude model name, cache_control and unknown fields:
+    // all as Claude Code sends them.
+    let body = json!({
+        "model": "claude-sonnet-4-6", "max_tokens": 24, "temperature": 0,
+        "system": [{"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": question, "cache_control": {"type": "ephemeral"}}]}],
+        "metadata": {"user_id": "someone"}, "context_management": {"edits": []}
+    });
+    let (status, msg) = s.anthropic("/v1/messages?beta=true", &body).await;
+    assert_eq!(status, 200, "{msg}");
+    assert_eq!((msg["type"].as_str(), msg["role"].as_str(), msg["model"].as_str()), (Some("message"), Some("assistant"), Some("claude-sonnet-4-6")));
+    assert!(msg["id"].as_str().unwrap().starts_with("msg_"));
+    let blocks = msg["content"].as_array().unwrap();
+    assert_eq!(text_of(blocks), want, "{msg}");
+    let finish = chat["choices"][0]["finish_reason"].as_str().unwrap();
+    let want_reason = if finish == "length" { "max_tokens" } else { "end_turn" };
+    assert_eq!(msg["stop_reason"], want_reason, "{msg}");
+    assert!(msg["stop_sequence"].is_null());
+    let usage = &msg["usage"];
+    let prompt = chat["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["input_tokens"].as_u64().unwrap() + usage["cache_read_input_tokens"].as_u64().unwrap(), prompt, "{usage}");
+    assert_eq!(usage["output_tokens"], chat["usage"]["completion_tokens"]);
+
+    // count_tokens counts that prompt.
+    let count = json!({"model": "claude-haiku-4-5", "system": system, "messages": [{"role": "user", "content": question}]});
+    let (status, counted) = s.anthropic("/v1/messages/count_tokens", &count).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted, json!({"input_tokens": prompt}));
+
+    // Streamed: the same text, in Anthropic's event order.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = s.anthropic_stream(&streamed).await;
+    assert_eq!(events[1].0, "ping");
+    assert!(events[0].1["message"]["content"].as_array().unwrap().is_empty());
+    assert!(events[0].1["message"]["stop_reason"].is_null());
+    let (blocks, delta) = streamed_message(&events);
+    assert_eq!(text_of(&blocks), want);
+    assert_eq!(delta["delta"]["stop_reason"], want_reason);
+    assert_eq!(delta["usage"]["output_tokens"], chat["usage"]["completion_tokens"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_stop_sequences_prefill_and_long_conversations() {
+    let s = start().await;
+    let question = json!([{"role": "user", "content": "Count from one to ten in words, separated by commas."}]);
+    let (_, free) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 40, "temperature": 0, "messages": question})).await;
+    let text = text_of(free["content"].as_array().unwrap());
+    // A stop sequence from the middle of the free answer ends it there.
+    let words: Vec<&str> = text.split_whitespace().collect();
+    assert!(words.len() >= 3, "{text}");
+    let stop = words[2].to_string();
+    let (status, stopped) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 40, "temperature": 0, "messages": question, "stop_sequences": ["never-generated", stop]})).await;
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["stop_reason"], "stop_sequence", "{stopped}");
+    assert_eq!(stopped["stop_sequence"], stop);
+    let cut = text_of(stopped["content"].as_array().unwrap());
+    assert!(text.starts_with(&cut) && !cut.contains(&stop), "{cut:?} of {text:?}");
+    let events = s.anthropic_stream(&json!({"model": "claude-x", "max_tokens": 40, "temperature": 0, "messages": question, "stop_sequences": [stop], "stream": true})).await;
+    let (blocks, delta) = streamed_message(&events);
+    assert_eq!(text_of(&blocks), cut);
+    assert_eq!(delta["delta"]["stop_sequence"], stop);
+
+    // A last assistant turn is a prefill: the answer continues it, as chat's greedy text
+    // continues from the same point.
+    let prefill = words[..2].join(" ");
+    let (status, cont) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 10, "temperature": 0, "messages": [question[0], {"role": "assistant", "content": prefill}]})).await;
+    assert_eq!(status, 200, "{cont}");
+    let more = text_of(cont["content"].as_array().unwrap());
+    assert!(!more.is_empty() && !more.starts_with(&prefill), "{more:?}");
+
+    // A long conversation of real text in consecutive same-role turns (merged) fills most
+    // of the context; count_tokens and the answer's usage agree.
+    let corpus = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let paragraphs: Vec<&str> = corpus.split("\n\n").filter(|p| !p.trim().is_empty()).collect();
+    let mut messages = Vec::new();
+    let mut counted = 0;
+    for (i, p) in paragraphs.iter().cycle().enumerate() {
+        let role = if (i / 2) % 2 == 0 { "user" } else { "assistant" };
+        let mut next = messages.clone();
+        next.push(json!({"role": role, "content": [{"type": "text", "text": p}]}));
+        let (status, c) = s.anthropic("/v1/messages/count_tokens", &json!({"model": "claude-x", "messages": next})).await;
+        if status != 200 || c["input_tokens"].as_u64().unwrap() > 900 {
+            break;
+        }
+        counted = c["input_tokens"].as_u64().unwrap();
+        messages = next;
+    }
+    assert!(counted > 600, "{counted}");
+    if messages.last().unwrap()["role"] == "assistant" {
+        messages.push(json!({"role": "user", "content": "Summarise."}));
+        let (_, c) = s.anthropic("/v1/messages/count_tokens", &json!({"model": "claude-x", "messages": messages})).await;
+        counted = c["input_tokens"].as_u64().unwrap();
+    }
+    let (status, long) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 8, "messages": messages})).await;
+    assert_eq!(status, 200, "{long}");
+    let u = &long["usage"];
+    assert_eq!(u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap(), counted);
+
+    // Past the context: Anthropic's own wording, which Claude Code acts on.
+    let mut over = messages.clone();
+    over.push(json!({"role": "assistant", "content": corpus}));
+    over.push(json!({"role": "user", "content": corpus}));
+    let (status, err) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 8, "messages": over})).await;
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["type"], "error");
+    assert_eq!(err["error"]["type"], "invalid_request_error");
+    let m = err["error"]["message"].as_str().unwrap();
+    assert!(m.starts_with("prompt is too long: ") && m.ends_with(" tokens > 1023 maximum"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_tool_use_round_trip_whole_and_streamed() {
+    let s = start().await;
+    let tools = json!([{"name": "get_weather", "description": "Current weather in a city", "input_schema": serde_json::from_str::<Value>(WEATHER_SCHEMA).unwrap()}]);
+    let ask = json!({"role": "user", "content": "What is the weather in Oslo?"});
+    let body = json!({"model": "claude-x", "max_tokens": 60, "temperature": 0, "messages": [ask], "tools": tools, "tool_choice": {"type": "any", "disable_parallel_tool_use": true}});
+    let (status, msg) = s.anthropic("/v1/messages", &body).await;
+    assert_eq!(status, 200, "{msg}");
+    assert_eq!(msg["stop_reason"], "tool_use", "{msg}");
+    let calls: Vec<&Value> = msg["content"].as_array().unwrap().iter().filter(|b| b["type"] == "tool_use").collect();
+    assert_eq!(calls.len(), 1, "{msg}");
+    let call = calls[0];
+    assert!(call["id"].as_str().unwrap().starts_with("toolu_"));
+    assert_eq!(call["name"], "get_weather");
+    assert!(call["input"]["city"].is_string(), "{call}");
+
+    // Streamed: the tool_use block starts with an empty input, whose JSON follows.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    streamed["tool_choice"] = json!({"type": "tool", "name": "get_weather"});
+    let events = s.anthropic_stream(&streamed).await;
+    let start = events.iter().find(|e| e.0 == "content_block_start" && e.1["content_block"]["type"] == "tool_use").expect("a tool_use block");
+    assert_eq!(start.1["content_block"]["input"], json!({}));
+    let (blocks, delta) = streamed_message(&events);
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    let streamed_call = blocks.iter().find(|b| b["type"] == "tool_use").unwrap();
+    assert_eq!(streamed_call["input"], call["input"]);
+
+    // The result goes back as a tool_result (with nested content and is_error); the model
+    // answers in text when it may not call tools.
+    for is_error in [false, true] {
+        let messages = json!([ask, {"role": "assistant", "content": [call]}, {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"], "is_error": is_error, "content": [{"type": "text", "text": "{\"temperature\": 21, \"sky\": \"clear\"}"}]}]}]);
+        let (status, answer) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 30, "temperature": 0, "messages": messages, "tools": tools, "tool_choice": {"type": "none"}})).await;
+        assert_eq!(status, 200, "{answer}");
+        assert!(!text_of(answer["content"].as_array().unwrap()).is_empty(), "{answer}");
+        assert_ne!(answer["stop_reason"], "tool_use");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_errors_have_anthropic_envelopes() {
+    let s = start().await;
+    let ok = json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    let cases = [
+        (json!({"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}), 400, "invalid_request_error", "max_tokens"),
+        (json!({"model": "gpt-nothing", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}), 404, "not_found_error", "gpt-nothing"),
+        (json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}), 400, "invalid_request_error", "images"),
+        (json!({"model": "claude-x", "max_tokens": 5, "temperature": 1.5, "messages": [{"role": "user", "content": "hi"}]}), 400, "invalid_request_error", "temperature"),
+        (json!({"model": "claude-x", "max_tokens": 5, "messages": []}), 400, "invalid_request_error", "messages"),
+        (json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "web_search_20250305", "name": "web_search"}]}), 400, "invalid_request_error", "server tools"),
+        (json!({"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}), 400, "invalid_request_error", "document"),
+    ];
+    for (body, status, kind, says) in cases {
+        let (got, err) = s.anthropic("/v1/messages", &body).await;
+        assert_eq!(got, status, "{body} -> {err}");
+        assert_eq!(err["type"], "error", "{err}");
+        assert_eq!(err["error"]["type"], kind, "{err}");
+        assert!(err["error"]["message"].as_str().unwrap().contains(says), "{err}");
+    }
+    // Malformed JSON, a wrong key, none: Anthropic's envelope too.
+    let r = s.client.post(format!("{}/v1/messages", s.base)).header("x-api-key", KEY).header("content-type", "application/json").body("{").send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "invalid_request_error");
+    for key in [Some("wrong"), None] {
+        let mut r = s.client.post(format!("{}/v1/messages", s.base)).json(&ok);
+        if let Some(k) = key {
+            r = r.header("x-api-key", k);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 401);
+        let err: Value = r.json().await.unwrap();
+        assert_eq!((err["type"].as_str(), err["error"]["type"].as_str()), (Some("error"), Some("authentication_error")), "{err}");
+    }
+    // The Bearer form of the key works too (Claude Code's ANTHROPIC_AUTH_TOKEN).
+    let r = s.client.post(format!("{}/v1/messages", s.base)).bearer_auth(KEY).json(&ok).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // OpenAI's routes keep OpenAI's envelope.
+    let r = s.client.post(format!("{}/v1/chat/completions", s.base)).bearer_auth(KEY).json(&json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]})).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "model_not_found");
+    // Claude Code's preflight.
+    let r = s.client.head(&s.base).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+}

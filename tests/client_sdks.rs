@@ -1,0 +1,47 @@
+//! The client libraries people point at a home server, unchanged, against a running
+//! `hearth serve` on the default model, alone and as the head of a 3-member ring: Anthropic's
+//! SDK (clients/anthropic_sdk.py: messages, streams, count_tokens, a 10-turn tool-calling
+//! agent loop, errors). The scripts need the PyPI packages scripts/setup.sh installs.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::Served;
+
+/// A context that holds the 10-turn agent loop's conversation.
+const CTX: &str = "4096";
+
+fn require(module: &str) {
+    let has = Command::new("python3").args(["-c", &format!("import {module}")]).status().is_ok_and(|s| s.success());
+    assert!(has, "the `{module}` Python package is missing: run scripts/setup.sh (or python3 -m pip install {module})");
+}
+
+fn run_script(script: &str, addr: &str, key: &str, extra: &[&str]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("clients").join(script);
+    let out = Command::new("python3").arg(path).arg(format!("http://{addr}")).arg(key).args(extra).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{script} failed\nstdout:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    eprintln!("{}", stdout.trim());
+}
+
+#[test]
+fn the_anthropic_sdk_works_unchanged_on_a_single_node() {
+    require("anthropic");
+    let server = Served::start(&["--threads", "2", "--ctx-size", CTX, "--parallel", "2", "--api-key", "test-key"]);
+    run_script("anthropic_sdk.py", &server.addr, "test-key", &[]);
+}
+
+#[test]
+fn the_client_sdks_work_through_a_three_member_ring() {
+    require("anthropic");
+    let w1 = Served::worker(&["--threads", "1"]);
+    let w2 = Served::worker(&["--threads", "1"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start(&["--threads", "1", "--ctx-size", CTX, "--parallel", "2", "--api-key", "ring-key", "--workers", &workers, "--windows", "10,10,10"]);
+    // A shorter agent loop: the ring's answers equal the single node's (tests/ring.rs), so
+    // this checks that every answer still parses, not the loop's length.
+    run_script("anthropic_sdk.py", &head.addr, "ring-key", &["3"]);
+}
