@@ -1,7 +1,9 @@
 //! The client libraries people point at a home server, unchanged, against a running
 //! `hearth serve` on the default model, alone and as the head of a 3-member ring: Anthropic's
 //! SDK (clients/anthropic_sdk.py: messages, streams, count_tokens, a 10-turn tool-calling
-//! agent loop, errors). The scripts need the PyPI packages scripts/setup.sh installs.
+//! agent loop, errors) and the `ollama` client (clients/ollama_sdk.py: list, show, ps, pull,
+//! chat and generate whole and streamed, JSON formats, a 10-turn conversation with tools,
+//! errors). The scripts need the PyPI packages scripts/setup.sh installs.
 
 mod common;
 
@@ -35,8 +37,16 @@ fn the_anthropic_sdk_works_unchanged_on_a_single_node() {
 }
 
 #[test]
+fn the_ollama_client_works_unchanged_on_a_single_node() {
+    require("ollama");
+    let server = Served::start(&["--threads", "2", "--ctx-size", CTX, "--parallel", "2", "--api-key", "test-key"]);
+    run_script("ollama_sdk.py", &server.addr, "test-key", &[]);
+}
+
+#[test]
 fn the_client_sdks_work_through_a_three_member_ring() {
     require("anthropic");
+    require("ollama");
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
@@ -44,4 +54,5 @@ fn the_client_sdks_work_through_a_three_member_ring() {
     // A shorter agent loop: the ring's answers equal the single node's (tests/ring.rs), so
     // this checks that every answer still parses, not the loop's length.
     run_script("anthropic_sdk.py", &head.addr, "ring-key", &["3"]);
+    run_script("ollama_sdk.py", &head.addr, "ring-key", &["3"]);
 }

@@ -15,6 +15,7 @@ mod completions;
 mod error;
 mod generation;
 mod models;
+mod ollama;
 mod spec;
 mod validate;
 
@@ -26,6 +27,7 @@ pub use generation::{
     FinishReason, ListObject, PromptTokensDetails, Stop, StreamOptions, Usage, LOGPROB_FLOOR,
 };
 pub use models::*;
+pub use ollama::*;
 pub use sampling::SamplingOptions;
 pub use spec::{spec, spec_json, ApiDoc, HealthResponse, ReplanRequest};
 pub use validate::{

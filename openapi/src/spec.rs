@@ -11,6 +11,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::anthropic::{AnthropicErrorResponse, CountTokensRequest, CountTokensResponse, MessageStreamEvent, MessagesRequest, MessagesResponse};
+use crate::ollama::{OllamaChatRequest, OllamaChatResponse, OllamaError, OllamaGenerateRequest, OllamaGenerateResponse, OllamaModelRequest, OllamaRunning, OllamaShow, OllamaStatus, OllamaTags, OllamaVersion};
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
 use crate::error::ErrorResponse;
@@ -181,6 +182,75 @@ fn create_message() {}
     security(("api_key" = []), ("x_api_key" = []))
 )]
 fn count_message_tokens() {}
+
+/// The refusals of the Ollama routes, in Ollama's envelope `{"error": "..."}`.
+#[derive(utoipa::IntoResponses)]
+enum OllamaRefusals {
+    #[response(status = 400, description = "Invalid request, an image, `num_ctx` over the server's context, or a prompt longer than the context")]
+    Invalid(OllamaError),
+    #[response(status = 401, description = "Missing or wrong API key")]
+    Unauthorized(OllamaError),
+    #[response(status = 404, description = "Not the model this server serves")]
+    ModelNotFound(OllamaError),
+    #[response(status = 413, description = "Request body over the server's limit")]
+    TooLarge(OllamaError),
+    #[response(status = 429, description = "At capacity; retry later",
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
+    Busy(OllamaError),
+    #[response(status = 500, description = "Internal error")]
+    Internal(OllamaError),
+    #[response(status = 503, description = "Not ready, shutting down, or a ring member lost; retry later",
+        headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
+    Unavailable(OllamaError),
+}
+
+/// The version of Ollama's API this server follows (no key needed).
+#[utoipa::path(get, path = "/api/version", tag = "Ollama", operation_id = "ollamaVersion",
+    responses((status = 200, description = "The version", body = OllamaVersion)))]
+fn ollama_version() {}
+
+/// Lists the model, as `<id>:latest`.
+#[utoipa::path(get, path = "/api/tags", tag = "Ollama", operation_id = "ollamaTags",
+    responses((status = 200, description = "The served model", body = OllamaTags), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_tags() {}
+
+/// Lists the running model (always loaded).
+#[utoipa::path(get, path = "/api/ps", tag = "Ollama", operation_id = "ollamaPs",
+    responses((status = 200, description = "The served model", body = OllamaRunning), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_ps() {}
+
+/// Describes the model: details, GGUF facts, chat template, capabilities.
+#[utoipa::path(post, path = "/api/show", tag = "Ollama", operation_id = "ollamaShow", request_body = OllamaModelRequest,
+    responses((status = 200, description = "The model", body = OllamaShow), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_show() {}
+
+/// "Pulls" the served model: it is here, so this succeeds at once (other models: 404).
+#[utoipa::path(post, path = "/api/pull", tag = "Ollama", operation_id = "ollamaPull", request_body = OllamaModelRequest,
+    responses((status = 200, description = "`success`, as one JSON object (`stream: false`) or one NDJSON line",
+        content((OllamaStatus = "application/json"), (OllamaStatus = "application/x-ndjson"))), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_pull() {}
+
+/// Chats (Ollama's API): streamed as NDJSON lines unless `stream` is false.
+///
+/// Each line is an `OllamaChatResponse`; the last has `done: true`, `done_reason` and the
+/// counts and durations (nanoseconds). Tool calls come in one line with object arguments.
+/// A failure after the stream began is an `{"error": "..."}` line.
+#[utoipa::path(post, path = "/api/chat", tag = "Ollama", operation_id = "ollamaChat", request_body = OllamaChatRequest,
+    responses((status = 200, description = "The answer, whole or as NDJSON lines",
+        content((OllamaChatResponse = "application/json"), (OllamaChatResponse = "application/x-ndjson"))), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_chat() {}
+
+/// Generates from a prompt (Ollama's API), through the chat template unless `raw`.
+#[utoipa::path(post, path = "/api/generate", tag = "Ollama", operation_id = "ollamaGenerate", request_body = OllamaGenerateRequest,
+    responses((status = 200, description = "The answer, whole or as NDJSON lines",
+        content((OllamaGenerateResponse = "application/json"), (OllamaGenerateResponse = "application/x-ndjson"))), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_generate() {}
 
 /// Answers that the server is up: clients probe the root (`HEAD /`) before anything else.
 #[utoipa::path(
@@ -456,12 +526,13 @@ impl Modify for SseEvents {
             fields are ignored); hearth's extensions are marked in the field descriptions. Every \
             error of those operations, and 404 for an unknown route, has OpenAI's envelope \
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
-            operations answer in Anthropic's."
+            and `Ollama` operations answer in their own APIs' envelopes."
     ),
-    paths(create_chat_completion, create_completion, create_message, count_message_tokens, list_models, retrieve_model, root, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, list_models, retrieve_model, root, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
+        (name = "Ollama", description = "Ollama's API, for Home Assistant, Open WebUI and the `ollama` libraries; errors as `{\"error\": \"...\"}`"),
         (name = "Anthropic", description = "Anthropic's Messages API, for Claude Code and the `anthropic` SDKs; errors in Anthropic's envelope `{\"type\": \"error\", \"error\": {\"type\", \"message\"}}`"),
         (name = "Operations", description = "Health and metrics for orchestrators and Prometheus"),
         (name = "Admin", description = "The ring's plan and the scheduler, behind `--admin-key` (hearth extension)"),

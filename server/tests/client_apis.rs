@@ -329,3 +329,115 @@ async fn anthropic_errors_have_anthropic_envelopes() {
     let r = s.client.head(&s.base).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+impl Server {
+    /// A POST the way Ollama's clients send it (Bearer key); NDJSON answers come back as
+    /// their lines.
+    async fn ollama(&self, path: &str, body: &Value) -> (u16, Vec<Value>) {
+        let r = self.client.post(format!("{}{path}", self.base)).bearer_auth(KEY).json(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        let ndjson = r.headers().get("content-type").is_some_and(|c| c.to_str().unwrap().starts_with("application/x-ndjson"));
+        let text = r.text().await.unwrap();
+        if ndjson {
+            assert!(text.ends_with('\n'), "{text:?}");
+            (status, text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))).collect())
+        } else {
+            (status, vec![serde_json::from_str(&text).unwrap_or(Value::Null)])
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_chat_and_generate_say_what_chat_says_as_ndjson() {
+    let s = start().await;
+    let question = "What is the capital of France?";
+    let chat = s.chat(&json!({"model": "", "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0})).await;
+    let want = chat["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let tags: Value = s.client.get(format!("{}/api/tags", s.base)).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    let model = tags["models"][0]["model"].as_str().unwrap().to_string();
+    assert!(model.ends_with(":latest"), "{tags}");
+    // Ollama's default repeat_penalty is 1.1; chat completions have none.
+    let options = json!({"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0});
+    let body = json!({"model": model, "messages": [{"role": "user", "content": question}], "options": options, "keep_alive": -1});
+    // Streamed by default, as Ollama does.
+    let (status, lines) = s.ollama("/api/chat", &body).await;
+    assert_eq!(status, 200);
+    let last = lines.last().unwrap();
+    assert_eq!(last["done"], true, "{last}");
+    assert!(lines[..lines.len() - 1].iter().all(|l| l["done"] == false && l["message"]["role"] == "assistant"));
+    let text: String = lines.iter().map(|l| l["message"]["content"].as_str().unwrap()).collect();
+    assert_eq!(text, want);
+    assert_eq!(last["eval_count"], chat["usage"]["completion_tokens"]);
+    assert_eq!(last["prompt_eval_count"], chat["usage"]["prompt_tokens"]);
+    let want_reason = if chat["choices"][0]["finish_reason"] == "length" { "length" } else { "stop" };
+    assert_eq!(last["done_reason"], want_reason);
+    for key in ["total_duration", "load_duration", "prompt_eval_duration", "eval_duration"] {
+        assert!(last[key].is_u64(), "{key}: {last}");
+    }
+    let mut whole = body.clone();
+    whole["stream"] = json!(false);
+    let (_, one) = s.ollama("/api/chat", &whole).await;
+    assert_eq!((one[0]["message"]["content"].as_str(), one[0]["done"].as_bool()), (Some(want.as_str()), Some(true)), "{one:?}");
+    // Generate through the template gives the same text; the bare id names the model too.
+    let (_, g) = s.ollama("/api/generate", &json!({"model": model.trim_end_matches(":latest"), "prompt": question, "options": options, "stream": false})).await;
+    assert_eq!(g[0]["response"], want.as_str());
+
+    // A long conversation near the context, in Home Assistant's shape.
+    let corpus = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let mut messages = vec![json!({"role": "system", "content": "You answer questions about the text."})];
+    for p in corpus.split("\n\n").filter(|p| !p.trim().is_empty()) {
+        messages.push(json!({"role": "user", "content": p}));
+        messages.push(json!({"role": "assistant", "content": "Noted."}));
+        if messages.len() > 14 {
+            break;
+        }
+    }
+    messages.push(json!({"role": "user", "content": "Summarise."}));
+    let (status, lines) = s.ollama("/api/chat", &json!({"model": model, "messages": messages, "options": {"num_predict": 8, "num_ctx": 1024}})).await;
+    if status == 200 {
+        assert!(lines.last().unwrap()["prompt_eval_count"].as_u64().unwrap() > 300, "{:?}", lines.last());
+    } else {
+        // Past the context: a clear 400 in Ollama's envelope.
+        assert_eq!(status, 400);
+        assert!(lines[0]["error"].as_str().unwrap().contains("context"), "{lines:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_errors_and_model_listing() {
+    let s = start().await;
+    // The version needs no key; the rest does.
+    let v: Value = s.client.get(format!("{}/api/version", s.base)).send().await.unwrap().json().await.unwrap();
+    assert!(v["version"].is_string());
+    let r = s.client.get(format!("{}/api/tags", s.base)).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.json::<Value>().await.unwrap()["error"].is_string());
+    let (status, shown) = s.ollama("/api/show", &json!({"name": "SmolLM2-135M-Instruct.Q4_1"})).await;
+    assert_eq!(status, 200, "{shown:?}");
+    assert_eq!(shown[0]["model_info"]["general.architecture"], "llama");
+    assert_eq!(shown[0]["details"]["quantization_level"], "Q4_1");
+    assert!(shown[0]["capabilities"].as_array().unwrap().contains(&json!("tools")));
+    let ps: Value = s.client.get(format!("{}/api/ps", s.base)).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    assert_eq!(ps["models"][0]["context_length"], 1024);
+    let cases = [
+        ("/api/chat", json!({"model": "llama3.2:latest", "messages": [{"role": "user", "content": "hi"}]}), 404),
+        ("/api/show", json!({"model": "llama3.2"}), 404),
+        ("/api/pull", json!({"model": "llama3.2"}), 404),
+        ("/api/chat", json!({"model": "", "messages": [{"role": "robot", "content": "hi"}]}), 400),
+        ("/api/chat", json!({"model": "", "messages": [{"role": "user", "content": "hi"}], "options": {"num_ctx": 100000}}), 400),
+        ("/api/chat", json!({"model": "", "messages": [{"role": "user", "content": "hi"}], "format": 5}), 400),
+        ("/api/chat", json!({"model": "", "messages": [{"role": "user", "content": "hi"}], "think": "very"}), 400),
+        ("/api/generate", json!({"model": "", "prompt": "hi", "images": ["AAAA"]}), 400),
+        ("/api/chat", json!({"model": "", "messages": "hi"}), 400),
+    ];
+    for (path, body, want) in cases {
+        let (status, lines) = s.ollama(path, &body).await;
+        assert_eq!(status, want, "{path} {body} -> {lines:?}");
+        assert_eq!(lines.len(), 1);
+        let e = lines[0].as_object().unwrap();
+        assert!(e.len() == 1 && e["error"].as_str().is_some_and(|m| !m.is_empty()), "{lines:?}");
+    }
+    // Empty requests load the model.
+    let (status, lines) = s.ollama("/api/chat", &json!({"model": "", "messages": []})).await;
+    assert_eq!((status, lines[0]["done_reason"].as_str()), (200, Some("load")));
+}

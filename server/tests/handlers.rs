@@ -131,6 +131,7 @@ fn app_with(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<Reasonin
         admin_key: admin_key.map(str::to_string),
         limits: openapi::Limits { max_n: 2, ..Default::default() },
         body_limit: 1 << 20,
+        facts: Default::default(),
     });
     hearth::http::router(state)
 }
@@ -506,4 +507,37 @@ async fn anthropic_failures_are_anthropic_errors_before_and_during_a_stream() {
     let (status, _, text) = call(app(Arc::new(Fake::new(broken)), None), "POST", "/v1/messages", Some(message(json!({}))), None).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(!text.contains("secret detail") && text.contains("api_error"), "{text}");
+}
+
+/// Ollama's chat: thinking in `message.thinking`, tool calls as one line whose arguments
+/// are objects, then the `done` line.
+#[tokio::test]
+async fn ollama_chunks_carry_thinking_and_object_arguments() {
+    let tokens = ["<think>", "hm", "</think>", "<tool_call>", "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}", "</tool_call>"];
+    let mut events = vec![ScriptEvent::Started(0)];
+    events.extend(tokens.iter().map(|&t| ScriptEvent::Token(t)));
+    events.push(ScriptEvent::Done(Finish::Stop, tokens.len()));
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let body = json!({"model": "fake:latest", "messages": [{"role": "user", "content": "Weather?"}], "tools": tools});
+    let app = || app_with(Arc::new(Fake::new(Script::Events(events.clone()))), None, Some(ReasoningFormat::ThinkTags));
+    let (status, headers, text) = call(app(), "POST", "/api/chat", Some(body.clone()), None).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert_eq!(headers["content-type"], "application/x-ndjson");
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let thinking: String = lines.iter().filter_map(|l| l["message"]["thinking"].as_str()).collect();
+    assert_eq!(thinking, "hm");
+    let call_line = lines.iter().find(|l| l["message"]["tool_calls"].is_array()).expect("a tool call line");
+    assert_eq!(call_line["message"]["tool_calls"][0]["function"]["arguments"], json!({"city": "Oslo"}));
+    assert_eq!(lines.last().unwrap()["done"], true);
+    let mut whole = body;
+    whole["stream"] = json!(false);
+    let (_, _, text) = call(app(), "POST", "/api/chat", Some(whole), None).await;
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!((v["message"]["thinking"].as_str(), v["message"]["tool_calls"][0]["function"]["name"].as_str()), (Some("hm"), Some("get_weather")), "{v}");
+    // A failure mid-stream is an error line.
+    let failed = Script::Events(vec![ScriptEvent::Started(0), ScriptEvent::Token("Hel"), ScriptEvent::Unavailable("worker w2 closed the ring link")]);
+    let (status, _, text) = call(app_with(Arc::new(Fake::new(failed)), None, None), "POST", "/api/generate", Some(json!({"model": "fake", "prompt": "hi"})), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(last["error"].as_str().unwrap().contains("w2"), "{text}");
 }

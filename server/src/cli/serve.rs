@@ -36,6 +36,21 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     })
 }
 
+/// What the API tells clients of the model (Ollama's tags and show).
+fn model_facts(file: &engine::ModelFile) -> crate::http::ModelFacts {
+    let tensors = file.gguf.meta().tensors();
+    let file_type = file.gguf.meta().get_u64("general.file_type").and_then(|t| engine::reference::file_type_name(t as u32));
+    crate::http::ModelFacts {
+        arch: file.spec.arch_name.clone(),
+        parameters: tensors.iter().map(|t| t.n_elements()).sum(),
+        weight_bytes: tensors.iter().map(|t| t.n_bytes).sum(),
+        quantization: file_type.map(str::to_uppercase).unwrap_or_default(),
+        context_length: file.spec.n_ctx_train,
+        embedding_length: file.spec.n_embd,
+        digest: file.fingerprint(),
+    }
+}
+
 /// `--max-connections` and `--header-timeout`.
 pub fn connection_limits(args: &ServeArgs) -> ConnectionLimits {
     ConnectionLimits { max_connections: args.max_connections.max(1), header_timeout: Duration::from_secs(args.header_timeout.max(1)) }
@@ -52,7 +67,9 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
     let head = Head::start(&cfg, tokenizer.clone())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
-    let arch = engine::ModelFile::open(&cfg.model)?.spec.arch_name;
+    let file = engine::ModelFile::open(&cfg.model)?;
+    let arch = file.spec.arch_name.clone();
+    let facts = model_facts(&file);
     let state = Arc::new(AppState {
         limits: openapi::Limits { max_n: head.parallel() as u32, ..Default::default() },
         runtime: Arc::new(head),
@@ -66,6 +83,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         admin_key: args.admin_key.clone().filter(|k| !k.is_empty()),
         body_limit: args.body_limit,
+        facts,
     });
     Ok((state, addr))
 }

@@ -18,13 +18,13 @@ use openapi::{
 };
 use serde_json::Value;
 
-use super::chat;
+use super::chat::{self, Input};
 use super::error::ApiError;
 use super::generate::{self, GenSpec};
 use super::json::ApiJson;
 use super::prepare;
 use super::reasoning::HarmonyCall;
-use super::sse;
+use super::stream;
 use super::tools::ToolUse;
 use super::turn::{Answer, Piece, TurnStream};
 use super::{check_model, AppState};
@@ -40,7 +40,7 @@ pub async fn messages(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<
         let state = state.clone();
         prepare::run(move || {
             let (chat_req, prefill) = to_chat(&state, &req)?;
-            chat::prepare(&state, &chat_req, prefill.as_deref()).map(|p| (req, p))
+            chat::prepare(&state, &chat_req, Input::Chat { prefill: prefill.as_deref() }).map(|p| (req, p))
         })
         .await?
     };
@@ -61,7 +61,7 @@ pub async fn messages(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<
     let head = Head { id, model: req.model.clone(), prompt_tokens: spec.prompt.len(), stops };
     if req.stream {
         let events = MessageEvents { turn: TurnStream::new(reasoning), tool_use: prepared.tool_use, open: None, next_index: 0, end: None, head };
-        return Ok(sse::stream(receivers, spec.prompt.len(), events));
+        return Ok(stream::sse(receivers, spec.prompt.len(), events));
     }
     let choice = generate::collect_all(receivers).await?.pop().unwrap_or_default();
     let answer = Answer::of(choice.text, reasoning, prepared.tool_use.as_ref());
@@ -82,7 +82,7 @@ pub async fn count_tokens(State(state): State<Arc<AppState>>, ApiJson(req): ApiJ
     let req: MessagesRequest = req.into();
     let n = prepare::run(move || {
         let (chat_req, prefill) = to_chat(&state, &req)?;
-        chat::prepare(&state, &chat_req, prefill.as_deref()).map(|p| p.prompt.len())
+        chat::prepare(&state, &chat_req, Input::Chat { prefill: prefill.as_deref() }).map(|p| p.prompt.len())
     })
     .await?;
     Ok(Json(CountTokensResponse { input_tokens: n as u32 }))
@@ -369,7 +369,9 @@ impl MessageEvents {
     }
 }
 
-impl sse::Chunks for MessageEvents {
+impl stream::Chunks for MessageEvents {
+    type Frame = SseEvent;
+
     fn opening(&mut self) -> Vec<SseEvent> {
         let usage = usage(self.head.prompt_tokens, 0, 0);
         vec![event(&MessageStreamEvent::MessageStart { message: self.head.message(Vec::new(), None, None, usage) }), event(&MessageStreamEvent::Ping)]

@@ -19,7 +19,7 @@ use super::json::ApiJson;
 use super::prepare;
 use super::reasoning::Splitter;
 use super::turn::{Answer, Piece, ReasoningSetup, TurnStream};
-use super::sse;
+use super::stream;
 use super::tools::{self, ToolUse};
 use super::{check_model, AppState};
 use crate::process::now_secs;
@@ -29,7 +29,7 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     generate::check_room(&state)?;
     let (req, prepared) = {
         let state = state.clone();
-        prepare::run(move || prepare(&state, &req, None).map(|p| (req, p))).await?
+        prepare::run(move || prepare(&state, &req, Input::CHAT).map(|p| (req, p))).await?
     };
     let Prepared { prompt, sampling, tool_use, opens_thinking } = prepared;
     let reasoning = (state.reasoning, opens_thinking);
@@ -50,11 +50,25 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     if req.stream {
         let prompt_tokens = meta.prompt_tokens;
         let chunks = ChatChunks { meta, usage_field: req.include_usage().then_some(None), tool_use, choices: (0..n).map(|_| TurnStream::new(reasoning)).collect() };
-        Ok(sse::stream(receivers, prompt_tokens, chunks))
+        Ok(stream::sse(receivers, prompt_tokens, chunks))
     } else {
         let choices = generate::collect_all(receivers).await?;
         Ok(Json(response(meta, choices, tool_use.as_ref(), reasoning)).into_response())
     }
+}
+
+/// What the model reads of a chat request.
+#[derive(Clone, Copy)]
+pub(super) enum Input<'a> {
+    /// The messages through the chat template; a `prefill` (Anthropic's last assistant
+    /// turn) is the start of the answer, which the model continues.
+    Chat { prefill: Option<&'a str> },
+    /// The one message's text as it is, with no template (Ollama's `raw`).
+    Raw,
+}
+
+impl Input<'_> {
+    pub const CHAT: Input<'static> = Input::Chat { prefill: None };
 }
 
 /// A chat request made ready to generate.
@@ -67,31 +81,40 @@ pub(super) struct Prepared {
 }
 
 /// Everything a chat request needs before generation, all of it CPU work that may take a
-/// while for large requests: it runs on a preparation thread (`prepare::run`). A `prefill`
-/// (Anthropic's last assistant turn) is the start of the answer: the model continues it.
-pub(super) fn prepare(state: &AppState, req: &ChatCompletionRequest, prefill: Option<&str>) -> Result<Prepared, ApiError> {
+/// while for large requests: it runs on a preparation thread (`prepare::run`).
+pub(super) fn prepare(state: &AppState, req: &ChatCompletionRequest, input: Input) -> Result<Prepared, ApiError> {
     req.validate(&state.limits)?;
     check_model(state, &req.model)?;
     // The content alone may show the prompt cannot fit; then nothing is rendered.
     generate::check_prompt_bytes(state, req.messages.iter().map(|m| m.text().len()).sum(), "messages")?;
     let tool_use = tool_use(req);
-    let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
-    let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
-    let rendered = state.template.render_chat_with(&messages, tools_for_template.as_ref(), true, &req.template_variables())?;
-    generate::check_prompt_bytes(state, rendered.text.len(), "messages")?;
-    let mut prompt = state.tokenizer.tokenize_chat(&rendered)?;
-    let mut opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
-    if let Some(text) = prefill {
-        // The client's text, never control tokens; without the BOS a tokenizer adds to
-        // the start of a text.
-        let bos = state.tokenizer.tokenize("", false);
-        let mut tokens = state.tokenizer.tokenize(text, false);
-        if !bos.is_empty() && tokens.starts_with(&bos) {
-            tokens.drain(..bos.len());
+    let (prompt, opens_thinking) = match input {
+        Input::Raw => {
+            // The model's whole input as the client wrote it, control tokens included.
+            let text = req.messages.first().map(ChatMessage::text).unwrap_or_default();
+            (state.tokenizer.tokenize(&text, true), Splitter::prompt_opens_thinking(&text))
         }
-        prompt.extend(tokens);
-        opens_thinking = Splitter::prompt_opens_thinking(&format!("{}{text}", rendered.text));
-    }
+        Input::Chat { prefill } => {
+            let messages = template_messages(&req.messages, tool_use.as_ref(), state.template_knows_tools);
+            let tools_for_template = tool_use.as_ref().filter(|_| state.template_knows_tools).map(|t| Value::Array(t.tools.clone()));
+            let rendered = state.template.render_chat_with(&messages, tools_for_template.as_ref(), true, &req.template_variables())?;
+            generate::check_prompt_bytes(state, rendered.text.len(), "messages")?;
+            let mut prompt = state.tokenizer.tokenize_chat(&rendered)?;
+            let mut opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
+            if let Some(text) = prefill {
+                // The client's text, never control tokens; without the BOS a tokenizer adds
+                // to the start of a text.
+                let bos = state.tokenizer.tokenize("", false);
+                let mut tokens = state.tokenizer.tokenize(text, false);
+                if !bos.is_empty() && tokens.starts_with(&bos) {
+                    tokens.drain(..bos.len());
+                }
+                prompt.extend(tokens);
+                opens_thinking = Splitter::prompt_opens_thinking(&format!("{}{text}", rendered.text));
+            }
+            (prompt, opens_thinking)
+        }
+    };
 
     fn invalid(param: &'static str) -> impl Fn(String) -> ApiError {
         move |message| ApiError::InvalidParameter { param: Some(param.into()), message }
@@ -239,7 +262,7 @@ fn response(meta: Meta, choices: Vec<Choice>, tool_use: Option<&ToolUse>, reason
         created: meta.created,
         model: meta.model,
         choices,
-        usage: sse::usage(meta.prompt_tokens, completion, cached),
+        usage: stream::usage(meta.prompt_tokens, completion, cached),
         system_fingerprint: meta.fingerprint,
     }
 }
@@ -258,7 +281,7 @@ struct ChatChunks {
 impl ChatChunks {
     fn chunk(&self, choice: ChunkChoice) -> SseEvent {
         let m = &self.meta;
-        sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![choice], usage: self.usage_field })
+        stream::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![choice], usage: self.usage_field })
     }
 
     fn delta(&self, i: usize, delta: Delta, logprobs: Option<ChoiceLogprobs>, finish_reason: Option<FinishReason>) -> SseEvent {
@@ -292,7 +315,13 @@ impl ChatChunks {
     }
 }
 
-impl sse::Chunks for ChatChunks {
+impl stream::Chunks for ChatChunks {
+    type Frame = SseEvent;
+
+    fn failure(&mut self, e: &ApiError) -> Vec<SseEvent> {
+        stream::openai_failure(e)
+    }
+
     fn opening(&mut self) -> Vec<SseEvent> {
         (0..self.choices.len())
             .map(|i| self.chunk(ChunkChoice { index: i as u32, delta: Delta { role: Some(Default::default()), content: Some(String::new()), ..Delta::default() }, logprobs: None, finish_reason: None }))
@@ -323,7 +352,7 @@ impl sse::Chunks for ChatChunks {
 
     fn done(&mut self, usage: Usage) -> Vec<SseEvent> {
         let m = &self.meta;
-        let chunk = self.usage_field.is_some().then(|| sse::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![], usage: Some(Some(usage)) }));
-        sse::openai_done(chunk)
+        let chunk = self.usage_field.is_some().then(|| stream::data(&ChatCompletionChunk { id: m.id.clone(), object: Default::default(), created: m.created, model: m.model.clone(), system_fingerprint: m.fingerprint.clone(), choices: vec![], usage: Some(Some(usage)) }));
+        stream::openai_done(chunk)
     }
 }

@@ -14,7 +14,7 @@ use super::error::ApiError;
 use super::generate::{self, finish_reason, GenSpec};
 use super::json::ApiJson;
 use super::prepare;
-use super::sse;
+use super::stream;
 use super::{check_model, AppState};
 use crate::process::now_secs;
 use crate::runtime::generation::{Finish, TokenInfo};
@@ -53,12 +53,12 @@ pub async fn completions(State(state): State<Arc<AppState>>, ApiJson(req): ApiJs
                 finish_reason: finish_reason(c.finish.unwrap_or(Finish::Stop)),
             })
             .collect();
-        let usage = sse::usage(prompt_tokens, completion, cached);
+        let usage = stream::usage(prompt_tokens, completion, cached);
         return Ok(Json(CompletionResponse { id, object: Default::default(), created, model, choices, usage, system_fingerprint: fingerprint }).into_response());
     }
 
     let chunks = CompletionChunks { id, created, model, fingerprint, usage_field: req.include_usage().then_some(None), offsets: echoes.iter().map(String::len).collect(), echoes, logprobs };
-    Ok(sse::stream(receivers, prompt_tokens, chunks))
+    Ok(stream::sse(receivers, prompt_tokens, chunks))
 }
 
 /// Text completions' chunks: the echoed prompts first (with `echo`), then text as it
@@ -78,11 +78,17 @@ struct CompletionChunks {
 
 impl CompletionChunks {
     fn chunk(&self, choices: Vec<CompletionChunkChoice>, usage: Option<Option<Usage>>) -> SseEvent {
-        sse::data(&CompletionChunk { id: self.id.clone(), object: Default::default(), created: self.created, model: self.model.clone(), system_fingerprint: self.fingerprint.clone(), choices, usage })
+        stream::data(&CompletionChunk { id: self.id.clone(), object: Default::default(), created: self.created, model: self.model.clone(), system_fingerprint: self.fingerprint.clone(), choices, usage })
     }
 }
 
-impl sse::Chunks for CompletionChunks {
+impl stream::Chunks for CompletionChunks {
+    type Frame = SseEvent;
+
+    fn failure(&mut self, e: &ApiError) -> Vec<SseEvent> {
+        stream::openai_failure(e)
+    }
+
     fn opening(&mut self) -> Vec<SseEvent> {
         self.echoes
             .iter()
@@ -106,7 +112,7 @@ impl sse::Chunks for CompletionChunks {
     }
 
     fn done(&mut self, usage: Usage) -> Vec<SseEvent> {
-        sse::openai_done(self.usage_field.is_some().then(|| self.chunk(vec![], Some(Some(usage)))))
+        stream::openai_done(self.usage_field.is_some().then(|| self.chunk(vec![], Some(Some(usage)))))
     }
 }
 

@@ -9,10 +9,11 @@ mod completions;
 mod error;
 mod generate;
 mod json;
+mod ollama;
 mod prepare;
 pub mod reasoning;
 pub mod server;
-mod sse;
+mod stream;
 mod tools;
 mod turn;
 
@@ -55,6 +56,24 @@ pub struct AppState {
     pub admin_key: Option<String>,
     pub limits: Limits,
     pub body_limit: usize,
+    /// What clients are told of the model beyond its id (Ollama's tags, show and ps).
+    pub facts: ModelFacts,
+}
+
+/// Facts of the served model's file, read once at start.
+#[derive(Debug, Clone, Default)]
+pub struct ModelFacts {
+    /// The GGUF architecture (`llama`, `qwen3`).
+    pub arch: String,
+    pub parameters: u64,
+    /// Bytes of all its tensors.
+    pub weight_bytes: u64,
+    /// llama-quantize's name of the file type, upper case (`Q4_K_M`); empty if unknown.
+    pub quantization: String,
+    pub context_length: usize,
+    pub embedding_length: usize,
+    /// The content fingerprint ring members compare (SHA-256, hex).
+    pub digest: String,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -69,6 +88,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         .layer(middleware::from_fn(|req, next| error::speak(Dialect::Anthropic, req, next)));
+    let ollama = Router::new()
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/pull", post(ollama::pull))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        // Clients check the version before anything else, with or without a key.
+        .route("/api/version", get(ollama::version))
+        .layer(middleware::from_fn(|req, next| error::speak(Dialect::Ollama, req, next)));
     let admin = Router::new()
         .route("/admin/plan", get(admin::plan))
         .route("/admin/replan", post(admin::replan))
@@ -77,6 +107,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(api)
         .merge(anthropic)
+        .merge(ollama)
         .merge(admin)
         // Clients probe the server's root before anything else (Claude Code sends `HEAD /`
         // and reads anything but 2xx as "down").
@@ -124,6 +155,9 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         "/v1/completions" => "completions",
         "/v1/messages" => "messages",
         "/v1/messages/count_tokens" => "count_tokens",
+        "/api/chat" => "ollama_chat",
+        "/api/generate" => "ollama_generate",
+        p if p.starts_with("/api/") => "ollama",
         p if p.starts_with("/v1/models") => "models",
         "/health" => "health",
         "/metrics" => "metrics",

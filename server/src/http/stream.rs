@@ -1,11 +1,14 @@
-//! The one SSE writer of generation streams, for every API that streams events (chat and
-//! text completions, Anthropic Messages). It merges the choices' event streams, counts the
-//! usage (with cached prompt tokens) until every choice has finished, ends the stream
-//! after a failure, and sends keep-alives. What differs — the events themselves, how a
-//! stream closes and how a failure reads — comes from the endpoint's `Chunks`.
+//! The one writer of generation streams, for every API that streams: as server-sent events
+//! (chat and text completions, Anthropic Messages) or as NDJSON lines (Ollama). It merges
+//! the choices' event streams, counts the usage (with cached prompt tokens) until every
+//! choice has finished, and ends the stream after a failure; SSE gets keep-alives. What
+//! differs — the frames themselves, how a stream closes and how a failure reads — comes
+//! from the endpoint's `Chunks`.
 
 use std::convert::Infallible;
 
+use axum::body::Body;
+use axum::http::header;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
@@ -18,20 +21,25 @@ use crate::runtime::generation::{Event, Finish, TokenInfo};
 
 /// An endpoint's chunks. Indices are choice indices.
 pub trait Chunks: Send + 'static {
+    /// An SSE event or an NDJSON line.
+    type Frame: Send + 'static;
     /// What goes out before any token (chat: each choice's role; completions: echoes).
-    fn opening(&mut self) -> Vec<SseEvent>;
+    fn opening(&mut self) -> Vec<Self::Frame>;
     /// New text of choice `i`, with its log-probabilities when asked for.
-    fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<SseEvent>;
+    fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<Self::Frame>;
     /// Choice `i` ended: what it still held back, then its finish chunk.
-    fn finish(&mut self, i: usize, finish: Finish) -> Vec<SseEvent>;
+    fn finish(&mut self, i: usize, finish: Finish) -> Vec<Self::Frame>;
     /// Every choice has finished: what closes the stream (OpenAI: the usage chunk when
     /// asked for, then `data: [DONE]`).
-    fn done(&mut self, usage: Usage) -> Vec<SseEvent>;
+    fn done(&mut self, usage: Usage) -> Vec<Self::Frame>;
     /// Generation failed after the stream began: the status line has gone out already, so
-    /// the error travels as events (OpenAI: its envelope, then `data: [DONE]`).
-    fn failure(&mut self, e: &ApiError) -> Vec<SseEvent> {
-        vec![data(&e.body()), SseEvent::default().data("[DONE]")]
-    }
+    /// the error travels in the stream (OpenAI: its envelope, then `data: [DONE]`).
+    fn failure(&mut self, e: &ApiError) -> Vec<Self::Frame>;
+}
+
+/// OpenAI's failure mid-stream: its envelope, then `data: [DONE]`.
+pub fn openai_failure(e: &ApiError) -> Vec<SseEvent> {
+    vec![data(&e.body()), SseEvent::default().data("[DONE]")]
 }
 
 /// OpenAI's close: the usage chunk (when asked for), then `data: [DONE]`.
@@ -50,8 +58,20 @@ pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usiz
     Usage { prompt_tokens_details: Some(PromptTokensDetails { cached_tokens: cached_tokens as u32 }), ..Usage::new(prompt_tokens as u32, completion_tokens as u32) }
 }
 
-/// Streams the choices' events as `chunks` renders them.
-pub fn stream(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, mut chunks: impl Chunks) -> Response {
+/// Streams the choices' events as server-sent events.
+pub fn sse(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, chunks: impl Chunks<Frame = SseEvent>) -> Response {
+    let events = frames(receivers, prompt_tokens, chunks).map(Ok::<_, Infallible>);
+    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// Streams the choices' events as NDJSON: one JSON object per line.
+pub fn ndjson(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, chunks: impl Chunks<Frame = serde_json::Value>) -> Response {
+    let lines = frames(receivers, prompt_tokens, chunks).map(|v| Ok::<_, Infallible>(format!("{v}\n")));
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response()
+}
+
+/// The frames `chunks` renders of the choices' events, in arrival order.
+fn frames<C: Chunks>(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, mut chunks: C) -> impl futures::Stream<Item = C::Frame> + Send {
     let n = receivers.len();
     let opening = chunks.opening();
     let (mut completion, mut cached, mut finished, mut ended) = (0, 0, 0, false);
@@ -85,6 +105,5 @@ pub fn stream(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, mu
         }
         futures::stream::iter(out)
     });
-    let events = futures::stream::iter(opening).chain(body).map(Ok::<_, Infallible>);
-    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+    futures::stream::iter(opening).chain(body)
 }
