@@ -122,8 +122,14 @@ impl Tokenizer {
 
     /// Text of a token sequence; invalid UTF-8 is replaced.
     pub fn detokenize(&self, tokens: &[i32]) -> String {
+        self.detokenize_with(tokens, false)
+    }
+
+    /// Text of a token sequence, control tokens written out (`<|im_start|>`) when
+    /// `render_special`, else left out.
+    pub fn detokenize_with(&self, tokens: &[i32], render_special: bool) -> String {
         let toks: Vec<LlamaToken> = tokens.iter().map(|&t| LlamaToken(t)).collect();
-        String::from_utf8_lossy(&self.model.vocab().detokenize(&toks, false, false)).into_owned()
+        String::from_utf8_lossy(&self.model.vocab().detokenize(&toks, false, render_special)).into_owned()
     }
 
     /// End of generation (EOS, EOT, or the template's end-of-turn token).

@@ -17,6 +17,7 @@ mod generation;
 mod models;
 mod ollama;
 mod spec;
+mod tokenize;
 mod validate;
 
 pub use anthropic::*;
@@ -29,6 +30,7 @@ pub use generation::{
 pub use models::*;
 pub use ollama::*;
 pub use sampling::SamplingOptions;
+pub use tokenize::*;
 pub use spec::{spec, spec_json, ApiDoc, HealthResponse, ReplanRequest};
 pub use validate::{
     parse_logit_bias, Limits, SchemaLimits, MAX_COMPLETION_LOGPROBS, MAX_LOGIT_BIAS, MAX_MESSAGES,

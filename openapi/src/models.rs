@@ -41,6 +41,12 @@ pub struct ModelCard {
     pub created: u64,
     /// Who serves it (`hearth`).
     pub owned_by: String,
+    /// What it does: `chat`, `completion`, `tools`, `thinking` (hearth extension).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// Tokens per sequence it is served with (hearth extension).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u64>,
 }
 
 impl ModelCard {
@@ -51,6 +57,8 @@ impl ModelCard {
             object: ModelObject::Model,
             created,
             owned_by: owned_by.into(),
+            capabilities: Vec::new(),
+            context_length: None,
         }
     }
 }

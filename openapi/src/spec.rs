@@ -12,6 +12,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::anthropic::{AnthropicErrorResponse, CountTokensRequest, CountTokensResponse, MessageStreamEvent, MessagesRequest, MessagesResponse};
 use crate::ollama::{OllamaChatRequest, OllamaChatResponse, OllamaError, OllamaGenerateRequest, OllamaGenerateResponse, OllamaModelRequest, OllamaRunning, OllamaShow, OllamaStatus, OllamaTags, OllamaVersion};
+use crate::tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
 use crate::error::ErrorResponse;
@@ -263,6 +264,26 @@ fn ollama_generate() {}
     )
 )]
 fn root() {}
+
+/// Tokenizes text with the served model's tokenizer (llama-server's route).
+#[utoipa::path(post, path = "/tokenize", tag = "OpenAI", operation_id = "tokenize", request_body = TokenizeRequest,
+    responses((status = 200, description = "The tokens", body = TokenizeResponse),
+        (status = 400, description = "Malformed JSON or a token id outside the vocabulary", body = ErrorResponse),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
+        (status = 429, description = "Too many requests waiting to be prepared", body = ErrorResponse)),
+    security(("api_key" = [])))]
+fn tokenize() {}
+
+/// The text of token ids of the served model (llama-server's route).
+#[utoipa::path(post, path = "/detokenize", tag = "OpenAI", operation_id = "detokenize", request_body = DetokenizeRequest,
+    responses((status = 200, description = "The text", body = DetokenizeResponse),
+        (status = 400, description = "Malformed JSON or a token id outside the vocabulary", body = ErrorResponse),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
+        (status = 429, description = "Too many requests waiting to be prepared", body = ErrorResponse)),
+    security(("api_key" = [])))]
+fn detokenize() {}
 
 /// Lists the models this server serves.
 #[utoipa::path(
@@ -528,7 +549,7 @@ impl Modify for SseEvents {
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
             and `Ollama` operations answer in their own APIs' envelopes."
     ),
-    paths(create_chat_completion, create_completion, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, list_models, retrieve_model, root, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, list_models, retrieve_model, tokenize, detokenize, root, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),

@@ -441,3 +441,40 @@ async fn ollama_errors_and_model_listing() {
     let (status, lines) = s.ollama("/api/chat", &json!({"model": "", "messages": []})).await;
     assert_eq!((status, lines[0]["done_reason"].as_str()), (200, Some("load")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_detokenize_and_the_model_list() {
+    let s = start().await;
+    let post = |path: &'static str, body: Value| {
+        let r = s.client.post(format!("{}{path}", s.base)).bearer_auth(KEY).json(&body).send();
+        async move {
+            let r = r.await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let text = "Hello <|im_start|> wörld";
+    let (status, plain) = post("/tokenize", json!({"content": text})).await;
+    assert_eq!(status, 200, "{plain}");
+    let ids: Vec<i64> = plain["tokens"].as_array().unwrap().iter().map(|t| t.as_i64().unwrap()).collect();
+    // The same tokens the server prompts with: <|im_start|> is one control token.
+    let im_start = s.state.tokenizer.tokenize("<|im_start|>", true);
+    assert!(ids.contains(&(im_start[im_start.len() - 1] as i64)), "{ids:?}");
+    let (_, unparsed) = post("/tokenize", json!({"content": text, "parse_special": false})).await;
+    assert!(unparsed["tokens"].as_array().unwrap().len() > ids.len());
+    let (_, back) = post("/detokenize", json!({"tokens": ids})).await;
+    assert_eq!(back["content"], text);
+    let (_, pieces) = post("/tokenize", json!({"content": ["Hi", 42, " there"], "with_pieces": true})).await;
+    let pieces = pieces["tokens"].as_array().unwrap();
+    assert!(pieces.iter().any(|p| p["id"] == 42), "{pieces:?}");
+    assert!(pieces.iter().all(|p| p["piece"].is_string() || p["piece"].is_array()));
+    // Ids outside the vocabulary never reach llama.cpp.
+    for (path, body) in [("/detokenize", json!({"tokens": [1, -1]})), ("/detokenize", json!({"tokens": [1u64 << 40]})), ("/tokenize", json!({"content": ["a", 49152]}))] {
+        let (status, err) = post(path, body).await;
+        assert_eq!(status, 400, "{err}");
+        assert!(err["error"]["message"].as_str().unwrap().contains("vocabulary"), "{err}");
+    }
+    let models: Value = s.client.get(format!("{}/v1/models", s.base)).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    let card = &models["data"][0];
+    assert_eq!(card["context_length"], 1024);
+    assert!(card["capabilities"].as_array().unwrap().contains(&json!("chat")), "{card}");
+}

@@ -14,6 +14,7 @@ mod prepare;
 pub mod reasoning;
 pub mod server;
 mod stream;
+mod tokenize;
 mod tools;
 mod turn;
 
@@ -82,6 +83,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let anthropic = Router::new()
         .route("/v1/messages", post(anthropic::messages))
@@ -159,6 +162,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         "/api/generate" => "ollama_generate",
         p if p.starts_with("/api/") => "ollama",
         p if p.starts_with("/v1/models") => "models",
+        "/tokenize" | "/detokenize" => "tokenize",
         "/health" => "health",
         "/metrics" => "metrics",
         "/openapi.json" => "openapi",
@@ -190,7 +194,11 @@ async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {
 }
 
 fn model_card(state: &AppState) -> ModelCard {
-    ModelCard::new(state.model_id.clone(), state.created, "hearth")
+    let mut capabilities: Vec<String> = ["chat", "completion", "tools"].map(String::from).into();
+    if state.reasoning != reasoning::ReasoningFormat::None {
+        capabilities.push("thinking".into());
+    }
+    ModelCard { capabilities, context_length: Some(state.runtime.n_ctx() as u64), ..ModelCard::new(state.model_id.clone(), state.created, "hearth") }
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
