@@ -3,7 +3,9 @@
 //! SDK (clients/anthropic_sdk.py: messages, streams, count_tokens, a 10-turn tool-calling
 //! agent loop, errors) and the `ollama` client (clients/ollama_sdk.py: list, show, ps, pull,
 //! chat and generate whole and streamed, JSON formats, a 10-turn conversation with tools,
-//! errors). The scripts need the PyPI packages scripts/setup.sh installs.
+//! errors), and OpenAI's SDK on the Responses API (clients/openai_responses.py: create,
+//! stream, retrieve, delete, previous_response_id, structured output, a 10-turn function
+//! loop, Codex's stateless streamed shape). The scripts need the PyPI packages scripts/setup.sh installs.
 
 mod common;
 
@@ -44,9 +46,17 @@ fn the_ollama_client_works_unchanged_on_a_single_node() {
 }
 
 #[test]
+fn the_openai_sdk_drives_the_responses_api_on_a_single_node() {
+    require("openai");
+    let server = Served::start(&["--threads", "2", "--ctx-size", CTX, "--parallel", "2", "--api-key", "test-key"]);
+    run_script("openai_responses.py", &server.addr, "test-key", &[]);
+}
+
+#[test]
 fn the_client_sdks_work_through_a_three_member_ring() {
     require("anthropic");
     require("ollama");
+    require("openai");
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
@@ -55,4 +65,5 @@ fn the_client_sdks_work_through_a_three_member_ring() {
     // this checks that every answer still parses, not the loop's length.
     run_script("anthropic_sdk.py", &head.addr, "ring-key", &["3"]);
     run_script("ollama_sdk.py", &head.addr, "ring-key", &["3"]);
+    run_script("openai_responses.py", &head.addr, "ring-key", &["3"]);
 }

@@ -16,6 +16,7 @@ mod error;
 mod generation;
 mod models;
 mod ollama;
+mod responses;
 mod spec;
 mod tokenize;
 mod validate;
@@ -29,6 +30,7 @@ pub use generation::{
 };
 pub use models::*;
 pub use ollama::*;
+pub use responses::*;
 pub use sampling::SamplingOptions;
 pub use tokenize::*;
 pub use spec::{spec, spec_json, ApiDoc, HealthResponse, ReplanRequest};

@@ -12,6 +12,7 @@ use utoipa::{Modify, OpenApi, ToSchema};
 
 use crate::anthropic::{AnthropicErrorResponse, CountTokensRequest, CountTokensResponse, MessageStreamEvent, MessagesRequest, MessagesResponse};
 use crate::ollama::{OllamaChatRequest, OllamaChatResponse, OllamaError, OllamaGenerateRequest, OllamaGenerateResponse, OllamaModelRequest, OllamaRunning, OllamaShow, OllamaStatus, OllamaTags, OllamaVersion};
+use crate::responses::{ResponseDeleted, ResponseObject, ResponseStreamFrame, ResponsesRequest};
 use crate::tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
@@ -264,6 +265,48 @@ fn ollama_generate() {}
     )
 )]
 fn root() {}
+
+/// Creates a response (OpenAI's Responses API), for Codex CLI and the Agents SDK.
+///
+/// Input items (messages, function calls and their outputs, reasoning) are rendered with
+/// the model's chat template and generated as chat completions are. Kept (unless `store`
+/// is false) in memory, at most 1,024 responses and 64 MiB, the oldest dropped first, for
+/// `GET` and `previous_response_id`. With `stream`, answered as server-sent events, each
+/// with its `event:` name and a `sequence_number` from 0, ending with `response.completed`
+/// (or `.incomplete`, `.failed`).
+#[utoipa::path(
+    post,
+    path = "/v1/responses",
+    tag = "OpenAI",
+    operation_id = "createResponse",
+    request_body = ResponsesRequest,
+    responses(
+        (status = 200, description = "The response; with `stream`, its events",
+            content((ResponseObject = "application/json"), (ResponseStreamFrame = "text/event-stream"))),
+        (status = 400, description = "Invalid parameter, an unknown `previous_response_id`, `background`, an image or file, or a prompt longer than the context", body = ErrorResponse),
+        GenerationRefusals,
+    ),
+    security(("api_key" = []))
+)]
+fn create_response() {}
+
+/// A stored response.
+#[utoipa::path(get, path = "/v1/responses/{id}", tag = "OpenAI", operation_id = "getResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    responses((status = 200, description = "The response", body = ResponseObject),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "No such response is stored (`response_not_found`)", body = ErrorResponse)),
+    security(("api_key" = [])))]
+fn get_response() {}
+
+/// Deletes a stored response.
+#[utoipa::path(delete, path = "/v1/responses/{id}", tag = "OpenAI", operation_id = "deleteResponse",
+    params(("id" = String, Path, description = "The response's id")),
+    responses((status = 200, description = "Deleted", body = ResponseDeleted),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 404, description = "No such response is stored (`response_not_found`)", body = ErrorResponse)),
+    security(("api_key" = [])))]
+fn delete_response() {}
 
 /// Tokenizes text with the served model's tokenizer (llama-server's route).
 #[utoipa::path(post, path = "/tokenize", tag = "OpenAI", operation_id = "tokenize", request_body = TokenizeRequest,
@@ -525,11 +568,11 @@ impl SseEvents {
 
 impl Modify for SseEvents {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
-        for (path, chunk) in [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionChunk"), ("/v1/messages", "MessageStreamEvent")] {
+        for (path, chunk) in [("/v1/chat/completions", "ChatCompletionChunk"), ("/v1/completions", "CompletionChunk"), ("/v1/messages", "MessageStreamEvent"), ("/v1/responses", "ResponseStreamFrame")] {
             let ok = openapi.paths.paths.get_mut(path).and_then(|p| p.post.as_mut()).and_then(|op| op.responses.responses.get_mut("200"));
             if let Some(utoipa::openapi::RefOr::T(response)) = ok {
                 if let Some(utoipa::openapi::RefOr::T(content)) = response.content.get_mut("text/event-stream") {
-                    content.schema = Some(if chunk == "MessageStreamEvent" { Self::named_event_schema(chunk) } else { Self::event_schema(chunk) });
+                    content.schema = Some(if matches!(chunk, "MessageStreamEvent" | "ResponseStreamFrame") { Self::named_event_schema(chunk) } else { Self::event_schema(chunk) });
                 }
             }
         }
@@ -549,7 +592,7 @@ impl Modify for SseEvents {
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
             and `Ollama` operations answer in their own APIs' envelopes."
     ),
-    paths(create_chat_completion, create_completion, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, list_models, retrieve_model, tokenize, detokenize, root, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, list_models, retrieve_model, tokenize, detokenize, root, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),

@@ -478,3 +478,85 @@ async fn tokenize_detokenize_and_the_model_list() {
     assert_eq!(card["context_length"], 1024);
     assert!(card["capabilities"].as_array().unwrap().contains(&json!("chat")), "{card}");
 }
+
+/// A streamed response as (event name, data), each frame named and numbered in order.
+async fn response_events(s: &Server, body: &Value) -> Vec<(String, Value)> {
+    let r = s.client.post(format!("{}/v1/responses", s.base)).bearer_auth(KEY).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter(|f| !f.trim().is_empty() && !f.starts_with(':'))
+        .map(|f| {
+            let name = f.lines().find_map(|l| l.strip_prefix("event: ")).unwrap().to_string();
+            let data: Value = serde_json::from_str(f.lines().find_map(|l| l.strip_prefix("data: ")).unwrap()).unwrap();
+            assert_eq!(data["type"], name.as_str());
+            (name, data)
+        })
+        .collect();
+    for (i, (_, d)) in events.iter().enumerate() {
+        assert_eq!(d["sequence_number"], i as u64, "{events:?}");
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_say_what_chat_says_with_indexed_events_and_a_bounded_store() {
+    let s = start().await;
+    let question = "What is the capital of France?";
+    let chat = s.chat(&json!({"model": "", "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}], "max_tokens": 20, "temperature": 0})).await;
+    let want = chat["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let body = json!({"model": "", "input": [{"role": "user", "content": question}], "instructions": "Be brief.", "max_output_tokens": 20, "temperature": 0});
+    let r = s.client.post(format!("{}/v1/responses", s.base)).bearer_auth(KEY).json(&body).send().await.unwrap();
+    let whole: Value = r.json().await.unwrap();
+    let texts: Vec<&str> = whole["output"].as_array().unwrap().iter().filter(|o| o["type"] == "message").flat_map(|o| o["content"].as_array().unwrap()).map(|c| c["text"].as_str().unwrap()).collect();
+    assert_eq!(texts.concat(), want, "{whole}");
+    assert_eq!(whole["usage"]["input_tokens"], chat["usage"]["prompt_tokens"]);
+    let want_status = if chat["choices"][0]["finish_reason"] == "length" { "incomplete" } else { "completed" };
+    assert_eq!(whole["status"], want_status);
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = response_events(&s, &streamed).await;
+    let names: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(&names[..5], ["response.created", "response.in_progress", "response.output_item.added", "response.content_part.added", "response.output_text.delta"], "{names:?}");
+    let tail = &names[names.len() - 4..];
+    assert_eq!(tail, ["response.output_text.done", "response.content_part.done", "response.output_item.done", &format!("response.{want_status}")[..]], "{names:?}");
+    let deltas: String = events.iter().filter(|e| e.0 == "response.output_text.delta").map(|e| e.1["delta"].as_str().unwrap()).collect();
+    assert_eq!(deltas, want);
+    assert!(events.iter().filter(|e| e.0.contains("output_text")).all(|e| e.1["output_index"] == 0 && e.1["content_index"] == 0));
+    let done = &events.last().unwrap().1["response"];
+    let id = done["id"].as_str().unwrap();
+    // Kept: retrievable, then deleted.
+    let got: Value = s.client.get(format!("{}/v1/responses/{id}", s.base)).bearer_auth(KEY).send().await.unwrap().json().await.unwrap();
+    assert_eq!(got["output"], done["output"]);
+    let del = s.client.delete(format!("{}/v1/responses/{id}", s.base)).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(del.status(), 200);
+    let gone = s.client.get(format!("{}/v1/responses/{id}", s.base)).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(gone.status(), 404);
+    assert_eq!(gone.json::<Value>().await.unwrap()["error"]["code"], "response_not_found");
+
+    // A function call streams as one item with its whole arguments.
+    let tools = json!([{"type": "function", "name": "get_weather", "parameters": serde_json::from_str::<Value>(WEATHER_SCHEMA).unwrap()}]);
+    let events = response_events(&s, &json!({"model": "", "input": "What is the weather in Oslo?", "tools": tools, "tool_choice": {"type": "function", "name": "get_weather"}, "stream": true, "max_output_tokens": 60, "temperature": 0})).await;
+    let args = events.iter().find(|e| e.0 == "response.function_call_arguments.done").expect("a function call");
+    assert!(serde_json::from_str::<Value>(args.1["arguments"].as_str().unwrap()).unwrap()["city"].is_string());
+    let item = events.iter().rev().find(|e| e.0 == "response.output_item.done").unwrap();
+    assert_eq!(item.1["item"]["type"], "function_call");
+    assert_eq!(item.1["output_index"], args.1["output_index"]);
+    // Refusals: images, background, item references, unknown previous ids.
+    for (input, extra, param) in [
+        (json!([{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]), json!({}), "input[0].content[0]"),
+        (json!("hi"), json!({"background": true}), "background"),
+        (json!([{"type": "item_reference", "id": "msg_1"}]), json!({}), "input[0]"),
+        (json!("hi"), json!({"previous_response_id": "resp_nope"}), "previous_response_id"),
+    ] {
+        let mut b = json!({"model": "", "input": input});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let r = s.client.post(format!("{}/v1/responses", s.base)).bearer_auth(KEY).json(&b).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{b}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["param"], param, "{b}");
+    }
+}

@@ -132,6 +132,7 @@ fn app_with(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<Reasonin
         limits: openapi::Limits { max_n: 2, ..Default::default() },
         body_limit: 1 << 20,
         facts: Default::default(),
+        responses: Default::default(),
     });
     hearth::http::router(state)
 }

@@ -84,6 +84,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         admin_key: args.admin_key.clone().filter(|k| !k.is_empty()),
         body_limit: args.body_limit,
         facts,
+        responses: Default::default(),
     });
     Ok((state, addr))
 }

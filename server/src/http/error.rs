@@ -36,6 +36,8 @@ pub enum ApiError {
     /// The request is valid but cannot be done in this state; the message says why.
     #[error("{0}")]
     Conflict(String),
+    #[error("No response with id '{0}' is stored (responses are kept in memory, the oldest dropped first)")]
+    ResponseNotFound(String),
     #[error("Unknown route {method} {path}")]
     NotFound { method: String, path: String },
     #[error("Request body is larger than the limit of {limit} bytes")]
@@ -120,7 +122,7 @@ impl ApiError {
             ApiError::AdminDisabled => StatusCode::FORBIDDEN,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             // OpenAI answers an unknown model with 404 (the SDKs' NotFoundError).
-            ApiError::NotFound { .. } | ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound { .. } | ApiError::ModelNotFound(_) | ApiError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull | ApiError::PreparationBusy => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -139,6 +141,7 @@ impl ApiError {
             ApiError::AdminDisabled => ("invalid_request_error", None, Some("admin_disabled")),
             ApiError::Conflict(_) => ("invalid_request_error", None, Some("conflict")),
             ApiError::NotFound { .. } => ("invalid_request_error", None, Some("unknown_url")),
+            ApiError::ResponseNotFound(_) => ("invalid_request_error", None, Some("response_not_found")),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", None, Some("request_too_large")),
             ApiError::QueueFull | ApiError::PreparationBusy => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),
             ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),

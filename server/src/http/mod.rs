@@ -12,6 +12,7 @@ mod json;
 mod ollama;
 mod prepare;
 pub mod reasoning;
+mod responses;
 pub mod server;
 mod stream;
 mod tokenize;
@@ -33,6 +34,7 @@ use engine::tokenizer::Tokenizer;
 use openapi::{HealthResponse, Limits, ModelCard, ModelList};
 
 pub use error::ApiError;
+pub use responses::ResponseStore;
 use error::Dialect;
 
 use crate::runtime::Runtime;
@@ -59,6 +61,8 @@ pub struct AppState {
     pub body_limit: usize,
     /// What clients are told of the model beyond its id (Ollama's tags, show and ps).
     pub facts: ModelFacts,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    pub responses: ResponseStore,
 }
 
 /// Facts of the served model's file, read once at start.
@@ -83,6 +87,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
@@ -156,6 +162,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
     let endpoint = match req.uri().path() {
         "/v1/chat/completions" => "chat_completions",
         "/v1/completions" => "completions",
+        p if p.starts_with("/v1/responses") => "responses",
         "/v1/messages" => "messages",
         "/v1/messages/count_tokens" => "count_tokens",
         "/api/chat" => "ollama_chat",
