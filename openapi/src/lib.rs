@@ -1,11 +1,12 @@
-//! OpenAI's wire types for hearth's HTTP API (serde + utoipa), their validation, and the
-//! generated OpenAPI document (`openapi/openapi.json`).
+//! The wire types of hearth's HTTP APIs (serde + utoipa): OpenAI's chat, completions and
+//! Responses, Anthropic's Messages, Ollama's, llama-server's tokenize; their validation;
+//! and the generated OpenAPI document (`openapi/openapi.json`).
 //!
 //! The server parses requests into these types, calls `validate`, turns them into engine
 //! calls, and builds responses and stream chunks from them. The crate describes requests
 //! and responses and nothing more: it must not depend on the engine, the scheduler, the
 //! transport or the server, nor on any web framework, so that clients and tests can use it
-//! cheaply and OpenAI JSON never leaks below the server.
+//! cheaply and no API's JSON leaks below the server.
 
 #[macro_use]
 mod sampling;

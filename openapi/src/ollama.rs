@@ -24,7 +24,6 @@ pub struct OllamaChatRequest {
     pub tools: Option<Vec<Tool>>,
     /// `"json"`, or a JSON Schema the answer must follow (enforced by grammar).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub format: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<OllamaOptions>,
@@ -33,11 +32,9 @@ pub struct OllamaChatRequest {
     pub stream: Option<bool>,
     /// Thinking on or off (`true`/`false`), or a level (`low`, `medium`, `high`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub think: Option<Value>,
     /// Accepted; the model stays loaded for the server's lifetime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub keep_alive: Option<Value>,
 }
 
@@ -56,17 +53,14 @@ pub struct OllamaGenerateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub raw: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub format: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub options: Option<OllamaOptions>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub think: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub keep_alive: Option<Value>,
     /// Images: refused (400) until hearth serves a model that can see.
     #[serde(default, skip_serializing_if = "Option::is_none")]

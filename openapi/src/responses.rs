@@ -30,7 +30,6 @@ pub struct ResponsesRequest {
     pub tools: Option<Vec<ResponsesTool>>,
     /// `none`, `auto`, `required`, or `{"type": "function", "name"}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
     pub tool_choice: Option<Value>,
     /// At most one function call per turn when false.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -228,13 +227,11 @@ pub struct ResponseObject {
     /// `in_progress`, `completed`, `incomplete` or `failed`.
     pub status: String,
     pub model: String,
-    #[schema(value_type = Object)]
     pub error: Option<Value>,
     pub incomplete_details: Option<IncompleteDetails>,
     pub instructions: Option<String>,
     pub output: Vec<OutputItem>,
     pub parallel_tool_calls: bool,
-    #[schema(value_type = Object)]
     pub tool_choice: Value,
     #[schema(value_type = Vec<Object>)]
     pub tools: Vec<Value>,
@@ -243,7 +240,6 @@ pub struct ResponseObject {
     pub max_output_tokens: Option<u32>,
     pub previous_response_id: Option<String>,
     pub store: bool,
-    #[schema(value_type = Object)]
     pub text: Value,
     pub usage: Option<ResponseUsage>,
 }

@@ -18,7 +18,7 @@ use openapi::{
 };
 use serde_json::Value;
 
-use super::chat::{self, Input};
+use super::chat::{self, Input, THINKING_SWITCH};
 use super::error::ApiError;
 use super::generate::{self, GenSpec};
 use super::json::ApiJson;
@@ -29,10 +29,6 @@ use super::tools::ToolUse;
 use super::turn::{Answer, Piece, TurnStream};
 use super::{check_model, AppState};
 use crate::runtime::generation::Finish;
-
-/// Template switch that turns a model's thinking on or off (Qwen3, DeepSeek, GLM and the
-/// other templates with a thinking mode read it).
-const THINKING_SWITCH: &str = "enable_thinking";
 
 pub async fn messages(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<MessagesRequest>) -> Result<Response, ApiError> {
     generate::check_room(&state)?;
@@ -319,11 +315,8 @@ struct MessageEvents {
     end: Option<(StopReason, Option<String>)>,
 }
 
-/// One event, named on its `event:` line as Anthropic's SDK routes them.
 fn event(e: &MessageStreamEvent) -> SseEvent {
-    let data = serde_json::to_value(e).unwrap_or_default();
-    let name = data["type"].as_str().unwrap_or("error").to_string();
-    SseEvent::default().event(name).data(data.to_string())
+    stream::named(e)
 }
 
 impl MessageEvents {

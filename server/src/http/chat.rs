@@ -57,6 +57,11 @@ pub async fn chat_completions(State(state): State<Arc<AppState>>, ApiJson(req): 
     }
 }
 
+/// The chat-template variable that turns a model's thinking on or off (Qwen3, DeepSeek,
+/// GLM and the other templates with a thinking mode read it): what Anthropic's `thinking`
+/// and Ollama's `think` switch.
+pub(super) const THINKING_SWITCH: &str = "enable_thinking";
+
 /// What the model reads of a chat request.
 #[derive(Clone, Copy)]
 pub(super) enum Input<'a> {

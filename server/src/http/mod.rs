@@ -1,6 +1,8 @@
-//! The HTTP face of the head node: OpenAI's routes, auth, limits, metrics, and the
-//! OpenAPI document. Handlers translate OpenAI JSON into generation requests and token
-//! events back into OpenAI JSON; they never touch the engine directly.
+//! The HTTP face of the head node: OpenAI's routes (chat, completions, Responses),
+//! Anthropic's Messages, Ollama's API, auth, limits, metrics, and the OpenAPI document.
+//! Each API's handlers turn its JSON into a chat request (one preparation path) and the
+//! shared turn (`turn`) back into its JSON and events, errors into its envelope
+//! (`error::Dialect`); they never touch the engine directly.
 
 mod admin;
 mod anthropic;

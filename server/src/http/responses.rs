@@ -441,9 +441,7 @@ impl ResponseEvents {
     fn event(&mut self, event: ResponseStreamEvent) -> SseEvent {
         let frame = ResponseStreamFrame { event, sequence_number: self.seq };
         self.seq += 1;
-        let data = serde_json::to_value(&frame).unwrap_or_default();
-        let name = data["type"].as_str().unwrap_or("error").to_string();
-        SseEvent::default().event(name).data(data.to_string())
+        stream::named(&frame)
     }
 
     fn index(&self) -> u32 {

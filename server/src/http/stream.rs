@@ -52,6 +52,14 @@ pub fn data(chunk: &impl serde::Serialize) -> SseEvent {
     SseEvent::default().data(serde_json::to_string(chunk).unwrap_or_default())
 }
 
+/// A frame as one event named on its `event:` line by its `type` (Anthropic's and the
+/// Responses API's events: their SDKs route on the name).
+pub fn named(frame: &impl serde::Serialize) -> SseEvent {
+    let data = serde_json::to_value(frame).unwrap_or_default();
+    let name = data["type"].as_str().unwrap_or("error").to_string();
+    SseEvent::default().event(name).data(data.to_string())
+}
+
 /// The usage of a request: prompt tokens of every prompt, generated tokens of every choice,
 /// and how many prompt tokens came from the cache (the most any choice reused).
 pub fn usage(prompt_tokens: usize, completion_tokens: usize, cached_tokens: usize) -> Usage {
