@@ -5,7 +5,9 @@
 //! chat and generate whole and streamed, JSON formats, a 10-turn conversation with tools,
 //! errors), and OpenAI's SDK on the Responses API (clients/openai_responses.py: create,
 //! stream, retrieve, delete, previous_response_id, structured output, a 10-turn function
-//! loop, Codex's stateless streamed shape). The scripts need the PyPI packages scripts/setup.sh installs.
+//! loop, Codex's stateless streamed shape), and both on embeddings (clients/embeddings_sdk.py,
+//! a tiny BERT served with `--embedding-model`). The scripts need the PyPI packages
+//! scripts/setup.sh installs.
 
 mod common;
 
@@ -53,6 +55,15 @@ fn the_openai_sdk_drives_the_responses_api_on_a_single_node() {
 }
 
 #[test]
+fn the_openai_and_ollama_clients_embed_on_a_single_node() {
+    require("openai");
+    require("ollama");
+    let model = common::tiny_embedding_model("bert");
+    let server = Served::start(&["--threads", "2", "--ctx-size", "1024", "--parallel", "2", "--api-key", "test-key", "--embedding-model", model.to_str().unwrap()]);
+    run_script("embeddings_sdk.py", &server.addr, "test-key", &[]);
+}
+
+#[test]
 fn the_client_sdks_work_through_a_three_member_ring() {
     require("anthropic");
     require("ollama");
@@ -60,10 +71,13 @@ fn the_client_sdks_work_through_a_three_member_ring() {
     let w1 = Served::worker(&["--threads", "1"]);
     let w2 = Served::worker(&["--threads", "1"]);
     let workers = format!("{},{}", w1.addr, w2.addr);
-    let head = Served::start(&["--threads", "1", "--ctx-size", CTX, "--parallel", "2", "--api-key", "ring-key", "--workers", &workers, "--windows", "10,10,10"]);
+    // The embedding model runs on the head beside the ring's chat model.
+    let embedder = common::tiny_embedding_model("nomic-bert");
+    let head = Served::start(&["--threads", "1", "--ctx-size", CTX, "--parallel", "2", "--api-key", "ring-key", "--workers", &workers, "--windows", "10,10,10", "--embedding-model", embedder.to_str().unwrap()]);
     // A shorter agent loop: the ring's answers equal the single node's (tests/ring.rs), so
     // this checks that every answer still parses, not the loop's length.
     run_script("anthropic_sdk.py", &head.addr, "ring-key", &["3"]);
     run_script("ollama_sdk.py", &head.addr, "ring-key", &["3"]);
     run_script("openai_responses.py", &head.addr, "ring-key", &["3"]);
+    run_script("embeddings_sdk.py", &head.addr, "ring-key", &[]);
 }

@@ -44,7 +44,11 @@ fn the_api_matches_its_openapi_document() {
         return;
     }
     let secs = std::env::var("HEARTH_SCHEMATHESIS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(DEFAULT_SECS);
+    // A tiny embedding model, so the embedding routes answer as well as refuse.
+    let embedder = common::tiny_embedding_model("bert");
     let served = Served::start(&[
+        "--embedding-model",
+        embedder.to_str().unwrap(),
         "--threads",
         "1",
         "--ctx-size",

@@ -32,6 +32,10 @@ pub enum Error {
     #[error("invalid layer window: {0}")]
     InvalidWindow(String),
 
+    /// A request the caller should have refused (an empty or over-long embedding input).
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
 

@@ -2,7 +2,7 @@
 //! and sliding-window architectures) on one device with llama.cpp's ggml kernels (through
 //! `llama-cpp-sys-2`), weights zero-copy from the file's mmap or repacked as llama.cpp
 //! repacks them; plus llama.cpp's tokenizer and samplers, the model's Jinja chat
-//! template, and llama.cpp itself as the reference hearth is tested and benchmarked
+//! template, embedding models (run whole by llama.cpp), and llama.cpp itself as the reference hearth is tested and benchmarked
 //! against.
 //!
 //! It must not depend on the server, the network or OpenAI's JSON: callers hand it
@@ -10,6 +10,7 @@
 
 mod backend;
 pub mod chat_template;
+pub mod embedder;
 mod error;
 mod expert_reads;
 mod ggml;

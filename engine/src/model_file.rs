@@ -64,18 +64,26 @@ impl ModelFile {
     }
 
     fn compute_fingerprint(&self) -> String {
+        fingerprint_of(&self.gguf)
+    }
+}
+
+/// [`ModelFile::fingerprint`] of any GGUF, also one of an architecture the engine does not
+/// run itself (an embedding model).
+pub fn fingerprint_of(gguf: &GgufFile) -> String {
+    {
         use sha2::{Digest, Sha256};
-        let bytes = self.gguf.bytes();
+        let bytes = gguf.bytes();
         let mut h = Sha256::new();
         h.update((bytes.len() as u64).to_le_bytes());
         // Every part's header (one for a model in one file): a split set and the same
         // model joined into one file are different files to ship, with different offsets.
-        for part in self.gguf.parts() {
+        for part in gguf.parts() {
             let header = part.base() as usize..(part.base() + part.header_len()) as usize;
             h.update(&bytes[header.start.min(bytes.len())..header.end.min(bytes.len())]);
         }
-        for t in self.gguf.meta().tensors() {
-            let data = self.gguf.tensor_bytes(t);
+        for t in gguf.meta().tensors() {
+            let data = gguf.tensor_bytes(t);
             let n = data.len().min(FINGERPRINT_SAMPLE);
             h.update(&data[..n]);
             h.update(&data[data.len() - n..]);

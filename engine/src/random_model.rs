@@ -87,7 +87,7 @@ impl RandomModel {
     /// fills whole blocks of the weight types.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidModel(m));
-        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "glm4moe"];
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "glm4moe", "bert", "nomic-bert"];
         if !known.contains(&self.arch.as_str()) {
             return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
         }
@@ -109,6 +109,27 @@ impl RandomModel {
 
     fn is_moe(&self) -> bool {
         matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe")
+    }
+
+    /// A tiny embedding model of `arch` for tests: 3 layers, e = 64, 4 heads, context 512;
+    /// `bert` and `nomic-bert` pool by mean as their GGUFs say, `qwen3` is given last-token
+    /// pooling as Qwen3-Embedding's GGUFs have.
+    pub fn tiny_embedder(arch: &str) -> RandomModel {
+        let mut m = RandomModel::new(arch, 3, 64, 160, 4, if arch == "qwen3" { 2 } else { 4 });
+        m.context_length = 512;
+        m.seed = 7;
+        if arch == "qwen3" {
+            m.extra.push(("pooling_type".into(), Value::U32(3)));
+        }
+        m
+    }
+
+    /// The BERT family: bidirectional encoders that only make embeddings (`bert`: learned
+    /// positions, separate Q/K/V with biases, GELU FFN; `nomic-bert`: RoPE, fused QKV,
+    /// SwiGLU FFN). They carry their own WordPiece vocabulary (see `wordpiece_vocabulary`),
+    /// not the tokenizer of `tokenizer_from`.
+    pub fn is_encoder(&self) -> bool {
+        matches!(self.arch.as_str(), "bert" | "nomic-bert")
     }
 
     /// Writes the model to `out`, with the tokenizer of `tokenizer_from`; returns the
@@ -152,6 +173,9 @@ impl RandomModel {
     /// Everything but the weights' bytes: metadata, the tokenizer, the tensor list.
     fn writer(&self, tokenizer_from: &Path) -> Result<GgufWriter> {
         self.validate()?;
+        if self.is_encoder() {
+            return self.encoder_writer();
+        }
         let real = GgufFile::open(tokenizer_from)?;
         // A vocabulary-only file (see `write_vocabulary`) has no embedding to size it by.
         let n_vocab = real
@@ -278,6 +302,119 @@ impl RandomModel {
         }
         Ok(w)
     }
+}
+
+impl RandomModel {
+    /// `bert` and `nomic-bert`, tensor for tensor as llama.cpp's converter writes
+    /// all-MiniLM / bge and nomic-embed-text: LayerNorm (weight and bias) after the
+    /// embeddings and after each sub-layer, mean pooling, non-causal attention.
+    fn encoder_writer(&self) -> Result<GgufWriter> {
+        let a = self.arch.as_str();
+        let nomic = a == "nomic-bert";
+        let mut w = GgufWriter::new();
+        let n_vocab = wordpiece_vocabulary(&mut w)?;
+        let (e, hd) = (self.n_embd, self.head_dim());
+        let kv = hd * self.n_head_kv as u64;
+        w.set("general.architecture", Value::from(a))?;
+        w.set("general.name", Value::from(format!("random-{a}-{}x{e}-{}", self.n_layer, self.ty)))?;
+        let u32k = |w: &mut GgufWriter, k: &str, v: u64| w.set(format!("{a}.{k}"), Value::U32(v as u32));
+        u32k(&mut w, "block_count", self.n_layer as u64)?;
+        u32k(&mut w, "context_length", self.context_length as u64)?;
+        u32k(&mut w, "embedding_length", e)?;
+        u32k(&mut w, "feed_forward_length", self.n_ff)?;
+        u32k(&mut w, "attention.head_count", self.n_head as u64)?;
+        u32k(&mut w, "attention.head_count_kv", self.n_head_kv as u64)?;
+        w.set(format!("{a}.attention.layer_norm_epsilon"), Value::F32(1e-12))?;
+        w.set(format!("{a}.attention.causal"), Value::Bool(false))?;
+        // 1 = mean, as both families' sentence-transformers configs pool.
+        u32k(&mut w, "pooling_type", 1)?;
+        if nomic {
+            w.set(format!("{a}.rope.freq_base"), Value::F32(1000.0))?;
+        }
+        for (k, v) in &self.extra {
+            w.set(format!("{a}.{k}"), v.clone())?;
+        }
+        let (ty, f32t) = (self.ty, GgmlType::F32);
+        w.add_tensor_later("token_embd.weight", ty, &[e, n_vocab])?;
+        w.add_tensor_later("token_types.weight", f32t, &[e, 2])?;
+        if !nomic {
+            w.add_tensor_later("position_embd.weight", f32t, &[e, self.context_length as u64])?;
+        }
+        w.add_tensor_later("token_embd_norm.weight", f32t, &[e])?;
+        w.add_tensor_later("token_embd_norm.bias", f32t, &[e])?;
+        for il in 0..self.n_layer {
+            let t = |n: &str| format!("blk.{il}.{n}");
+            if nomic {
+                w.add_tensor_later(t("attn_qkv.weight"), ty, &[e, e + 2 * kv])?;
+            } else {
+                for (m, rows) in [("attn_q", e), ("attn_k", kv), ("attn_v", kv)] {
+                    w.add_tensor_later(t(&format!("{m}.weight")), ty, &[e, rows])?;
+                    w.add_tensor_later(t(&format!("{m}.bias")), f32t, &[rows])?;
+                }
+            }
+            w.add_tensor_later(t("attn_output.weight"), ty, &[e, e])?;
+            if !nomic {
+                w.add_tensor_later(t("attn_output.bias"), f32t, &[e])?;
+            }
+            w.add_tensor_later(t("attn_output_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("attn_output_norm.bias"), f32t, &[e])?;
+            w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
+            if nomic {
+                w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
+            } else {
+                w.add_tensor_later(t("ffn_up.bias"), f32t, &[self.n_ff])?;
+            }
+            w.add_tensor_later(t("ffn_down.weight"), ty, &[self.n_ff, e])?;
+            if !nomic {
+                w.add_tensor_later(t("ffn_down.bias"), f32t, &[e])?;
+            }
+            w.add_tensor_later(t("layer_output_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("layer_output_norm.bias"), f32t, &[e])?;
+        }
+        Ok(w)
+    }
+}
+
+/// Common English words for the WordPiece vocabulary: enough that real text tokenizes
+/// mostly into whole words, as it does with a real BERT vocabulary.
+const WORDPIECE_WORDS: &str = "the of and to a in is that for it as was with be by on not he this are or his from at which but have an they you were her she there one all we their been has would when if will more no who so can said its what do about into than them only other up some could time these two may then first any like my now over such our also new out most how very after made between many years way where before must because through those just both well each under much same even used people model models layer layers memory device devices token tokens cluster home network speed fast slow text data work system paper";
+
+/// Word endings, written as WordPiece continuations.
+const WORDPIECE_SUFFIXES: [&str; 12] = ["s", "ed", "ing", "er", "ly", "tion", "al", "es", "est", "ment", "ness", "able"];
+
+/// Writes a BERT-style WordPiece vocabulary into `w` (llama.cpp's `bert` tokenizer: ids
+/// 0 [PAD], 1-99 unused, 100 [UNK], 101 [CLS], 102 [SEP], 103 [MASK] as in BERT's own
+/// vocabulary; then words and every printable ASCII character, word-initial ones with the
+/// `▁` marker the converter writes for them, and continuations bare); returns its size.
+fn wordpiece_vocabulary(w: &mut GgufWriter) -> Result<u64> {
+    const CONTROL: i32 = 3;
+    const NORMAL: i32 = 1;
+    let mut tokens: Vec<String> = vec!["[PAD]".into()];
+    tokens.extend((0..99).map(|i| format!("[unused{i}]")));
+    tokens.extend(["[UNK]", "[CLS]", "[SEP]", "[MASK]"].map(String::from));
+    let n_special = tokens.len();
+    let chars = (0x21u8..0x7f).map(|c| (c as char).to_ascii_lowercase().to_string()).collect::<std::collections::BTreeSet<_>>();
+    for c in &chars {
+        tokens.push(format!("\u{2581}{c}"));
+        tokens.push(c.clone());
+    }
+    tokens.extend(WORDPIECE_WORDS.split_whitespace().map(|wd| format!("\u{2581}{wd}")));
+    tokens.extend(WORDPIECE_SUFFIXES.iter().filter(|s| s.len() > 1).map(|s| s.to_string()));
+    // A token listed twice makes llama.cpp abort on load: keep each one's first place.
+    let mut seen = std::collections::HashSet::new();
+    tokens.retain(|t| seen.insert(t.clone()));
+    let types = (0..tokens.len()).map(|i| Value::I32(if i < n_special { CONTROL } else { NORMAL })).collect();
+    let n = tokens.len() as u64;
+    w.set("tokenizer.ggml.model", Value::from("bert"))?;
+    w.set("tokenizer.ggml.tokens", Value::Array { elem: crate::gguf::ValueType::String, items: tokens.into_iter().map(Value::String).collect() })?;
+    w.set("tokenizer.ggml.token_type", Value::Array { elem: crate::gguf::ValueType::I32, items: types })?;
+    w.set("tokenizer.ggml.token_type_count", Value::U32(2))?;
+    w.set("tokenizer.ggml.cls_token_id", Value::U32(101))?;
+    w.set("tokenizer.ggml.seperator_token_id", Value::U32(102))?;
+    w.set("tokenizer.ggml.unknown_token_id", Value::U32(100))?;
+    w.set("tokenizer.ggml.padding_token_id", Value::U32(0))?;
+    w.set("tokenizer.ggml.mask_token_id", Value::U32(103))?;
+    Ok(n)
 }
 
 /// GLM random models: layers before this have a dense FFN.

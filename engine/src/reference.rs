@@ -254,6 +254,42 @@ impl Reference {
         Ok((0..tokens.len()).map(|i| ctx.logits(i).to_vec()).collect())
     }
 
+    /// Each token's output vector as llama.cpp gives it with embeddings on and no pooling
+    /// (the last layer's output after the model's final norm): what a test pools by hand
+    /// to check an embedder's pooling. The tokens are one sequence, fed as one batch.
+    pub fn token_embeddings(&self, tokens: &[i32]) -> Result<Vec<Vec<f32>>> {
+        let n = tokens.len().max(1);
+        // SAFETY: default params on a loaded model; the context is freed by `Context`.
+        let ctx = unsafe {
+            let mut p = sys::llama_context_default_params();
+            p.embeddings = true;
+            p.pooling_type = sys::LLAMA_POOLING_TYPE_NONE;
+            p.n_ctx = n.max(256) as u32;
+            p.n_batch = n as u32;
+            p.n_ubatch = n as u32;
+            p.n_threads = self.threads;
+            p.n_threads_batch = self.threads;
+            sys::llama_init_from_model(self.model, p)
+        };
+        if ctx.is_null() {
+            return Err(llama_err("creating an embeddings context", "llama_init_from_model failed"));
+        }
+        let mut ctx = Context { ctx, n_vocab: self.n_vocab };
+        ctx.decode(tokens, 0, true)?;
+        // SAFETY: every row was requested; each holds n_embd_out floats until the next
+        // decode.
+        let dims = unsafe { sys::llama_model_n_embd_out(self.model) } as usize;
+        (0..tokens.len())
+            .map(|i| unsafe {
+                let p = sys::llama_get_embeddings_ith(ctx.ctx, i as i32);
+                if p.is_null() {
+                    return Err(llama_err("token embeddings", format!("llama.cpp has no embedding for row {i}")));
+                }
+                Ok(std::slice::from_raw_parts(p, dims).to_vec())
+            })
+            .collect()
+    }
+
     /// Greedy continuation of `prompt`: `n` tokens, the prompt fed as one batch.
     pub fn greedy(&self, prompt: &[i32], n: usize) -> Result<Vec<i32>> {
         self.greedy_in_ubatches(prompt, n, prompt.len().max(1))

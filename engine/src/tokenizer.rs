@@ -51,8 +51,14 @@ impl Tokenizer {
     /// rendered chat template needs and raw user text must not get. BOS is added when the
     /// model asks for it.
     pub fn tokenize(&self, text: &str, parse_special: bool) -> Vec<i32> {
-        let vocab = self.model.vocab();
-        vocab.tokenize(text.as_bytes(), vocab.should_add_bos(), parse_special).into_iter().map(|t| t.0).collect()
+        self.tokenize_with(text, parse_special, self.model.vocab().should_add_bos())
+    }
+
+    /// [`Tokenizer::tokenize`] with the choice of special tokens made by the caller:
+    /// `add_special` adds what llama.cpp's `add_special` adds (BOS, and EOS/SEP where the
+    /// vocabulary asks for them), nothing when false (a continuation, a prefill).
+    pub fn tokenize_with(&self, text: &str, parse_special: bool, add_special: bool) -> Vec<i32> {
+        self.model.vocab().tokenize(text.as_bytes(), add_special, parse_special).into_iter().map(|t| t.0).collect()
     }
 
     /// How many tokens `bytes` of text take at least (0 if the vocabulary gives no bound), so
@@ -180,9 +186,10 @@ fn control_text(model: &LlamaModel) -> Result<Option<AhoCorasick>> {
 /// from below (a special token that strips the whitespace around it aside, which takes an
 /// absurd prompt to matter).
 fn max_piece_bytes(model: &LlamaModel) -> usize {
-    use llama_cpp_2::vocab::VocabType;
+    // Read from the file, not `vocab_type()`: llama-cpp-2 panics on the types it has no
+    // name for (BERT's WordPiece, T5's Unigram), and embedding models use them.
     let vocab = model.vocab();
-    if !matches!(vocab.vocab_type(), VocabType::BPE | VocabType::SPM) {
+    if !matches!(model.meta_val_str("tokenizer.ggml.model").as_deref(), Ok("gpt2" | "llama")) {
         return 0;
     }
     let mut piece = Vec::new();

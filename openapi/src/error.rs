@@ -30,6 +30,11 @@ pub enum WireError {
 }
 
 impl WireError {
+    /// An out-of-range or inconsistent `param`.
+    pub fn invalid(param: impl Into<String>, message: impl Into<String>) -> Self {
+        WireError::InvalidParameter { param: param.into(), message: message.into() }
+    }
+
     /// The offending parameter's path.
     pub fn param(&self) -> &str {
         match self {

@@ -1,5 +1,5 @@
 //! The wire types of hearth's HTTP APIs (serde + utoipa): OpenAI's chat, completions and
-//! Responses, Anthropic's Messages, Ollama's, llama-server's tokenize; their validation;
+//! Responses and embeddings, Anthropic's Messages, Ollama's, llama-server's tokenize; their validation;
 //! and the generated OpenAPI document (`openapi/openapi.json`).
 //!
 //! The server parses requests into these types, calls `validate`, turns them into engine
@@ -13,6 +13,7 @@ mod sampling;
 mod anthropic;
 mod chat;
 mod completions;
+mod embeddings;
 mod error;
 mod generation;
 mod models;
@@ -25,6 +26,7 @@ mod validate;
 pub use anthropic::*;
 pub use chat::*;
 pub use completions::*;
+pub use embeddings::*;
 pub use error::*;
 pub use generation::{
     FinishReason, ListObject, PromptTokensDetails, Stop, StreamOptions, Usage, LOGPROB_FLOOR,

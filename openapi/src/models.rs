@@ -41,7 +41,8 @@ pub struct ModelCard {
     pub created: u64,
     /// Who serves it (`hearth`).
     pub owned_by: String,
-    /// What it does: `chat`, `completion`, `tools`, `thinking` (hearth extension).
+    /// What it does: `chat`, `completion`, `tools`, `thinking`, or `embeddings` for the
+    /// embedding model (hearth extension).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<String>,
     /// Tokens per sequence it is served with (hearth extension).

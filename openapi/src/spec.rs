@@ -16,6 +16,7 @@ use crate::responses::{ResponseDeleted, ResponseObject, ResponseStreamFrame, Res
 use crate::tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse};
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
+use crate::embeddings::{EmbeddingRequest, EmbeddingResponse, OllamaEmbedRequest, OllamaEmbedResponse, OllamaEmbeddingsRequest, OllamaEmbeddingsResponse};
 use crate::error::ErrorResponse;
 use crate::models::{ModelCard, ModelList};
 
@@ -254,6 +255,19 @@ fn ollama_chat() {}
     security(("api_key" = [])))]
 fn ollama_generate() {}
 
+/// Embeds a text or texts with the embedding model (`--embedding-model`); unit-length
+/// vectors. Inputs longer than the model's context are cut to fit unless `truncate` is false.
+#[utoipa::path(post, path = "/api/embed", tag = "Ollama", operation_id = "ollamaEmbed", request_body = OllamaEmbedRequest,
+    responses((status = 200, description = "One vector per input", body = OllamaEmbedResponse), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_embed() {}
+
+/// Embeds one text (Ollama's older route): the vector as the model pools it, not normalised.
+#[utoipa::path(post, path = "/api/embeddings", tag = "Ollama", operation_id = "ollamaEmbeddings", request_body = OllamaEmbeddingsRequest,
+    responses((status = 200, description = "The vector", body = OllamaEmbeddingsResponse), OllamaRefusals),
+    security(("api_key" = [])))]
+fn ollama_embeddings() {}
+
 /// Answers that the server is up: clients probe the root (`HEAD /`) before anything else.
 #[utoipa::path(
     get,
@@ -265,6 +279,24 @@ fn ollama_generate() {}
     )
 )]
 fn root() {}
+
+/// Creates embeddings of the inputs with the embedding model served beside the chat model
+/// (`--embedding-model`): unit-length vectors, pooled as the model's GGUF says. Inputs of
+/// all concurrent requests are computed together.
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    tag = "OpenAI",
+    operation_id = "createEmbedding",
+    request_body = EmbeddingRequest,
+    responses(
+        (status = 200, description = "One embedding per input, in order", body = EmbeddingResponse),
+        (status = 400, description = "No embedding model is served, an empty input, a token outside the vocabulary, an input longer than the model's context, or `dimensions` over the model's", body = ErrorResponse),
+        GenerationRefusals,
+    ),
+    security(("api_key" = []))
+)]
+fn create_embedding() {}
 
 /// Creates a response (OpenAI's Responses API), for Codex CLI and the Agents SDK.
 ///
@@ -592,7 +624,7 @@ impl Modify for SseEvents {
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
             and `Ollama` operations answer in their own APIs' envelopes."
     ),
-    paths(create_chat_completion, create_completion, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, list_models, retrieve_model, tokenize, detokenize, root, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_embedding, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, list_models, retrieve_model, tokenize, detokenize, root, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),
@@ -637,6 +669,9 @@ mod tests {
         for route in [
             "/v1/chat/completions",
             "/v1/completions",
+            "/v1/embeddings",
+            "/api/embed",
+            "/api/embeddings",
             "/v1/models",
             "/v1/models/{model}",
             "/health",

@@ -26,6 +26,8 @@ const UNLABELLED_COUNTERS: &[&str] = &[
     "hearth_spec_accepted_tokens_total",
     "hearth_http_connections_refused_total",
     "hearth_http_connections_displaced_total",
+    "hearth_embedding_inputs_total",
+    "hearth_embedding_tokens_total",
 ];
 
 pub fn install() -> &'static PrometheusHandle {
@@ -84,6 +86,9 @@ fn describe() {
     describe_counter!("hearth_ring_recoveries_total", "Times a broken ring was formed again");
     describe_gauge!("hearth_cluster_candidates", "Workers the head may plan with, by origin (workers: named with --workers; discovery: joined) and state (candidate, or left: it said it leaves, or was lost past --member-grace)");
     describe_counter!("hearth_cluster_membership_changes_total", "Workers that joined by discovery (event joined), said they leave (left), or were planned without after --member-grace (lost)");
+    describe_counter!("hearth_embedding_inputs_total", "Inputs embedded by the embedding model (--embedding-model)");
+    describe_counter!("hearth_embedding_tokens_total", "Tokens of the inputs embedded");
+    describe_histogram!("hearth_embedding_round_seconds", Unit::Seconds, "One round of the embedding model: every input queued at the time, from every request, in as few decodes as fit");
     describe_counter!("hearth_decode_sequence_steps_total", "Steps in which a sequence generated (one trip through the pipeline each); hearth_generated_tokens_total over this is the tokens per ring traversal");
     describe_counter!("hearth_spec_draft_tokens_total", "Draft tokens proposed by speculative decoding (--spec-mode)");
     describe_counter!("hearth_spec_accepted_tokens_total", "Draft tokens the model's own samples confirmed");
@@ -298,4 +303,11 @@ pub fn decode_sequence_steps(n: usize) {
 pub fn speculation(proposed: usize, accepted: usize) {
     counter!("hearth_spec_draft_tokens_total").increment(proposed as u64);
     counter!("hearth_spec_accepted_tokens_total").increment(accepted as u64);
+}
+
+/// A round of the embedding model: `inputs` inputs of `tokens` tokens in all.
+pub fn embedded(inputs: usize, tokens: usize, took: std::time::Duration) {
+    counter!("hearth_embedding_inputs_total").increment(inputs as u64);
+    counter!("hearth_embedding_tokens_total").increment(tokens as u64);
+    histogram!("hearth_embedding_round_seconds").record(took.as_secs_f64());
 }

@@ -7,8 +7,6 @@ mod common;
 
 use std::sync::Arc;
 
-use clap::Parser;
-use hearth::cli::{Cli, Command};
 use hearth::http::AppState;
 use serde_json::{json, Value};
 
@@ -22,14 +20,7 @@ struct Server {
 const KEY: &str = "k3y";
 
 async fn start() -> Server {
-    let model = common::default_model().to_string_lossy().into_owned();
-    let argv = ["hearth", "serve", "--port", "0", "--threads", "1", "--ctx-size", "1024", "--parallel", "4", "--api-key", KEY, "--model", &model];
-    let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };
-    let (state, addr) = hearth::cli::serve::build(&args).unwrap();
-    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = hearth::http::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (base, state) = common::serve_in_process(&["--threads", "1", "--ctx-size", "1024", "--parallel", "4", "--api-key", KEY]).await;
     Server { base, state, client: reqwest::Client::new() }
 }
 

@@ -133,6 +133,7 @@ fn app_with(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<Reasonin
         body_limit: 1 << 20,
         facts: Default::default(),
         responses: Default::default(),
+        embeddings: None,
     });
     hearth::http::router(state)
 }
@@ -541,4 +542,22 @@ async fn ollama_chunks_carry_thinking_and_object_arguments() {
     assert_eq!(status, StatusCode::OK);
     let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     assert!(last["error"].as_str().unwrap().contains("w2"), "{text}");
+}
+
+#[tokio::test]
+async fn embeddings_without_an_embedding_model_say_how_to_serve_one() {
+    let fake = Arc::new(Fake::new(happy()));
+    let (status, _, body) = call(app(fake.clone(), None), "POST", "/v1/embeddings", Some(json!({"input": "hello"})), None).await;
+    let err = envelope(status, &body, StatusCode::BAD_REQUEST, None);
+    assert!(err["error"]["message"].as_str().unwrap().contains("--embedding-model"), "{err}");
+    for path in ["/api/embed", "/api/embeddings"] {
+        let (status, _, body) = call(app(fake.clone(), None), "POST", path, Some(json!({"model": "fake", "input": "hello", "prompt": "hello"})), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(v["error"].as_str().unwrap().contains("--embedding-model"), "{path}: {v}");
+    }
+    // The model list has the chat model only.
+    let (_, _, body) = call(app(fake, None), "GET", "/v1/models", None, None).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"].as_array().unwrap().len(), 1);
 }

@@ -467,6 +467,19 @@ pub struct ServeArgs {
     /// proposes draft tokens.
     #[arg(long, env = "HEARTH_DRAFT_MODEL")]
     pub draft_model: Option<PathBuf>,
+    /// A GGUF embedding model (nomic-embed-text, bge, all-MiniLM, Qwen3-Embedding, ...) to
+    /// serve beside the chat model at /v1/embeddings and Ollama's /api/embed. It runs whole
+    /// on this machine (never split across the ring), on the CPU, with --threads.
+    #[arg(long, env = "HEARTH_EMBEDDING_MODEL")]
+    pub embedding_model: Option<PathBuf>,
+    /// Tokens one embedding input may have (and one decode of the embedding model holds), at
+    /// most the embedding model's training context. Default: 8192, or that context if smaller.
+    #[arg(long, env = "HEARTH_EMBEDDING_CTX_SIZE")]
+    pub embedding_ctx_size: Option<usize>,
+    /// How the embedding model pools token vectors into one: mean, cls or last. Default: what
+    /// its GGUF says (required for a GGUF that says nothing, such as a chat model's).
+    #[arg(long, env = "HEARTH_EMBEDDING_POOLING", value_parser = ["mean", "cls", "last"])]
+    pub embedding_pooling: Option<String>,
     /// Most draft tokens per sequence and step; each sequence adapts below it to how often
     /// its drafts are accepted.
     #[arg(long, env = "HEARTH_SPEC_TOKENS", default_value_t = 8)]

@@ -38,17 +38,41 @@ pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
 
 /// What the API tells clients of the model (Ollama's tags and show).
 fn model_facts(file: &engine::ModelFile) -> crate::http::ModelFacts {
-    let tensors = file.gguf.meta().tensors();
-    let file_type = file.gguf.meta().get_u64("general.file_type").and_then(|t| engine::reference::file_type_name(t as u32));
+    crate::http::ModelFacts { digest: file.fingerprint(), ..gguf_facts(&file.gguf, &file.spec.arch_name, file.spec.n_ctx_train, file.spec.n_embd) }
+}
+
+/// [`model_facts`] of any GGUF (an embedding model's architecture may be one the engine
+/// does not run).
+fn gguf_facts(gguf: &engine::gguf::GgufFile, arch: &str, context_length: usize, embedding_length: usize) -> crate::http::ModelFacts {
+    let tensors = gguf.meta().tensors();
+    let file_type = gguf.meta().get_u64("general.file_type").and_then(|t| engine::reference::file_type_name(t as u32));
     crate::http::ModelFacts {
-        arch: file.spec.arch_name.clone(),
+        arch: arch.to_string(),
         parameters: tensors.iter().map(|t| t.n_elements()).sum(),
         weight_bytes: tensors.iter().map(|t| t.n_bytes).sum(),
         quantization: file_type.map(str::to_uppercase).unwrap_or_default(),
-        context_length: file.spec.n_ctx_train,
-        embedding_length: file.spec.n_embd,
-        digest: file.fingerprint(),
+        context_length,
+        embedding_length,
+        digest: String::new(),
     }
+}
+
+/// `--embedding-model`: loaded, its thread started, its facts read.
+fn embeddings(args: &ServeArgs, threads: usize) -> Result<Option<Arc<crate::http::Embeddings>>, Box<dyn std::error::Error>> {
+    let Some(path) = &args.embedding_model else { return Ok(None) };
+    let config = engine::embedder::EmbedderConfig {
+        threads,
+        ctx_size: args.embedding_ctx_size.filter(|&n| n > 0),
+        pooling: args.embedding_pooling.as_deref().and_then(engine::embedder::Pooling::parse),
+    };
+    let id = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "embedding".into());
+    let service = crate::runtime::embeddings::EmbeddingService::load(id, path, &config).map_err(|e| format!("--embedding-model {}: {e}", path.display()))?;
+    let gguf = engine::gguf::GgufFile::open(path)?;
+    let m = &service.model;
+    let n_ctx_train = gguf.meta().get_u64(&format!("{}.context_length", m.arch)).unwrap_or(m.n_ctx as u64) as usize;
+    let facts = crate::http::ModelFacts { digest: engine::model_file::fingerprint_of(&gguf), ..gguf_facts(&gguf, &m.arch, n_ctx_train, m.dims) };
+    tracing::info!("embedding model {} ({}, {} values, {} pooling, {} tokens per input)", m.id, m.arch, m.dims, m.pooling.name(), m.n_ctx);
+    Ok(Some(Arc::new(crate::http::Embeddings { service, facts })))
 }
 
 /// `--max-connections` and `--header-timeout`.
@@ -65,6 +89,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let tokenizer = Arc::new(Tokenizer::load(&cfg.model)?);
     let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
     let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
+    let embeddings = embeddings(args, cfg.threads)?;
     let head = Head::start(&cfg, tokenizer.clone())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
     let file = engine::ModelFile::open(&cfg.model)?;
@@ -85,6 +110,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         body_limit: args.body_limit,
         facts,
         responses: Default::default(),
+        embeddings,
     });
     Ok((state, addr))
 }

@@ -107,14 +107,9 @@ pub(super) fn prepare(state: &AppState, req: &ChatCompletionRequest, input: Inpu
             let mut prompt = state.tokenizer.tokenize_chat(&rendered)?;
             let mut opens_thinking = Splitter::prompt_opens_thinking(&rendered.text);
             if let Some(text) = prefill {
-                // The client's text, never control tokens; without the BOS a tokenizer adds
-                // to the start of a text.
-                let bos = state.tokenizer.tokenize("", false);
-                let mut tokens = state.tokenizer.tokenize(text, false);
-                if !bos.is_empty() && tokens.starts_with(&bos) {
-                    tokens.drain(..bos.len());
-                }
-                prompt.extend(tokens);
+                // The client's text, never control tokens, and no BOS: it continues the
+                // rendered prompt.
+                prompt.extend(state.tokenizer.tokenize_with(text, false, false));
                 opens_thinking = Splitter::prompt_opens_thinking(&format!("{}{text}", rendered.text));
             }
             (prompt, opens_thinking)

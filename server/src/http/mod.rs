@@ -8,6 +8,7 @@ mod admin;
 mod anthropic;
 mod chat;
 mod completions;
+mod embeddings;
 mod error;
 mod generate;
 mod json;
@@ -65,6 +66,14 @@ pub struct AppState {
     pub facts: ModelFacts,
     /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
     pub responses: ResponseStore,
+    /// The embedding model served beside the chat model (`--embedding-model`), if any.
+    pub embeddings: Option<Arc<Embeddings>>,
+}
+
+/// The embedding model: its queue and what clients are told of its file.
+pub struct Embeddings {
+    pub service: crate::runtime::embeddings::EmbeddingService,
+    pub facts: ModelFacts,
 }
 
 /// Facts of the served model's file, read once at start.
@@ -89,6 +98,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
+        .route("/v1/embeddings", post(embeddings::openai))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/tokenize", post(tokenize::tokenize))
@@ -106,6 +116,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/api/pull", post(ollama::pull))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(embeddings::ollama_embed))
+        .route("/api/embeddings", post(embeddings::ollama_embeddings))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key))
         // Clients check the version before anything else, with or without a key.
         .route("/api/version", get(ollama::version))
@@ -169,6 +181,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         "/v1/messages/count_tokens" => "count_tokens",
         "/api/chat" => "ollama_chat",
         "/api/generate" => "ollama_generate",
+        "/v1/embeddings" | "/api/embed" | "/api/embeddings" => "embeddings",
         p if p.starts_with("/api/") => "ollama",
         p if p.starts_with("/v1/models") => "models",
         "/tokenize" | "/detokenize" => "tokenize",
@@ -210,15 +223,24 @@ fn model_card(state: &AppState) -> ModelCard {
     ModelCard { capabilities, context_length: Some(state.runtime.n_ctx() as u64), ..ModelCard::new(state.model_id.clone(), state.created, "hearth") }
 }
 
+/// The embedding model's card: it makes embeddings and nothing else.
+fn embedding_card(state: &AppState, e: &Embeddings) -> ModelCard {
+    ModelCard { capabilities: vec!["embeddings".into()], context_length: Some(e.service.model.n_ctx as u64), ..ModelCard::new(e.service.model.id.clone(), state.created, "hearth") }
+}
+
+/// Every model served: the chat model, then the embedding model.
+fn model_cards(state: &AppState) -> Vec<ModelCard> {
+    let mut cards = vec![model_card(state)];
+    cards.extend(state.embeddings.as_deref().map(|e| embedding_card(state, e)));
+    cards
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
-    Json(ModelList::new(vec![model_card(&state)]))
+    Json(ModelList::new(model_cards(&state)))
 }
 
 async fn model(State(state): State<Arc<AppState>>, axum::extract::Path(id): axum::extract::Path<String>) -> Result<Json<ModelCard>, ApiError> {
-    if id != state.model_id {
-        return Err(ApiError::ModelNotFound(id));
-    }
-    Ok(Json(model_card(&state)))
+    model_cards(&state).into_iter().find(|c| c.id == id).map(Json).ok_or(ApiError::ModelNotFound(id))
 }
 
 async fn metrics() -> Response {

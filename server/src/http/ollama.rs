@@ -29,7 +29,7 @@ use super::reasoning::HarmonyCall;
 use super::stream;
 use super::tools::ToolUse;
 use super::turn::{Answer, Piece, ReasoningSetup, TurnStream};
-use super::{check_model, AppState};
+use super::{check_model, AppState, ModelFacts};
 use crate::runtime::generation::{Finish, TokenInfo};
 
 /// The version of Ollama's API hearth follows; clients such as Open WebUI read it to know
@@ -55,10 +55,6 @@ pub async fn version() -> Json<OllamaVersion> {
     Json(OllamaVersion { version: OLLAMA_API_VERSION.into() })
 }
 
-fn tagged(state: &AppState) -> String {
-    format!("{}:{TAG}", state.model_id)
-}
-
 fn rfc3339(unix_secs: u64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp(unix_secs as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     t.format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
@@ -74,18 +70,44 @@ fn check_ollama_model(state: &AppState, name: &str) -> Result<(), ApiError> {
     check_model(state, bare).map_err(|_| ApiError::ModelNotFound(name.to_string()))
 }
 
-fn details(state: &AppState) -> OllamaDetails {
-    let f = &state.facts;
-    OllamaDetails {
-        parent_model: String::new(),
-        format: "gguf".into(),
-        family: f.arch.clone(),
-        families: vec![f.arch.clone()],
-        parameter_size: parameter_size(f.parameters),
-        quantization_level: f.quantization.clone(),
-        context_length: state.runtime.n_ctx() as u64,
-        embedding_length: f.embedding_length as u64,
+/// A served model as Ollama's listings show it: the chat model, and the embedding model
+/// when there is one.
+struct Listed<'a> {
+    id: &'a str,
+    facts: &'a ModelFacts,
+    n_ctx: usize,
+    capabilities: Vec<String>,
+    template: String,
+}
+
+impl Listed<'_> {
+    fn tagged(&self) -> String {
+        format!("{}:{TAG}", self.id)
     }
+
+    fn details(&self) -> OllamaDetails {
+        let f = self.facts;
+        OllamaDetails {
+            parent_model: String::new(),
+            format: "gguf".into(),
+            family: f.arch.clone(),
+            families: vec![f.arch.clone()],
+            parameter_size: parameter_size(f.parameters),
+            quantization_level: f.quantization.clone(),
+            context_length: self.n_ctx as u64,
+            embedding_length: f.embedding_length as u64,
+        }
+    }
+}
+
+fn listed(state: &AppState) -> Vec<Listed<'_>> {
+    let mut caps = vec!["completion".to_string(), "tools".to_string()];
+    if state.reasoning != super::reasoning::ReasoningFormat::None {
+        caps.push("thinking".into());
+    }
+    let chat = Listed { id: &state.model_id, facts: &state.facts, n_ctx: state.runtime.n_ctx(), capabilities: caps, template: state.tokenizer.chat_template_source().unwrap_or_default() };
+    let embed = state.embeddings.as_deref().map(|e| Listed { id: &e.service.model.id, facts: &e.facts, n_ctx: e.service.model.n_ctx, capabilities: vec!["embedding".into()], template: String::new() });
+    std::iter::once(chat).chain(embed).collect()
 }
 
 /// Ollama's short form of a parameter count: `135M`, `8.0B`, `70.6B`.
@@ -97,48 +119,41 @@ fn parameter_size(n: u64) -> String {
     }
 }
 
-fn capabilities(state: &AppState) -> Vec<String> {
-    let mut caps = vec!["completion".to_string(), "tools".to_string()];
-    if state.reasoning != super::reasoning::ReasoningFormat::None {
-        caps.push("thinking".into());
-    }
-    caps
-}
-
 pub async fn tags(State(state): State<Arc<AppState>>) -> Json<OllamaTags> {
-    let name = tagged(&state);
-    Json(OllamaTags {
-        models: vec![OllamaModel {
-            name: name.clone(),
-            model: name,
-            modified_at: rfc3339(state.created),
-            size: state.facts.weight_bytes,
-            digest: state.facts.digest.clone(),
-            details: details(&state),
-            capabilities: capabilities(&state),
-        }],
-    })
+    let models = listed(&state)
+        .into_iter()
+        .map(|m| OllamaModel { name: m.tagged(), model: m.tagged(), modified_at: rfc3339(state.created), size: m.facts.weight_bytes, digest: m.facts.digest.clone(), details: m.details(), capabilities: m.capabilities })
+        .collect();
+    Json(OllamaTags { models })
 }
 
 pub async fn ps(State(state): State<Arc<AppState>>) -> Json<OllamaRunning> {
-    let name = tagged(&state);
-    Json(OllamaRunning {
-        models: vec![OllamaRunningModel {
-            name: name.clone(),
-            model: name,
-            size: state.facts.weight_bytes,
-            digest: state.facts.digest.clone(),
-            details: details(&state),
+    let models = listed(&state)
+        .into_iter()
+        .map(|m| OllamaRunningModel {
+            name: m.tagged(),
+            model: m.tagged(),
+            size: m.facts.weight_bytes,
+            digest: m.facts.digest.clone(),
+            details: m.details(),
             expires_at: NEVER_EXPIRES.into(),
             size_vram: 0,
-            context_length: state.runtime.n_ctx() as u64,
-        }],
-    })
+            context_length: m.n_ctx as u64,
+        })
+        .collect();
+    Json(OllamaRunning { models })
+}
+
+/// The listed model `name` names (its id, with or without `:latest`).
+fn find<'a>(state: &'a AppState, name: &str) -> Result<Listed<'a>, ApiError> {
+    let bare = name.strip_suffix(&format!(":{TAG}")).unwrap_or(name);
+    let bare = if bare.is_empty() { state.model_id.as_str() } else { bare };
+    listed(state).into_iter().find(|m| m.id == bare).ok_or_else(|| ApiError::ModelNotFound(name.to_string()))
 }
 
 pub async fn show(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<OllamaModelRequest>) -> Result<Json<OllamaShow>, ApiError> {
-    check_ollama_model(&state, req.named())?;
-    let f = &state.facts;
+    let m = find(&state, req.named())?;
+    let f = m.facts;
     let arch = &f.arch;
     let model_info = json!({
         "general.architecture": arch,
@@ -146,14 +161,13 @@ pub async fn show(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Olla
         format!("{arch}.context_length"): f.context_length,
         format!("{arch}.embedding_length"): f.embedding_length,
     });
-    let n_ctx = state.runtime.n_ctx();
     Ok(Json(OllamaShow {
-        modelfile: format!("# served by hearth\nFROM {}\n", state.model_id),
-        parameters: format!("num_ctx {n_ctx}"),
-        template: state.tokenizer.chat_template_source().unwrap_or_default(),
-        details: details(&state),
+        modelfile: format!("# served by hearth\nFROM {}\n", m.id),
+        parameters: format!("num_ctx {}", m.n_ctx),
+        template: m.template.clone(),
+        details: m.details(),
         model_info,
-        capabilities: capabilities(&state),
+        capabilities: m.capabilities.clone(),
         modified_at: rfc3339(state.created),
     }))
 }
@@ -161,7 +175,7 @@ pub async fn show(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Olla
 /// The served model is here already: `pull` of it succeeds at once (Home Assistant pulls
 /// the model it was set up with when it is not listed exactly).
 pub async fn pull(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<OllamaModelRequest>) -> Result<Response, ApiError> {
-    check_ollama_model(&state, req.named())?;
+    find(&state, req.named())?;
     let status = OllamaStatus { status: "success".into() };
     if req.stream == Some(false) {
         return Ok(Json(status).into_response());

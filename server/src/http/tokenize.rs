@@ -23,14 +23,14 @@ fn check_id(state: &AppState, id: i64, param: &str) -> Result<i32, ApiError> {
     }
 }
 
-/// Tokens of `text` with or without the BOS the tokenizer adds to a prompt's start.
+/// Tokens of `text` with or without the BOS the tokenizer adds to a prompt's start (the
+/// model's own choice when `with_bos`: llama-server's `add_special`).
 fn tokens_of(state: &AppState, text: &str, parse_special: bool, with_bos: bool) -> Vec<i32> {
-    let mut tokens = state.tokenizer.tokenize(text, parse_special);
-    let bos = state.tokenizer.tokenize("", false);
-    if !with_bos && !bos.is_empty() && tokens.starts_with(&bos) {
-        tokens.drain(..bos.len());
+    if with_bos {
+        state.tokenizer.tokenize(text, parse_special)
+    } else {
+        state.tokenizer.tokenize_with(text, parse_special, false)
     }
-    tokens
 }
 
 pub async fn tokenize(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<TokenizeRequest>) -> Result<Json<TokenizeResponse>, ApiError> {

@@ -13,3 +13,37 @@ pub fn default_model() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
     hearth::models::ensure_default_model(&dir).expect("fetch the default model")
 }
+
+/// `hearth serve ARGS --model <default> --port 0` built and served in this process (the
+/// router on a tokio listener); its base URL and state.
+pub async fn serve_in_process(args: &[&str]) -> (String, std::sync::Arc<hearth::http::AppState>) {
+    use clap::Parser;
+    use hearth::cli::{Cli, Command};
+    let model = default_model().to_string_lossy().into_owned();
+    let mut argv = vec!["hearth", "serve", "--port", "0"];
+    argv.extend_from_slice(args);
+    argv.extend_from_slice(&["--model", &model]);
+    let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };
+    let (state, addr) = hearth::cli::serve::build(&args).unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = hearth::http::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (base, state)
+}
+
+/// A tiny random embedding model of `arch` (`bert`, `nomic-bert`, or `qwen3` with
+/// last-token pooling: `RandomModel::tiny_embedder`), written once per process.
+pub fn tiny_embedding_model(arch: &str) -> PathBuf {
+    static WRITTEN: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut written = WRITTEN.lock().unwrap();
+    if let Some((_, p)) = written.iter().find(|(a, _)| a == arch) {
+        return p.clone();
+    }
+    let dir = std::env::temp_dir().join(format!("hearth-embedding-models-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("tiny-embed-{arch}.gguf"));
+    engine::random_model::RandomModel::tiny_embedder(arch).write(&default_model(), &path).unwrap();
+    written.push((arch.to_string(), path.clone()));
+    path
+}
