@@ -1,7 +1,10 @@
-//! The model's own chat template (`tokenizer.chat_template`, Jinja) rendered with
-//! minijinja, as Hugging Face and llama-server `--jinja` do. llama.cpp's built-in
-//! template heuristics are not used: they drop template logic such as SmolLM2's default
-//! system prompt.
+//! The chat template: the model's own (`tokenizer.chat_template`, Jinja) or a Jinja file
+//! the operator names, rendered with minijinja as Hugging Face and llama-server `--jinja`
+//! do; or one of llama.cpp's built-in templates by name (`chatml`, `llama3`, ...) for a
+//! model whose file carries none. llama.cpp's heuristics are not used on a Jinja source:
+//! they drop template logic such as SmolLM2's default system prompt.
+
+use std::ffi::{CStr, CString};
 
 use minijinja::{Environment, ErrorKind, Value};
 
@@ -11,12 +14,38 @@ use crate::{Error, Result};
 pub type Variables = std::collections::BTreeMap<String, serde_json::Value>;
 
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    renderer: Renderer,
+    /// The Jinja source, or the built-in template's name.
+    source: String,
     bos: String,
     eos: String,
 }
 
+enum Renderer {
+    Jinja(Environment<'static>),
+    /// One of llama.cpp's built-in templates, by name: roles and text only (no tools, no
+    /// variables), as llama.cpp formats them.
+    Builtin(CString),
+}
+
 const TEMPLATE_NAME: &str = "chat";
+
+/// The built-in template a model without one is served with, as llama-server does.
+pub const FALLBACK_TEMPLATE: &str = "chatml";
+
+/// The names of llama.cpp's built-in templates, sorted.
+pub fn builtin_names() -> Vec<String> {
+    // SAFETY: a null buffer asks for the count; the second call fills at most `n` pointers
+    // to static strings.
+    let mut names = unsafe {
+        let n = llama_cpp_sys_2::llama_chat_builtin_templates(std::ptr::null_mut(), 0).max(0) as usize;
+        let mut ptrs = vec![std::ptr::null(); n];
+        let got = llama_cpp_sys_2::llama_chat_builtin_templates(ptrs.as_mut_ptr(), n).max(0) as usize;
+        ptrs[..got.min(n)].iter().filter(|p| !p.is_null()).map(|&p| CStr::from_ptr(p).to_string_lossy().into_owned()).collect::<Vec<_>>()
+    };
+    names.sort();
+    names
+}
 
 impl ChatTemplate {
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
@@ -28,7 +57,28 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e}")))?;
-        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
+        Ok(ChatTemplate { renderer: Renderer::Jinja(env), source: source.to_string(), bos: bos.to_string(), eos: eos.to_string() })
+    }
+
+    /// llama.cpp's built-in template `name` (see [`builtin_names`]).
+    pub fn builtin(name: &str) -> Result<ChatTemplate> {
+        let names = builtin_names();
+        if !names.iter().any(|n| n == name) {
+            return Err(Error::ChatTemplate(format!("`{name}` is neither a file nor one of llama.cpp's built-in templates: {}", names.join(", "))));
+        }
+        let c = CString::new(name).map_err(|_| Error::ChatTemplate("a template name has no NUL byte".into()))?;
+        Ok(ChatTemplate { renderer: Renderer::Builtin(c), source: name.to_string(), bos: String::new(), eos: String::new() })
+    }
+
+    /// The Jinja source, or the built-in template's name.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template renders tool definitions and calls itself (a Jinja template
+    /// that reads `tools`); otherwise the API describes tools in a system message.
+    pub fn knows_tools(&self) -> bool {
+        matches!(self.renderer, Renderer::Jinja(_)) && self.source.contains("tools")
     }
 
     /// Renders `messages` (OpenAI-shaped JSON objects) and optional tool definitions.
@@ -37,9 +87,14 @@ impl ChatTemplate {
     }
 
     /// As `render`, with extra template variables (`enable_thinking`, `reasoning_effort`);
-    /// the template's own variables win over them.
+    /// the template's own variables win over them. A built-in template reads the roles
+    /// and text of the messages only.
     pub fn render_with(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool, vars: &Variables) -> Result<String> {
-        let tmpl = self.env.get_template(TEMPLATE_NAME).map_err(|e| Error::ChatTemplate(e.to_string()))?;
+        let env = match &self.renderer {
+            Renderer::Jinja(env) => env,
+            Renderer::Builtin(name) => return render_builtin(name, messages, add_generation_prompt),
+        };
+        let tmpl = env.get_template(TEMPLATE_NAME).map_err(|e| Error::ChatTemplate(e.to_string()))?;
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
             tools => tools.map(Value::from_serialize),
@@ -50,6 +105,34 @@ impl ChatTemplate {
         };
         tmpl.render(ctx).map_err(|e| Error::ChatTemplate(format!("rendering failed: {e}")))
     }
+}
+
+/// `messages` through llama.cpp's built-in template `name`.
+fn render_builtin(name: &CStr, messages: &[serde_json::Value], add_generation_prompt: bool) -> Result<String> {
+    let text = |v: &serde_json::Value, key: &str| -> Result<CString> {
+        let s = v.get(key).and_then(serde_json::Value::as_str).unwrap_or_default();
+        CString::new(s).map_err(|_| Error::ChatTemplate(format!("a message's {key} holds a NUL character")))
+    };
+    let owned: Vec<(CString, CString)> = messages.iter().map(|m| Ok((text(m, "role")?, text(m, "content")?))).collect::<Result<_>>()?;
+    let chat: Vec<llama_cpp_sys_2::llama_chat_message> = owned.iter().map(|(role, content)| llama_cpp_sys_2::llama_chat_message { role: role.as_ptr(), content: content.as_ptr() }).collect();
+    // llama.cpp answers the length it needs; a second call has room for it.
+    let mut buf: Vec<u8> = vec![0; 2 * owned.iter().map(|(r, c)| r.as_bytes().len() + c.as_bytes().len()).sum::<usize>() + 256];
+    for _ in 0..2 {
+        let len = i32::try_from(buf.len()).map_err(|_| Error::ChatTemplate("the conversation is too long to render".into()))?;
+        // SAFETY: `chat` points into `owned`, alive for the call; llama.cpp writes at most
+        // `len` bytes into `buf`.
+        let n = unsafe { llama_cpp_sys_2::llama_chat_apply_template(name.as_ptr(), chat.as_ptr(), chat.len(), add_generation_prompt, buf.as_mut_ptr().cast(), len) };
+        if n < 0 {
+            return Err(Error::ChatTemplate(format!("llama.cpp's {} template could not render the messages", name.to_string_lossy())));
+        }
+        let n = n as usize;
+        if n <= buf.len() {
+            buf.truncate(n);
+            return String::from_utf8(buf).map_err(|_| Error::ChatTemplate("the rendered prompt is not UTF-8".into()));
+        }
+        buf.resize(n, 0);
+    }
+    Err(Error::ChatTemplate("the rendered prompt kept growing".into()))
 }
 
 /// A rendered prompt that knows which of its text came from the client (message content,

@@ -467,6 +467,11 @@ pub struct ServeArgs {
     /// proposes draft tokens.
     #[arg(long, env = "HEARTH_DRAFT_MODEL")]
     pub draft_model: Option<PathBuf>,
+    /// The chat template: a Jinja file, or one of llama.cpp's built-in templates by name
+    /// (chatml, llama3, mistral-v7, gemma, phi4, deepseek3, ...; an unknown name lists them).
+    /// Default: the model's own (`tokenizer.chat_template`), and chatml for a GGUF without one.
+    #[arg(long, env = "HEARTH_CHAT_TEMPLATE", value_name = "NAME|FILE")]
+    pub chat_template: Option<String>,
     /// A GGUF embedding model (nomic-embed-text, bge, all-MiniLM, Qwen3-Embedding, ...) to
     /// serve beside the chat model at /v1/embeddings and Ollama's /api/embed. It runs whole
     /// on this machine (never split across the ring), on the CPU, with --threads.

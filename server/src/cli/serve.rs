@@ -75,6 +75,30 @@ fn embeddings(args: &ServeArgs, threads: usize) -> Result<Option<Arc<crate::http
     Ok(Some(Arc::new(crate::http::Embeddings { service, facts })))
 }
 
+/// The chat template `--chat-template` names (a Jinja file, else a built-in name), or the
+/// model's own, or llama-server's fallback for a GGUF without one: such a model is served
+/// (completions always, chat in the fallback's format) rather than refused.
+pub fn chat_template(choice: Option<&str>, tokenizer: &Tokenizer) -> Result<ChatTemplate, Box<dyn std::error::Error>> {
+    let jinja = |source: &str| ChatTemplate::new(source, &tokenizer.bos_text(), &tokenizer.eos_text());
+    match choice.filter(|c| !c.is_empty()) {
+        Some(c) if std::path::Path::new(c).is_file() => {
+            let source = std::fs::read_to_string(c).map_err(|e| format!("--chat-template {c}: {e}"))?;
+            Ok(jinja(&source).map_err(|e| format!("--chat-template {c}: {e}"))?)
+        }
+        Some(name) => Ok(ChatTemplate::builtin(name).map_err(|e| format!("--chat-template: {e}"))?),
+        None => match tokenizer.chat_template_source() {
+            Some(source) => Ok(jinja(&source)?),
+            None => {
+                tracing::warn!(
+                    "the model has no chat template (tokenizer.chat_template): chat is formatted as {} (choose another with --chat-template NAME|FILE); /v1/completions takes raw prompts",
+                    engine::chat_template::FALLBACK_TEMPLATE
+                );
+                Ok(ChatTemplate::builtin(engine::chat_template::FALLBACK_TEMPLATE)?)
+            }
+        },
+    }
+}
+
 /// `--max-connections` and `--header-timeout`.
 pub fn connection_limits(args: &ServeArgs) -> ConnectionLimits {
     ConnectionLimits { max_connections: args.max_connections.max(1), header_timeout: Duration::from_secs(args.header_timeout.max(1)) }
@@ -87,8 +111,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().map_err(|e| format!("invalid --host/--port: {e}"))?;
     let cfg = head_config(args)?;
     let tokenizer = Arc::new(Tokenizer::load(&cfg.model)?);
-    let source = tokenizer.chat_template_source().ok_or("the model has no chat template (tokenizer.chat_template)")?;
-    let template = ChatTemplate::new(&source, &tokenizer.bos_text(), &tokenizer.eos_text())?;
+    let template = chat_template(args.chat_template.as_deref(), &tokenizer)?;
     let embeddings = embeddings(args, cfg.threads)?;
     let head = Head::start(&cfg, tokenizer.clone())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
@@ -99,8 +122,8 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         limits: openapi::Limits { max_n: head.parallel() as u32, ..Default::default() },
         runtime: Arc::new(head),
         tokenizer,
-        template_knows_tools: source.contains("tools"),
-        reasoning: crate::http::reasoning::ReasoningFormat::detect(&source),
+        template_knows_tools: template.knows_tools(),
+        reasoning: crate::http::reasoning::ReasoningFormat::detect(template.source()),
         template,
         fingerprint: format!("hearth-{}-{arch}", env!("CARGO_PKG_VERSION")),
         model_id,

@@ -105,7 +105,7 @@ fn listed(state: &AppState) -> Vec<Listed<'_>> {
     if state.reasoning != super::reasoning::ReasoningFormat::None {
         caps.push("thinking".into());
     }
-    let chat = Listed { id: &state.model_id, facts: &state.facts, n_ctx: state.runtime.n_ctx(), capabilities: caps, template: state.tokenizer.chat_template_source().unwrap_or_default() };
+    let chat = Listed { id: &state.model_id, facts: &state.facts, n_ctx: state.runtime.n_ctx(), capabilities: caps, template: state.template.source().to_string() };
     let embed = state.embeddings.as_deref().map(|e| Listed { id: &e.service.model.id, facts: &e.facts, n_ctx: e.service.model.n_ctx, capabilities: vec!["embedding".into()], template: String::new() });
     std::iter::once(chat).chain(embed).collect()
 }

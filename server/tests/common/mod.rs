@@ -17,14 +17,25 @@ pub fn default_model() -> PathBuf {
 /// `hearth serve ARGS --model <default> --port 0` built and served in this process (the
 /// router on a tokio listener); its base URL and state.
 pub async fn serve_in_process(args: &[&str]) -> (String, std::sync::Arc<hearth::http::AppState>) {
+    serve_model_in_process(&default_model(), args).await
+}
+
+/// `hearth serve ARGS --model MODEL --port 0` as `build` takes it: its error where the
+/// flags or the model are refused.
+pub fn build(model: &std::path::Path, args: &[&str]) -> Result<(std::sync::Arc<hearth::http::AppState>, std::net::SocketAddr), Box<dyn std::error::Error>> {
     use clap::Parser;
     use hearth::cli::{Cli, Command};
-    let model = default_model().to_string_lossy().into_owned();
+    let model = model.to_string_lossy().into_owned();
     let mut argv = vec!["hearth", "serve", "--port", "0"];
     argv.extend_from_slice(args);
     argv.extend_from_slice(&["--model", &model]);
     let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };
-    let (state, addr) = hearth::cli::serve::build(&args).unwrap();
+    hearth::cli::serve::build(&args)
+}
+
+/// [`serve_in_process`] on another model.
+pub async fn serve_model_in_process(model: &std::path::Path, args: &[&str]) -> (String, std::sync::Arc<hearth::http::AppState>) {
+    let (state, addr) = build(model, args).unwrap();
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app = hearth::http::router(state.clone());
