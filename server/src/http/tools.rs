@@ -99,7 +99,7 @@ pub fn parse_tool_calls(text: &str, tools: &[Value]) -> Vec<ParsedCall> {
             Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
             None => (after, ""),
         };
-        if let Some(c) = parse_call(body.trim()) {
+        if let Some(c) = parse_call(body.trim()).or_else(|| parse_xml_call(body, tools)) {
             if known(&c.name) {
                 calls.push(c);
             }
@@ -128,6 +128,42 @@ fn parse_call(s: &str) -> Option<ParsedCall> {
     Some(ParsedCall { name, arguments })
 }
 
+/// The XML call Qwen3-Coder, Qwen3.5 and Nemotron Nano 3 write inside `<tool_call>` (their
+/// templates ask for it): `<function=NAME>`, then `<parameter=KEY>\nVALUE\n</parameter>`
+/// per argument, `</function>`. A value is text where the function's schema says the
+/// argument is a string, else JSON when it parses as JSON (numbers, booleans, objects), as
+/// llama.cpp reads it.
+fn parse_xml_call(body: &str, tools: &[Value]) -> Option<ParsedCall> {
+    const PARAM: &str = "<parameter=";
+    const PARAM_END: &str = "</parameter>";
+    let (name, mut rest) = body.trim_start().strip_prefix("<function=")?.split_once('>')?;
+    let name = name.trim();
+    let properties = tools.iter().find(|t| t["function"]["name"].as_str() == Some(name)).map(|t| &t["function"]["parameters"]["properties"]);
+    let is_text = |key: &str| {
+        properties.and_then(|p| p.get(key)).is_some_and(|s| match &s["type"] {
+            Value::String(t) => t == "string",
+            Value::Array(ts) => ts.iter().any(|t| t == "string"),
+            _ => false,
+        })
+    };
+    let mut args = serde_json::Map::new();
+    while let Some(at) = rest.find(PARAM) {
+        let (key, after) = rest[at + PARAM.len()..].split_once('>')?;
+        // An unclosed last parameter (output cut by max_tokens) ends at the function's end.
+        let (raw, next) = match after.find(PARAM_END) {
+            Some(end) => (&after[..end], &after[end + PARAM_END.len()..]),
+            None => (after.split("</function>").next().unwrap_or(after), ""),
+        };
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let key = key.trim();
+        let value = if is_text(key) { Value::String(raw.to_string()) } else { serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string())) };
+        args.insert(key.to_string(), value);
+        rest = next;
+    }
+    Some(ParsedCall { name: name.to_string(), arguments: Value::Object(args).to_string() })
+}
+
 /// Could `text` still turn into a tool call? Streaming holds text back while it might.
 pub fn may_be_tool_call(text: &str) -> bool {
     let t = text.trim_start();
@@ -150,6 +186,27 @@ mod tests {
         assert_eq!(parse_tool_calls(" {\"name\": \"get_weather\", \"arguments\": {}}", &t).len(), 1);
         assert!(parse_tool_calls("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>", &t).is_empty());
         assert!(parse_tool_calls("It is sunny.", &t).is_empty());
+    }
+
+    #[test]
+    fn qwen3_coder_xml_calls_are_parsed_with_typed_arguments() {
+        let mut t = weather();
+        t.push(json!({"type": "function", "function": {"name": "set_timer", "parameters": {"type": "object", "properties": {
+            "minutes": {"type": "integer"}, "label": {"type": ["string", "null"]}, "tags": {"type": "array"}, "loud": {"type": "boolean"}}}}}));
+        // As Qwen3.5 writes them: newlines around each value, two calls in a row.
+        let text = "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan José\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=set_timer>\n<parameter=minutes>\n15\n</parameter>\n<parameter=label>\n42\n</parameter>\n<parameter=tags>\n[\"tea\", \"kitchen\"]\n</parameter>\n<parameter=loud>\ntrue\n</parameter>\n</function>\n</tool_call>";
+        let calls = parse_tool_calls(text, &t);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0], ParsedCall { name: "get_weather".into(), arguments: json!({"city": "San José"}).to_string() });
+        let args: Value = serde_json::from_str(&calls[1].arguments).unwrap();
+        // A string-typed argument stays text even when it looks like a number.
+        assert_eq!(args, json!({"minutes": 15, "label": "42", "tags": ["tea", "kitchen"], "loud": true}));
+        // Multi-line text keeps its inner newlines; a call cut off by max_tokens keeps what came.
+        let cut = parse_tool_calls("<tool_call>\n<function=get_weather>\n<parameter=city>\nNew\nYork", &t);
+        assert_eq!(cut, vec![ParsedCall { name: "get_weather".into(), arguments: json!({"city": "New\nYork"}).to_string() }]);
+        // Unknown functions are ignored as in the JSON shape; no parameters is an empty object.
+        assert!(parse_tool_calls("<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>", &t).is_empty());
+        assert_eq!(parse_tool_calls("<tool_call><function=get_weather></function></tool_call>", &t)[0].arguments, "{}");
     }
 
     #[test]

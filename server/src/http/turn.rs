@@ -142,8 +142,10 @@ mod tests {
     #[test]
     fn streaming_and_whole_agree_on_thinking_text_and_calls() {
         let think = (ReasoningFormat::ThinkTags, false);
-        let cases: [(&[&str], Option<ToolUse>); 4] = [
+        let cases: [(&[&str], Option<ToolUse>); 5] = [
             (&["<thi", "nk>hm</th", "ink>Hel", "lo"], None),
+            // Qwen3.5 / Qwen3-Coder's XML call, cut anywhere.
+            (&["<think>a</think>\n\n<tool", "_call>\n<function=get_", "weather>\n<parameter=city>\nOs", "lo\n</parameter>\n</function>\n</tool_call>"], Some(weather())),
             (&["<think>a</think>", "<tool_", "call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}", "</tool_call>"], Some(weather())),
             (&["It is", " sunny"], Some(weather())),
             (&["{\"name\": \"get_weather\", \"arguments\": {}}"], Some(weather())),
@@ -156,6 +158,9 @@ mod tests {
         let w = Answer::of("<think>a</think><tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}</tool_call>".into(), think, Some(&weather()));
         assert_eq!((w.reasoning.as_str(), w.text.as_str(), w.calls.len()), ("a", "", 1));
         assert_eq!(w.calls[0].arguments, "{\"city\":\"Oslo\"}");
+        let xml = Answer::of("<think>a</think>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>".into(), think, Some(&weather()));
+        assert_eq!((xml.text.as_str(), xml.calls.len()), ("", 1));
+        assert_eq!(xml.calls[0].arguments, w.calls[0].arguments);
     }
 
     #[test]
