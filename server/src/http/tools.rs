@@ -107,6 +107,9 @@ pub fn parse_tool_calls(text: &str, tools: &[Value]) -> Vec<ParsedCall> {
         rest = next;
     }
     if calls.is_empty() {
+        calls.extend(parse_deepseek_calls(text).into_iter().filter(|c| known(&c.name)));
+    }
+    if calls.is_empty() {
         // Models also answer with the bare JSON object.
         if let Some(c) = parse_call(text.trim()) {
             if known(&c.name) {
@@ -164,10 +167,43 @@ fn parse_xml_call(body: &str, tools: &[Value]) -> Option<ParsedCall> {
     Some(ParsedCall { name: name.to_string(), arguments: Value::Object(args).to_string() })
 }
 
+/// DeepSeek's call markers (V3, R1 and the R1 distills of Qwen and Llama): tokens of their
+/// vocabularies that are read back as this text.
+const DS_CALLS: &str = "<｜tool▁calls▁begin｜>";
+const DS_CALL: &str = "<｜tool▁call▁begin｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
+
+/// DeepSeek's calls: after `<｜tool▁calls▁begin｜>`, each `<｜tool▁call▁begin｜>` holds
+/// either `function<｜tool▁sep｜>NAME` and the arguments in a ```json fence (V3, R1 and its
+/// distills) or `NAME<｜tool▁sep｜>ARGUMENTS` (V3.1 and later), up to `<｜tool▁call▁end｜>`.
+fn parse_deepseek_calls(text: &str) -> Vec<ParsedCall> {
+    let Some(at) = text.find(DS_CALLS) else { return Vec::new() };
+    text[at + DS_CALLS.len()..]
+        .split(DS_CALL)
+        .skip(1)
+        .filter_map(|call| {
+            let call = call.split(DS_CALL_END).next().unwrap_or(call);
+            let (head, rest) = call.split_once(DS_SEP)?;
+            let (name, args) = match head.trim() {
+                "function" | "" => {
+                    let (name, body) = rest.split_once('\n').unwrap_or((rest, ""));
+                    let body = body.trim();
+                    let body = body.strip_prefix("```json").or_else(|| body.strip_prefix("```")).unwrap_or(body);
+                    (name.trim(), body.trim().strip_suffix("```").unwrap_or(body).trim())
+                }
+                name => (name, rest.trim()),
+            };
+            let args: Value = serde_json::from_str(if args.is_empty() { "{}" } else { args }).ok()?;
+            Some(ParsedCall { name: name.to_string(), arguments: args.to_string() })
+        })
+        .collect()
+}
+
 /// Could `text` still turn into a tool call? Streaming holds text back while it might.
 pub fn may_be_tool_call(text: &str) -> bool {
     let t = text.trim_start();
-    t.starts_with(OPEN) || OPEN.starts_with(t) || t.starts_with('{')
+    t.starts_with(OPEN) || OPEN.starts_with(t) || t.starts_with('{') || t.starts_with(DS_CALLS) || DS_CALLS.starts_with(t)
 }
 
 #[cfg(test)]
@@ -207,6 +243,22 @@ mod tests {
         // Unknown functions are ignored as in the JSON shape; no parameters is an empty object.
         assert!(parse_tool_calls("<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>", &t).is_empty());
         assert_eq!(parse_tool_calls("<tool_call><function=get_weather></function></tool_call>", &t)[0].arguments, "{}");
+    }
+
+    #[test]
+    fn deepseek_calls_are_parsed_in_r1_and_v3_1_forms() {
+        let t = weather();
+        // R1 and its distills: type, separator, name, fenced JSON; two calls.
+        let r1 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Bergen\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        let calls = parse_tool_calls(r1, &t);
+        assert_eq!(calls.iter().map(|c| c.arguments.as_str()).collect::<Vec<_>>(), ["{\"city\":\"Oslo\"}", "{\"city\":\"Bergen\"}"]);
+        // V3.1: name, separator, bare JSON.
+        let v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+        assert_eq!(parse_tool_calls(v31, &t), vec![ParsedCall { name: "get_weather".into(), arguments: "{\"city\":\"Oslo\"}".into() }]);
+        // Unknown names and broken JSON are no calls; a reply that starts a call is held back.
+        assert!(parse_tool_calls(&v31.replace("get_weather", "rm_rf"), &t).is_empty());
+        assert!(parse_tool_calls(&v31.replace("}<", "<"), &t).is_empty());
+        assert!(may_be_tool_call("<｜tool▁calls"));
     }
 
     #[test]
