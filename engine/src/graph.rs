@@ -124,7 +124,8 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     };
 
     // Inputs no node reads are never allocated, so a window without layers has none.
-    let pos_t = has_layers.then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok)));
+    // Only RoPE reads positions: a window of Llama 4's NoPE layers alone has none.
+    let pos_t = shape.layers.clone().any(|il| spec.ropes(il)).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok)));
     let cells_t = has_layers.then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tok)));
     let (pos, cells) = (pos_t.unwrap_or(std::ptr::null_mut()), cells_t.unwrap_or(std::ptr::null_mut()));
     let (tokens, embd, mut x) = if first {
@@ -154,7 +155,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     // gpt-oss keeps every row through its last layer and picks the output rows after
     // it (llama.cpp's `openai-moe` graph); the others pick them before the last FFN.
     let trim_after_layers = spec.arch == Arch::GptOss;
-    let attn_scale = spec.attn_temperature.filter(|_| has_layers).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
+    let attn_scale = spec.attn_temperature.filter(|_| shape.layers.clone().any(|il| spec.tempers(il))).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
     let (n_rot_k, n_rot_v) = cache.types.rotations(spec.head_dim);
     let rotation = |n: usize| (has_layers && n > 0).then(|| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64)));
@@ -208,10 +209,17 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 rope.beta_slow,
             )
         };
-        q = rope_it(q);
-        k = rope_it(k);
-        if let Some(scale) = attn_scale {
+        let ropes = spec.ropes(il);
+        if ropes {
+            q = rope_it(q);
+            k = rope_it(k);
+        }
+        if let Some(scale) = attn_scale.filter(|_| spec.tempers(il)) {
             q = sys::ggml_mul(ctx, q, scale);
+        }
+        if ropes && spec.qk_rms_after_rope {
+            q = sys::ggml_rms_norm(ctx, q, eps);
+            k = sys::ggml_rms_norm(ctx, k, eps);
         }
         if let Some(s) = spec.q_scale {
             q = sys::ggml_scale(ctx, q, s);
@@ -345,13 +353,14 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     let logits = add_opt(sys::ggml_mul_mat(ctx, m.router, cur), m.router_b);
     let probs = match moe.gating {
         Gating::Softmax => sys::ggml_soft_max(ctx, logits),
-        Gating::Sigmoid => sys::ggml_sigmoid(ctx, logits),
+        Gating::Sigmoid | Gating::SigmoidInput => sys::ggml_sigmoid(ctx, logits),
         Gating::SoftmaxWeight => logits,
     };
     // The selection bias picks the experts; the weights stay the unbiased probabilities.
-    let selection = match m.selection_b {
-        Some(b) => sys::ggml_add(ctx, probs, b),
-        None => probs,
+    let selection = match (m.selection_b, moe.gating) {
+        (_, Gating::SigmoidInput) => logits,
+        (Some(b), _) => sys::ggml_add(ctx, probs, b),
+        (None, _) => probs,
     };
     let selected = sys::ggml_argsort_top_k(ctx, selection, k as i32);
     // The top-k is a view of the full argsort, the node that computes.
@@ -371,7 +380,11 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     sys::ggml_build_forward_expand(gf, weights);
     // The 2-D input, for the shared experts.
     let input = cur;
-    let cur = sys::ggml_reshape_3d(ctx, cur, n_embd, 1, n_tok);
+    let mut cur = sys::ggml_reshape_3d(ctx, cur, n_embd, 1, n_tok);
+    let weight_input = moe.gating == Gating::SigmoidInput;
+    if weight_input {
+        cur = sys::ggml_mul(ctx, sys::ggml_repeat_4d(ctx, cur, n_embd, k, n_tok, 1), weights);
+    }
     let up = add_id(sys::ggml_mul_mat_id(ctx, m.up, cur, selected), m.up_b, selected);
     let gate = add_id(sys::ggml_mul_mat_id(ctx, m.gate, cur, selected), m.gate_b, selected);
     let act = match moe.activation {
@@ -379,7 +392,7 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
         MoeActivation::SwigluOai => sys::ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT),
     };
     let experts = add_id(sys::ggml_mul_mat_id(ctx, m.down, act, selected), m.down_b, selected);
-    let experts = sys::ggml_mul(ctx, experts, weights);
+    let experts = if weight_input { experts } else { sys::ggml_mul(ctx, experts, weights) };
     sys::ggml_build_forward_expand(gf, experts);
     // Views first, then the adds, in llama.cpp's order.
     let views: Vec<T> = (0..k)

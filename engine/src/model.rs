@@ -33,6 +33,13 @@ pub enum Arch {
     /// sigmoid-gated experts chosen with a per-expert bias, plus a shared expert; the
     /// multi-token-prediction layers at the end of the file are not run.
     Glm4Moe,
+    /// Llama 4 (`llama4`): three of every four layers rotate (RoPE) and attend within
+    /// chunks of 8,192 positions, with weightless RMS norms on Q and K after the rotation;
+    /// the fourth has no RoPE, attends to everything, and scales its queries by position
+    /// (attention temperature). MoE FFNs on every `interleave_moe_layer_step`-th layer
+    /// (top-k of the raw router logits, each chosen expert's input scaled by the sigmoid
+    /// of its logit, plus a shared expert), dense FFNs between.
+    Llama4,
 }
 
 impl Arch {
@@ -46,6 +53,7 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "gpt-oss" => Ok(Arch::GptOss),
             "glm4moe" => Ok(Arch::Glm4Moe),
+            "llama4" => Ok(Arch::Llama4),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -56,7 +64,7 @@ impl Arch {
         const ROPE_NORM: i32 = 0;
         const ROPE_NEOX: i32 = 2;
         match self {
-            Arch::Llama | Arch::Mistral => ROPE_NORM,
+            Arch::Llama | Arch::Mistral | Arch::Llama4 => ROPE_NORM,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => ROPE_NEOX,
         }
     }
@@ -94,6 +102,9 @@ pub struct Moe {
     pub n_shared: usize,
     /// The first this-many layers have a dense FFN instead (GLM: `leading_dense_block_count`).
     pub dense_lead: usize,
+    /// Only every this-many-th layer routes experts, the others are dense (Llama 4:
+    /// `interleave_moe_layer_step`); 1 for the archs whose every layer does.
+    pub interleave: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,6 +116,9 @@ pub enum Gating {
     Sigmoid,
     /// Top-k of the raw logits, softmax over the k chosen (gpt-oss).
     SoftmaxWeight,
+    /// Top-k of the raw logits; each chosen expert's input (not its output) is scaled by
+    /// the sigmoid of its logit (Llama 4).
+    SigmoidInput,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +133,9 @@ pub enum MoeActivation {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SlidingWindow {
     pub n_swa: usize,
+    /// Llama 4's chunked attention instead: a query at `p1` sees the keys of its own
+    /// chunk of `n_swa` positions, `p0 >= p1 / n_swa * n_swa`.
+    pub chunked: bool,
     /// `layers[il]`: layer il is a sliding-window layer.
     pub layers: Vec<bool>,
     pub freq_base: f32,
@@ -144,6 +161,8 @@ pub struct Rope {
 pub struct AttnTemperature {
     pub scale: f32,
     pub floor: f32,
+    /// Added to the position first (Llama 4: 1, Mistral 3: 0).
+    pub offset: f32,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -173,6 +192,12 @@ pub struct ModelSpec {
     pub q_scale: Option<f32>,
     /// `tanh(x / c) * c` on the logits (Gemma's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
+    /// Every this-many-th layer has no RoPE (Llama 4's NoPE layers, which alone take the
+    /// attention temperature).
+    pub nope_step: Option<usize>,
+    /// Weightless RMS norms on Q and K after RoPE, in the rotating layers (Llama 4 but its
+    /// 128-expert Maverick).
+    pub qk_rms_after_rope: bool,
 }
 
 impl ModelSpec {
@@ -186,7 +211,18 @@ impl ModelSpec {
 
     /// Whether layer `il` routes experts (else its FFN is dense).
     pub fn is_moe_layer(&self, il: usize) -> bool {
-        self.moe.is_some_and(|m| il >= m.dense_lead)
+        self.moe.is_some_and(|m| il >= m.dense_lead && (il + 1) % m.interleave.max(1) == 0)
+    }
+
+    /// Whether layer `il` rotates Q and K (all but Llama 4's NoPE layers).
+    pub fn ropes(&self, il: usize) -> bool {
+        self.nope_step.is_none_or(|n| (il + 1) % n != 0)
+    }
+
+    /// Whether layer `il` scales its queries by the attention temperature: every layer
+    /// of Mistral 3, the NoPE layers of Llama 4.
+    pub fn tempers(&self, il: usize) -> bool {
+        self.attn_temperature.is_some() && (self.nope_step.is_none() || !self.ropes(il))
     }
 
     /// Whether layer `il` attends through a sliding window.
@@ -263,8 +299,10 @@ impl ModelSpec {
                     .get_u64(&key("rope.scaling.original_context_length"))
                     .map(|v| v as f32)
                     .unwrap_or(n_ctx_train as f32);
-                Some(AttnTemperature { scale, floor })
+                Some(AttnTemperature { scale, floor, offset: 0.0 })
             }
+            // llama.cpp's fixed Llama 4 values (the GGUF carries none).
+            _ if arch == Arch::Llama4 => Some(AttnTemperature { scale: LLAMA4_TEMP_SCALE, floor: LLAMA4_CHUNK as f32, offset: 1.0 }),
             _ => None,
         };
         let kq_scale = match opt_f("attention.scale") {
@@ -272,7 +310,7 @@ impl ModelSpec {
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
         let moe = match arch {
-            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe => {
+            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 => {
                 let n_expert = req_u("expert_count")?;
                 let n_expert_used = req_u("expert_used_count")?;
                 if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
@@ -284,12 +322,14 @@ impl ModelSpec {
                 }
                 let gpt_oss = arch == Arch::GptOss;
                 let glm = arch == Arch::Glm4Moe;
+                let llama4 = arch == Arch::Llama4;
                 // llama.cpp's `expert_gating_func` codes: 1 softmax, 2 sigmoid (GLM's default).
                 const GATING_SOFTMAX: u64 = 1;
                 let gating = match arch {
                     Arch::GptOss => Gating::SoftmaxWeight,
                     Arch::Glm4Moe if meta.get_u64(&key("expert_gating_func")) == Some(GATING_SOFTMAX) => Gating::Softmax,
                     Arch::Glm4Moe => Gating::Sigmoid,
+                    Arch::Llama4 => Gating::SigmoidInput,
                     _ => Gating::Softmax,
                 };
                 let dense_lead = if glm { opt_u("leading_dense_block_count").unwrap_or(0).min(n_layer) } else { 0 };
@@ -298,14 +338,16 @@ impl ModelSpec {
                     n_expert_used,
                     n_ff_exp,
                     gating,
-                    norm_weights: if glm { meta.get(&key("expert_weights_norm")).and_then(|v| v.as_bool()).unwrap_or(false) } else { !gpt_oss },
+                    norm_weights: if glm { meta.get(&key("expert_weights_norm")).and_then(|v| v.as_bool()).unwrap_or(false) } else { !gpt_oss && !llama4 },
                     // llama.cpp reads `expert_weights_scale` only for archs that use it
                     // (GLM, deepseek2 and kin), not for qwen3moe and gpt-oss: a file that
                     // carries it anyway computes as if it did not.
                     weights_scale: if glm { opt_f("expert_weights_scale").unwrap_or(0.0) } else { 0.0 },
                     activation: if gpt_oss { MoeActivation::SwigluOai } else { MoeActivation::Silu },
-                    n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else { 0 },
+                    // Llama 4: one shared expert of the routed experts' size in every MoE layer.
+                    n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else if llama4 { 1 } else { 0 },
                     dense_lead,
+                    interleave: if llama4 { req_u("interleave_moe_layer_step")?.max(1) } else { 1 },
                 })
             }
             _ => None,
@@ -348,6 +390,9 @@ impl ModelSpec {
             embed_scale,
             q_scale,
             logit_softcap,
+            nope_step: (arch == Arch::Llama4).then_some(LLAMA4_NOPE_STEP),
+            // llama.cpp: all but the 128-expert model (Maverick).
+            qk_rms_after_rope: arch == Arch::Llama4 && moe.is_some_and(|m| m.n_expert != LLAMA4_MAVERICK_EXPERTS),
         };
         spec.check_tensors(file)?;
         Ok(spec)
@@ -423,9 +468,20 @@ fn sliding_window(arch: Arch, meta: &crate::gguf::GgufMeta, arch_name: &str, n_l
     let default_pattern = match arch {
         Arch::Gemma3 => 6,
         Arch::GptOss => 2,
+        Arch::Llama4 => LLAMA4_NOPE_STEP as u64,
         _ => return Ok(None),
     };
-    let n_swa = meta.get_u64(&key("attention.sliding_window")).unwrap_or(0) as usize;
+    let chunked = arch == Arch::Llama4;
+    let n_swa = if chunked {
+        // llama.cpp runs a Llama 4 whose file says 0 (no chunking) with an attention-
+        // temperature input it never fills, and aborts: refuse it instead.
+        if meta.get_u64(&key("attention.sliding_window")) == Some(0) {
+            return Err(missing(&key("attention.sliding_window"), "absent or non-zero (a Llama 4 without chunked attention is not supported, as in llama.cpp)"));
+        }
+        LLAMA4_CHUNK
+    } else {
+        meta.get_u64(&key("attention.sliding_window")).unwrap_or(0) as usize
+    };
     if n_swa == 0 {
         if arch == Arch::GptOss {
             return Err(missing(&key("attention.sliding_window"), "a window of at least one token"));
@@ -448,10 +504,20 @@ fn sliding_window(arch: Arch, meta: &crate::gguf::GgufMeta, arch_name: &str, n_l
     };
     // llama.cpp's defaults: gpt-oss slides with the model's own RoPE base and scale,
     // Gemma 3 with base 10,000 and no scaling.
-    let (base_default, freq_scale) = if arch == Arch::GptOss { (rope.freq_base, rope.freq_scale) } else { (10_000.0, 1.0) };
+    let (base_default, freq_scale) = if matches!(arch, Arch::GptOss | Arch::Llama4) { (rope.freq_base, rope.freq_scale) } else { (10_000.0, 1.0) };
     let freq_base = meta.get_f32(&key("rope.freq_base_swa")).unwrap_or(base_default);
-    Ok(Some(SlidingWindow { n_swa, layers, freq_base, freq_scale }))
+    Ok(Some(SlidingWindow { n_swa, chunked, layers, freq_base, freq_scale }))
 }
+
+/// Llama 4's attention chunk, and its temperature's position floor, as llama.cpp fixes
+/// them (not in the GGUF).
+const LLAMA4_CHUNK: usize = 8192;
+/// Llama 4's attention temperature scale (llama.cpp's fixed value).
+const LLAMA4_TEMP_SCALE: f32 = 0.1;
+/// Every fourth Llama 4 layer has no RoPE (llama.cpp's `n_no_rope_layer_step`).
+const LLAMA4_NOPE_STEP: usize = 4;
+/// Llama 4 Maverick's expert count: the one Llama 4 without Q/K norms.
+const LLAMA4_MAVERICK_EXPERTS: usize = 128;
 
 /// Guards every size derived from metadata: no real transformer dimension is near it,
 /// and it keeps products of two dimensions far from overflow.

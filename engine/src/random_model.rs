@@ -57,7 +57,7 @@ pub fn write_vocabulary(from: &Path, out: &Path) -> Result<u64> {
 impl RandomModel {
     /// A model of `arch` with the given size and typical defaults for the rest.
     pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
-        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe");
+        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4");
         RandomModel {
             arch: arch.to_string(),
             n_layer,
@@ -67,7 +67,8 @@ impl RandomModel {
             n_head_kv,
             head_dim: None,
             n_expert: if moe { 8 } else { 0 },
-            n_expert_used: if moe { 2 } else { 0 },
+            // Llama 4 Scout and Maverick route each token to one expert.
+            n_expert_used: if arch == "llama4" { 1 } else if moe { 2 } else { 0 },
             n_ff_exp: if moe { n_ff / 2 } else { 0 },
             n_swa: if matches!(arch, "gemma3" | "gpt-oss") { 128 } else { 0 },
             ty: GgmlType::F16,
@@ -87,7 +88,7 @@ impl RandomModel {
     /// fills whole blocks of the weight types.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidModel(m));
-        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "glm4moe", "bert", "nomic-bert"];
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "bert", "nomic-bert"];
         if !known.contains(&self.arch.as_str()) {
             return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
         }
@@ -108,7 +109,18 @@ impl RandomModel {
     }
 
     fn is_moe(&self) -> bool {
-        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe")
+        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4")
+    }
+
+    /// Whether layer `il` routes experts: GLM's after its dense lead, Llama 4's every
+    /// [`LLAMA4_MOE_STEP`]-th, the other MoE archs' all.
+    fn is_moe_layer(&self, il: u32) -> bool {
+        self.is_moe()
+            && match self.arch.as_str() {
+                "glm4moe" => il as u64 >= GLM_DENSE_LEAD,
+                "llama4" => (il as u64 + 1) % LLAMA4_MOE_STEP == 0,
+                _ => true,
+            }
     }
 
     /// A tiny embedding model of `arch` for tests: 3 layers, e = 64, 4 heads, context 512;
@@ -222,6 +234,9 @@ impl RandomModel {
         u32k(&mut w, "rope.dimension_count", if glm { hd / 2 } else { hd })?;
         w.set(format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6))?;
         w.set(format!("{a}.rope.freq_base"), Value::F32(1_000_000.0))?;
+        if a == "llama4" {
+            u32k(&mut w, "interleave_moe_layer_step", LLAMA4_MOE_STEP)?;
+        }
         if self.is_moe() {
             u32k(&mut w, "expert_count", self.n_expert as u64)?;
             u32k(&mut w, "expert_used_count", self.n_expert_used as u64)?;
@@ -275,7 +290,7 @@ impl RandomModel {
             if a != "gpt-oss" && !glm {
                 w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
             }
-            if self.is_moe() && !(glm && (il as u64) < GLM_DENSE_LEAD) {
+            if self.is_moe_layer(il) {
                 // The router stays F32, as converters keep it.
                 w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
                 let exp_ty = if a == "gpt-oss" { GgmlType::MXFP4 } else { ty };
@@ -284,6 +299,8 @@ impl RandomModel {
                 w.add_tensor_later(t("ffn_down_exps.weight"), exp_ty, &[ffe, e, n_exp])?;
                 if glm {
                     w.add_tensor_later(t("exp_probs_b.bias"), f32t, &[n_exp])?;
+                }
+                if glm || a == "llama4" {
                     w.add_tensor_later(t("ffn_gate_shexp.weight"), ty, &[e, ffe])?;
                     w.add_tensor_later(t("ffn_up_shexp.weight"), ty, &[e, ffe])?;
                     w.add_tensor_later(t("ffn_down_shexp.weight"), ty, &[ffe, e])?;
@@ -416,6 +433,10 @@ fn wordpiece_vocabulary(w: &mut GgufWriter) -> Result<u64> {
     w.set("tokenizer.ggml.mask_token_id", Value::U32(103))?;
     Ok(n)
 }
+
+/// Llama 4 random models: every second layer routes experts (as Maverick; Scout's every
+/// layer does), so a tiny model has both kinds.
+const LLAMA4_MOE_STEP: u64 = 2;
 
 /// GLM random models: layers before this have a dense FFN.
 const GLM_DENSE_LEAD: u64 = 1;

@@ -295,6 +295,16 @@ impl Reference {
         self.greedy_in_ubatches(prompt, n, prompt.len().max(1))
     }
 
+    /// The logits after the last of `prompt`, decoded by llama.cpp in micro-batches of
+    /// `ubatch` in a context just large enough: for prompts past the 4,096 positions the
+    /// other checks use (Llama 4's chunked attention begins its second chunk at 8,192).
+    pub fn last_logits(&self, prompt: &[i32], ubatch: usize) -> Result<Vec<f32>> {
+        const CTX_ROUND: usize = 256;
+        let mut ctx = self.context_profiled(prompt.len().next_multiple_of(CTX_ROUND), prompt.len().max(1), ubatch.max(1), true, 1, None)?;
+        ctx.decode(prompt, 0, false)?;
+        Ok(ctx.logits(prompt.len() - 1).to_vec())
+    }
+
     /// [`Self::greedy`] with the prompt cut into micro-batches of `ubatch` tokens by
     /// llama.cpp itself (`n_ubatch`, llama-server's `-ub`): the rows a kernel sees change
     /// which ggml path it takes, so the rounding follows the chunk size.

@@ -367,7 +367,7 @@ impl Stage {
             (true, StageInput::Tokens(_)) => return Err(Error::InvalidBatch(format!("window {layers:?} starts the model and takes {n} token ids"))),
             _ => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
         };
-        let n_swa = spec.swa.as_ref().filter(|_| layers.clone().any(|il| spec.is_swa(il))).map(|s| s.n_swa);
+        let n_swa = spec.swa.as_ref().filter(|_| layers.clone().any(|il| spec.is_swa(il))).map(|s| AttnWindow { n: s.n_swa, chunked: s.chunked });
         let plan = plan_batch(&win.cache, batch, n_swa, self.accel.is_none())?;
         let last = self.owns_output && layers.end == spec.n_layer;
         let out_rows: Vec<usize> = if last { (0..n).filter(|&r| batch[plan.order[r]].logits).collect() } else { Vec::new() };
@@ -498,8 +498,10 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
         }
     }
     let pos: Vec<i32> = plan.order.iter().map(|&o| batch[o].pos as i32).collect();
-    if let (Some(p), Some(c)) = (g.pos, g.cells) {
+    if let Some(p) = g.pos {
         set(p, as_bytes(&pos));
+    }
+    if let Some(c) = g.cells {
         set(c, as_bytes(&plan.cells));
     }
     for (t, m) in g.masks.iter().zip(&plan.masks) {
@@ -510,7 +512,7 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
     }
     if let (Some(t), Some(temp)) = (g.attn_scale, spec.attn_temperature) {
         // Llama 4 / Mistral 3 attention temperature, as llama.cpp computes it.
-        let v: Vec<f32> = pos.iter().map(|&p| (((p as f32) / temp.floor).floor() + 1.0).ln() * temp.scale + 1.0).collect();
+        let v: Vec<f32> = pos.iter().map(|&p| (((p as f32 + temp.offset) / temp.floor).floor() + 1.0).ln() * temp.scale + 1.0).collect();
         set(t, as_bytes(&v));
     }
     if let Some(t) = g.out_ids {
@@ -582,12 +584,32 @@ struct SeqRows {
     new_len: usize,
 }
 
+/// A sliding or chunked attention window.
+#[derive(Debug, Clone, Copy)]
+struct AttnWindow {
+    n: usize,
+    chunked: bool,
+}
+
+impl AttnWindow {
+    /// The first position a query at `pos` sees: llama.cpp's standard window hides key
+    /// p0 from query p1 when p1 - p0 >= n; its chunked one (Llama 4) when p0 is in an
+    /// earlier chunk of n.
+    fn first_visible(self, pos: usize) -> usize {
+        if self.chunked {
+            pos / self.n * self.n
+        } else {
+            (pos + 1).saturating_sub(self.n)
+        }
+    }
+}
+
 /// `n_swa`: the sliding window, when the batch's window has sliding layers.
 /// `share`: sequences in consecutive cache slots with the same number of rows (every
 /// sequence of a decode step) are attended by one attention op, as llama.cpp attends its
 /// streams: one op per layer instead of one per sequence (and a concatenation each),
 /// which on a CPU is a thread barrier per op and heads split unevenly across threads.
-fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>, share: bool) -> Result<BatchPlan> {
+fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<AttnWindow>, share: bool) -> Result<BatchPlan> {
     let mut seq_order: Vec<SeqId> = Vec::new();
     for t in batch {
         if !seq_order.contains(&t.seq) {
@@ -619,9 +641,8 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>, share
     }
     let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), swa_masks: Vec::new(), seqs: Vec::new() };
     let padded = |len: usize| cache.slot_cells.min(len.div_ceil(KV_PAD).max(1) * KV_PAD);
-    // llama.cpp's standard window: key p0 is hidden from query p1 when p1 - p0 >= n_swa.
     // A sequence's first query sees nothing before `swa_start`.
-    let swa_start = |s: &SeqRows, n_swa: usize| (s.new_len - s.rows.len() + 1).saturating_sub(n_swa) / KV_PAD * KV_PAD;
+    let swa_start = |s: &SeqRows, w: AttnWindow| w.first_visible(s.new_len - s.rows.len()) / KV_PAD * KV_PAD;
     let mut i = 0;
     while i < seqs.len() {
         let n_rows = seqs[i].rows.len();
@@ -646,7 +667,7 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<usize>, share
                 let at = (k * n_rows + j) * n_kv;
                 mask[at..at + pos + 1].fill(F16_ZERO);
                 if let (Some(n_swa), Some(lo)) = (n_swa, lo) {
-                    let first = (pos + 1).saturating_sub(n_swa).max(lo);
+                    let first = n_swa.first_visible(pos).max(lo);
                     let at = (k * n_rows + j) * n_kv_swa;
                     swa[at + (first - lo)..at + (pos + 1 - lo)].fill(F16_ZERO);
                 }

@@ -296,11 +296,12 @@ fn tiny(m: RandomModel) {
     let worst = common::assert_logits_match(&path, &prompt);
     eprintln!("{arch}: worst relative RMS error {worst:.3e}");
     let expected = Reference::load(&path, THREADS).unwrap().greedy(&prompt, TINY_GEN).unwrap();
-    let mut whole = pipeline(&path, &windows(&[0..3]), 1);
+    let n = m.n_layer as usize;
+    let mut whole = pipeline(&path, &windows(&[0..n]), 1);
     assert_eq!(whole.greedy(1, &prompt, TINY_GEN, 512).unwrap(), expected, "{arch}: greedy tokens differ from llama.cpp's");
-    let mut cut = pipeline(&path, &windows(&[0..1, 1..2, 2..3]), 1);
+    let mut cut = pipeline(&path, &windows(&[0..1, 1..2, 2..n]), 1);
     assert_eq!(cut.greedy(1, &prompt, TINY_GEN, 512).unwrap(), expected, "{arch}: three windows differ");
-    let mut split = pipeline(&path, &[vec![0..1, 2..3], vec![1..2]], 1);
+    let mut split = pipeline(&path, &[vec![0..1, 2..n], vec![1..2]], 1);
     assert_eq!(split.greedy(1, &prompt, TINY_GEN, 512).unwrap(), expected, "{arch}: disjoint windows differ");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -369,6 +370,45 @@ fn tiny_qwen3moe_with_q8_0_weights_and_one_expert_per_token_matches_llama_cpp() 
     // Not read for qwen3moe by llama.cpp, nor by hearth.
     m.extra = vec![("expert_weights_scale".into(), Value::F32(2.5))];
     tiny(m);
+}
+
+#[test]
+fn tiny_llama4_with_nope_layers_interleaved_experts_and_a_shared_expert_matches_llama_cpp() {
+    tiny(common::tiny::model("llama4"));
+}
+
+/// Llama 4 past its first attention chunk: at 8,192 positions its rotating layers start a
+/// new chunk (attending only within it) and its NoPE layers' query temperature rises above
+/// 1, neither of which a shorter prompt reaches. The logits after a ~8,400-token prompt of
+/// real text, whole and in three windows, against llama.cpp's.
+#[test]
+fn tiny_llama4_past_its_first_attention_chunk_matches_llama_cpp() {
+    let mut m = common::tiny::model("llama4");
+    m.context_length = 16_384;
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-llama4-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&m, &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let mut prompt = Vec::new();
+    while prompt.len() < 8_400 {
+        prompt.extend(tok.tokenize(&text, false));
+    }
+    prompt.truncate(8_400);
+    let want = Reference::load(&path, THREADS).unwrap().last_logits(&prompt, 512).unwrap();
+    // The last window holds the NoPE layer alone: a graph that reads no positions.
+    for stages in [windows(&[0..4]), windows(&[0..1, 1..2, 2..4]), windows(&[0..3, 3..4])] {
+        let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { n_ctx_seq: 8_704, ..common::stage_config(w.clone(), 1) }).unwrap()).collect();
+        let mut p = engine::LocalPipeline::new(built).unwrap();
+        let got = p.prefill(1, &prompt, 256).unwrap();
+        let err = common::rel_rms(&got, &want);
+        assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{stages:?}");
+        // Measured 0 (the same graph as llama.cpp's); leaving out the NoPE layers'
+        // temperature alone moves it to 7.5e-3, the chunking to another argmax.
+        assert!(err < 1e-3, "{stages:?}: relative RMS error {err}");
+        eprintln!("llama4 after 8,400 tokens, {stages:?}: relative RMS error {err:.3e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
