@@ -136,6 +136,23 @@ impl RandomModel {
         m
     }
 
+    /// [`RandomModel::tiny_embedder`] of `arch` written once per process (into the temp
+    /// folder, with `tokenizer_from`'s vocabulary where the arch takes one): what tests of
+    /// the embedding routes serve. Its path.
+    pub fn tiny_embedder_file(arch: &str, tokenizer_from: &Path) -> Result<std::path::PathBuf> {
+        static WRITTEN: std::sync::Mutex<Vec<(String, std::path::PathBuf)>> = std::sync::Mutex::new(Vec::new());
+        let mut written = WRITTEN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, p)) = written.iter().find(|(a, _)| a == arch) {
+            return Ok(p.clone());
+        }
+        let dir = std::env::temp_dir().join(format!("hearth-embedding-models-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io { path: dir.clone(), source })?;
+        let path = dir.join(format!("tiny-embed-{arch}.gguf"));
+        RandomModel::tiny_embedder(arch).write(tokenizer_from, &path)?;
+        written.push((arch.to_string(), path.clone()));
+        Ok(path)
+    }
+
     /// The BERT family: bidirectional encoders that only make embeddings (`bert`: learned
     /// positions, separate Q/K/V with biases, GELU FFN; `nomic-bert`: RoPE, fused QKV,
     /// SwiGLU FFN). They carry their own WordPiece vocabulary (see `wordpiece_vocabulary`),

@@ -354,18 +354,8 @@ pub mod netns {
     }
 }
 
-/// A tiny random embedding model of `arch` (`engine::random_model::RandomModel::tiny_embedder`)
-/// with the default model's tokenizer where the arch takes one, written once per process.
+/// A tiny random embedding model of `arch` (`bert`, `nomic-bert`, or `qwen3` with
+/// last-token pooling), written once per process.
 pub fn tiny_embedding_model(arch: &str) -> PathBuf {
-    static WRITTEN: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
-    let mut written = WRITTEN.lock().unwrap();
-    if let Some((_, p)) = written.iter().find(|(a, _)| a == arch) {
-        return p.clone();
-    }
-    let dir = std::env::temp_dir().join(format!("hearth-system-embedding-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("tiny-embed-{arch}.gguf"));
-    engine::random_model::RandomModel::tiny_embedder(arch).write(&default_model(), &path).unwrap();
-    written.push((arch.to_string(), path.clone()));
-    path
+    engine::random_model::RandomModel::tiny_embedder_file(arch, &default_model()).unwrap()
 }

@@ -44,17 +44,7 @@ pub async fn serve_model_in_process(model: &std::path::Path, args: &[&str]) -> (
 }
 
 /// A tiny random embedding model of `arch` (`bert`, `nomic-bert`, or `qwen3` with
-/// last-token pooling: `RandomModel::tiny_embedder`), written once per process.
+/// last-token pooling), written once per process.
 pub fn tiny_embedding_model(arch: &str) -> PathBuf {
-    static WRITTEN: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
-    let mut written = WRITTEN.lock().unwrap();
-    if let Some((_, p)) = written.iter().find(|(a, _)| a == arch) {
-        return p.clone();
-    }
-    let dir = std::env::temp_dir().join(format!("hearth-embedding-models-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("tiny-embed-{arch}.gguf"));
-    engine::random_model::RandomModel::tiny_embedder(arch).write(&default_model(), &path).unwrap();
-    written.push((arch.to_string(), path.clone()));
-    path
+    engine::random_model::RandomModel::tiny_embedder_file(arch, &default_model()).unwrap()
 }
