@@ -29,6 +29,7 @@ pub(crate) struct ExpertChoice {
     pub sorted: *mut sys::ggml_tensor,
     pub k: usize,
     /// Gate, up, down: `[.., .., n_expert]`, one expert per `nb[2]` bytes.
+    /// Null past the last (stacked gate-and-up experts make two).
     pub matrices: [*mut sys::ggml_tensor; 3],
 }
 
@@ -94,7 +95,7 @@ pub(crate) unsafe extern "C" fn on_node(t: *mut sys::ggml_tensor, ask: bool, use
             }
         }
     }
-    for m in choice.matrices {
+    for m in choice.matrices.into_iter().filter(|m| !m.is_null()) {
         let per_expert = (*m).nb[2];
         let base = (*m).data as *const u8;
         // Runs of neighbouring experts in one request each.

@@ -16,7 +16,7 @@ use crate::expert_reads::ExpertChoice;
 use crate::kv_cache::KvCache;
 use crate::model::{Arch, ModelSpec};
 use crate::model::{Gating, Moe, MoeActivation};
-use crate::weights::{DenseFfn, Ffn, MoeWeights, Weights};
+use crate::weights::{DenseFfn, Ffn, GateUp, MoeWeights, Weights};
 
 type T = *mut sys::ggml_tensor;
 
@@ -67,9 +67,9 @@ pub struct BuiltGraph {
     pub out_ids: Option<T>,
     pub attn_scale: Option<T>,
     /// The Walsh-Hadamard matrices around a quantized K and V cache (see
-    /// `CacheTypes::rotations`), to fill with `kv_cache::hadamard`.
-    pub k_rot: Option<T>,
-    pub v_rot: Option<T>,
+    /// `CacheTypes::rotations`), one per size the window's layers use, to fill with
+    /// `kv_cache::hadamard` of their size.
+    pub rotations: Vec<T>,
     /// Hidden states `[n_embd, n_tokens]`, logits `[n_vocab, n_out]`, or none when the
     /// window ends the model and no logits are wanted (the batch only fills the cache).
     pub output: Option<T>,
@@ -97,7 +97,8 @@ unsafe fn rotate(ctx: *mut sys::ggml_context, cur: T, rot: T) -> T {
 /// Nodes per layer are ~30 plus ~8 per attended sequence, and a MoE FFN ~25 more plus
 /// 2 per expert used; this bound leaves headroom.
 pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
-    let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used);
+    // Gemma 4's dense FFN and norms beside the experts: ~20 more.
+    let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used + if spec.arch == Arch::Gemma4 { 24 } else { 0 });
     // 14 of a layer's: a pad and a view for each of its seven weight products; 12 for
     // the rotations around a quantized cache.
     n_layers * (74 + moe + 10 * n_groups) + 64
@@ -112,8 +113,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let first = shape.embed;
     let last = shape.logits;
     let has_layers = !shape.layers.is_empty();
-    let (hd, n_head, n_head_kv) = (spec.head_dim as i64, spec.n_head as i64, spec.n_head_kv as i64);
-    let n_embd_kv = spec.n_embd_kv() as i64;
+    let n_head = spec.n_head as i64;
     let rope = spec.rope;
     let eps = spec.rms_eps;
 
@@ -154,12 +154,32 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let swa_masks = new_masks(shape.layers.clone().any(|il| attending(il) && spec.is_swa(il)), true);
     // gpt-oss keeps every row through its last layer and picks the output rows after
     // it (llama.cpp's `openai-moe` graph); the others pick them before the last FFN.
-    let trim_after_layers = spec.arch == Arch::GptOss;
+    // Gemma 4 too, as llama.cpp builds it by default (after the output norm there, which
+    // is per row, so the same numbers).
+    let trim_after_layers = matches!(spec.arch, Arch::GptOss | Arch::Gemma4);
     let attn_scale = spec.attn_temperature.filter(|_| shape.layers.clone().any(|il| spec.tempers(il))).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
-    let (n_rot_k, n_rot_v) = cache.types.rotations(spec.head_dim);
-    let rotation = |n: usize| (has_layers && n > 0).then(|| input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64)));
-    let (k_rot, v_rot) = (rotation(n_rot_k), rotation(n_rot_v));
+    // One rotation input per size: Gemma 4's sliding and full layers differ in head size.
+    let mut rotations: Vec<T> = Vec::new();
+    let mut rotation = |n: usize| -> Option<T> {
+        if n == 0 {
+            return None;
+        }
+        if let Some(t) = rotations.iter().find(|t| (***t).ne[0] == n as i64) {
+            return Some(*t);
+        }
+        let t = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, n as i64, n as i64));
+        rotations.push(t);
+        Some(t)
+    };
+    let layer_rotations: Vec<(Option<T>, Option<T>)> = shape
+        .layers
+        .clone()
+        .map(|il| {
+            let (k, v) = cache.types.rotations(spec.head_dim_of(il));
+            (rotation(k), rotation(v))
+        })
+        .collect();
 
     let add_opt = |t: T, b: Option<T>| match b {
         Some(b) => sys::ggml_add(ctx, t, b),
@@ -171,6 +191,9 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     for (i, il) in shape.layers.clone().enumerate() {
         let l = &w.layers[&il];
         let kv = &cache.layers[i];
+        let (k_rot, v_rot) = layer_rotations[i];
+        let (hd, n_head_kv) = (spec.head_dim_of(il) as i64, spec.n_head_kv_of(il) as i64);
+        let n_embd_kv = hd * n_head_kv;
         let inp_sa = x;
         let mut norm = |t: T, weight: T| {
             let n = sys::ggml_rms_norm(ctx, t, eps);
@@ -181,16 +204,24 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
 
         let mut q = add_opt(mul_mat_acc(ctx, l.wq, cur, false), l.bq);
         let mut k = add_opt(mul_mat_acc(ctx, l.wk, cur, false), l.bk);
-        let v = add_opt(mul_mat_acc(ctx, l.wv, cur, false), l.bv);
+        // Gemma 4's full layers without a V projection take K's (before its norm).
+        let v = match l.wv {
+            Some(wv) => add_opt(mul_mat_acc(ctx, wv, cur, false), l.bv),
+            None => k,
+        };
         q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
         k = sys::ggml_reshape_3d(ctx, k, hd, n_head_kv, n_tok);
-        let v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
+        let mut v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
         // Required by the archs that have them always (checked at load), optional in GLM.
         if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
             q = norm(q, qn);
             k = norm(k, kn);
         }
+        if spec.v_norm {
+            v = sys::ggml_rms_norm(ctx, v, eps);
+        }
         let freqs = l.rope_freqs.unwrap_or(std::ptr::null_mut());
+        let n_rot = spec.n_rot_of(il) as i32;
         let (freq_base, freq_scale) = spec.rope_of(il);
         let rope_it = |t: T| {
             sys::ggml_rope_ext(
@@ -198,7 +229,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 t,
                 pos,
                 freqs,
-                rope.n_dims,
+                n_rot,
                 spec.arch.rope_mode(),
                 rope.n_ctx_orig,
                 freq_base,
@@ -296,14 +327,31 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         }
         let ffn_inp = sys::ggml_add(ctx, cur, residual);
         let cur = norm(ffn_inp, l.ffn_norm);
+        let gelu = spec.arch.gemma();
         let mut cur = match &l.ffn {
-            Ffn::Dense(f) => dense_ffn(ctx, f, cur, spec.arch == Arch::Gemma3, spec.arch.f32_accumulators()),
-            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur, &mut expert_choices, spec.arch.f32_accumulators()),
+            Ffn::Dense(f) => dense_ffn(ctx, f, cur, gelu, spec.arch.f32_accumulators()),
+            Ffn::Moe(m) => moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), m, cur, None, &mut expert_choices, spec.arch.f32_accumulators()),
+            Ffn::DenseAndMoe(d) => {
+                // Gemma 4: the dense FFN on the normalised input, the experts on their own
+                // norm of it, routed by the plain RMS norm of it scaled by 1/sqrt(n_embd)
+                // and a learned vector; each half normalised again, then summed.
+                let dense = norm(dense_ffn(ctx, &d.dense, cur, true, false), d.dense_post_norm);
+                let moe_in = norm(ffn_inp, d.moe_pre_norm);
+                let router_in = sys::ggml_rms_norm(ctx, ffn_inp, eps);
+                let router_in = sys::ggml_mul(ctx, sys::ggml_scale(ctx, router_in, 1.0 / (spec.n_embd as f32).sqrt()), d.router_scale);
+                let logits = sys::ggml_mul_mat(ctx, d.moe.router, router_in);
+                let experts = moe_ffn(ctx, gf, spec.moe.as_ref().expect("MoE weights come with MoE metadata"), &d.moe, moe_in, Some(logits), &mut expert_choices, false);
+                sys::ggml_add(ctx, dense, norm(experts, d.moe_post_norm))
+            }
         };
         if let Some(n) = l.ffn_post_norm {
-            cur = norm(cur, n);
+            // llama.cpp builds Gemma 4's with no layer, so does not pin it to one.
+            cur = if spec.arch == Arch::Gemma4 { sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, cur, eps), n) } else { norm(cur, n) };
         }
         x = sys::ggml_add(ctx, cur, ffn_inp);
+        if let Some(s) = l.out_scale {
+            x = sys::ggml_mul(ctx, x, s);
+        }
     }
 
     let output = if last {
@@ -327,14 +375,15 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         sys::ggml_set_output(o);
         sys::ggml_build_forward_expand(gf, o);
     }
-    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, k_rot, v_rot, output, expert_choices, layer_norms }
+    BuiltGraph { graph: gf, tokens, embd, pos: pos_t, cells: cells_t, masks, swa_masks, out_ids, attn_scale, rotations, output, expert_choices, layer_norms }
 }
 
 /// llama.cpp's `build_moe_ffn` for the archs hearth runs: router, gating, top-k experts
 /// per token through `ggml_mul_mat_id`, weighted sum of the chosen experts' outputs.
 ///
 /// SAFETY: as `build`.
-unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T, choices: &mut Vec<ExpertChoice>, f32_acc: bool) -> T {
+/// `router_logits`: computed by the caller from another input than `cur` (Gemma 4).
+unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &Moe, m: &MoeWeights, cur: T, router_logits: Option<T>, choices: &mut Vec<ExpertChoice>, f32_acc: bool) -> T {
     // Clamp of the weights' sum, as llama.cpp: the smallest normal F16.
     const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
     // gpt-oss's clamped SwiGLU, constants as llama.cpp hard-codes them.
@@ -350,7 +399,7 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
         Some(b) => sys::ggml_add_id(ctx, t, b, ids),
         None => t,
     };
-    let logits = add_opt(sys::ggml_mul_mat(ctx, m.router, cur), m.router_b);
+    let logits = add_opt(router_logits.unwrap_or_else(|| sys::ggml_mul_mat(ctx, m.router, cur)), m.router_b);
     let probs = match moe.gating {
         Gating::Softmax => sys::ggml_soft_max(ctx, logits),
         Gating::Sigmoid | Gating::SigmoidInput => sys::ggml_sigmoid(ctx, logits),
@@ -364,7 +413,7 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     };
     let selected = sys::ggml_argsort_top_k(ctx, selection, k as i32);
     // The top-k is a view of the full argsort, the node that computes.
-    choices.push(ExpertChoice { sorted: (*selected).view_src, k: k as usize, matrices: [m.gate, m.up, m.down] });
+    choices.push(ExpertChoice { sorted: (*selected).view_src, k: k as usize, matrices: m.matrices() });
     let mut weights = sys::ggml_get_rows(ctx, sys::ggml_reshape_3d(ctx, probs, 1, n_expert, n_tok), selected);
     if moe.gating == Gating::SoftmaxWeight {
         weights = sys::ggml_reshape_3d(ctx, sys::ggml_soft_max(ctx, sys::ggml_reshape_2d(ctx, weights, k, n_tok)), 1, k, n_tok);
@@ -385,13 +434,32 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
     if weight_input {
         cur = sys::ggml_mul(ctx, sys::ggml_repeat_4d(ctx, cur, n_embd, k, n_tok, 1), weights);
     }
-    let up = add_id(sys::ggml_mul_mat_id(ctx, m.up, cur, selected), m.up_b, selected);
-    let gate = add_id(sys::ggml_mul_mat_id(ctx, m.gate, cur, selected), m.gate_b, selected);
+    let (gate, up) = match m.gate_up {
+        GateUp::Split { gate, up } => {
+            let up = add_id(sys::ggml_mul_mat_id(ctx, up, cur, selected), m.up_b, selected);
+            (add_id(sys::ggml_mul_mat_id(ctx, gate, cur, selected), m.gate_b, selected), up)
+        }
+        GateUp::Fused(gu) => {
+            // One product, then gate and up as views of its halves.
+            let both = sys::ggml_mul_mat_id(ctx, gu, cur, selected);
+            let n_ff = (*both).ne[0] / 2;
+            let half = |i: i64| sys::ggml_view_3d(ctx, both, n_ff, (*both).ne[1], (*both).ne[2], (*both).nb[1], (*both).nb[2], (i * n_ff) as usize * (*both).nb[0]);
+            (half(0), half(1))
+        }
+    };
     let act = match moe.activation {
         MoeActivation::Silu => sys::ggml_swiglu_split(ctx, gate, up),
+        MoeActivation::Gelu => sys::ggml_geglu_split(ctx, gate, up),
         MoeActivation::SwigluOai => sys::ggml_swiglu_oai(ctx, gate, up, OAI_ALPHA, OAI_LIMIT),
     };
-    let experts = add_id(sys::ggml_mul_mat_id(ctx, m.down, act, selected), m.down_b, selected);
+    let mut experts = sys::ggml_mul_mat_id(ctx, m.down, act, selected);
+    if let Some(s) = m.down_s {
+        // Each chosen expert's output times its scale (llama.cpp's `build_lora_mm_id`).
+        let n_exp_s = (*s).ne[0];
+        let scales = sys::ggml_repeat_4d(ctx, sys::ggml_reshape_3d(ctx, s, 1, n_exp_s, 1), 1, n_exp_s, n_tok, 1);
+        experts = sys::ggml_mul(ctx, experts, sys::ggml_get_rows(ctx, scales, selected));
+    }
+    let experts = add_id(experts, m.down_b, selected);
     let experts = if weight_input { experts } else { sys::ggml_mul(ctx, experts, weights) };
     sys::ggml_build_forward_expand(gf, experts);
     // Views first, then the adds, in llama.cpp's order.

@@ -201,26 +201,31 @@ pub struct SeqState {
 }
 
 impl KvCache {
-    /// `devices[i]` is where layer i of the window runs; its cache goes there too.
-    pub fn new(spec: &ModelSpec, devices: &[Device], n_seq: usize, n_ctx_seq: usize, types: CacheTypes, accel: Option<&ggml::Accelerator>) -> Result<KvCache> {
+    /// `layers[i]`: the model layer the window's i-th is and the device it runs on; its
+    /// cache goes there too, as wide as that layer's K/V rows.
+    pub fn new(spec: &ModelSpec, window: &[(usize, Device)], n_seq: usize, n_ctx_seq: usize, types: CacheTypes, accel: Option<&ggml::Accelerator>) -> Result<KvCache> {
         if n_seq == 0 || n_ctx_seq == 0 {
             return Err(Error::InvalidWindow("the KV cache needs at least one sequence of at least one cell".into()));
         }
         for (which, t) in [("K", types.k), ("V", types.v)] {
-            if !t.fits(spec.head_dim) {
-                return Err(Error::InvalidWindow(format!("a {t} {which} cache needs a head size that is a multiple of {} (this model's is {})", t.block(), spec.head_dim)));
+            for &(il, _) in window {
+                let hd = spec.head_dim_of(il);
+                if !t.fits(hd) {
+                    return Err(Error::InvalidWindow(format!("a {t} {which} cache needs a head size that is a multiple of {} (this model's is {hd})", t.block())));
+                }
             }
         }
+        let devices: Vec<Device> = window.iter().map(|&(_, d)| d).collect();
         let slot_cells = n_ctx_seq.div_ceil(KV_PAD) * KV_PAD;
         let total = slot_cells
             .checked_mul(n_seq)
             .filter(|&t| t <= i32::MAX as usize)
             .ok_or_else(|| Error::InvalidWindow(format!("{n_seq} sequences of {n_ctx_seq} cells is too large a KV cache")))?;
-        let n_embd_kv = spec.n_embd_kv() as u64;
         let cpu_ctx = ggml::new_meta_context(devices.len() * 2)?;
         let accel_ctx = if devices.contains(&Device::Accelerator) { Some(ggml::new_meta_context(devices.len() * 2)?) } else { None };
         let mut layers = Vec::with_capacity(devices.len());
-        for dev in devices {
+        for &(il, dev) in window {
+            let n_embd_kv = spec.n_embd_kv_of(il) as u64;
             let ctx = match dev {
                 Device::Accelerator => accel_ctx.expect("created when a layer is offloaded"),
                 Device::Cpu => cpu_ctx,

@@ -40,6 +40,14 @@ pub enum Arch {
     /// (top-k of the raw router logits, each chosen expert's input scaled by the sigmoid
     /// of its logit, plus a shared expert), dense FFNs between.
     Llama4,
+    /// Gemma 4 (`gemma4`, the 26B-A4B MoE and the dense 31B): Gemma 3's block with its
+    /// own head size, KV heads and rotated dims on the sliding-window layers, "proportional"
+    /// RoPE on the full ones (frequency factors that leave most dims unrotated), V
+    /// normalised without a weight (and taken from K where a layer has no `attn_v`), no
+    /// query scaling, a learned scale on each layer's output, and in the MoE model a dense
+    /// FFN beside the routed GELU experts, each with its own norms, the router reading the
+    /// normalised attention output.
+    Gemma4,
 }
 
 impl Arch {
@@ -54,6 +62,7 @@ impl Arch {
             "gpt-oss" => Ok(Arch::GptOss),
             "glm4moe" => Ok(Arch::Glm4Moe),
             "llama4" => Ok(Arch::Llama4),
+            "gemma4" => Ok(Arch::Gemma4),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -65,7 +74,7 @@ impl Arch {
         const ROPE_NEOX: i32 = 2;
         match self {
             Arch::Llama | Arch::Mistral | Arch::Llama4 => ROPE_NORM,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe => ROPE_NEOX,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe | Arch::Gemma4 => ROPE_NEOX,
         }
     }
 
@@ -79,7 +88,12 @@ impl Arch {
 
     /// Per-head RMSNorm on Q and K before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4)
+    }
+
+    /// Gemma's block: scaled embeddings, norms after attention and after the FFN, GELU.
+    pub fn gemma(self) -> bool {
+        matches!(self, Arch::Gemma3 | Arch::Gemma4)
     }
 }
 
@@ -124,6 +138,8 @@ pub enum Gating {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MoeActivation {
     Silu,
+    /// GELU-gated experts (Gemma 4).
+    Gelu,
     /// gpt-oss: `ggml_swiglu_oai` with alpha 1.702 and limit 7, as llama.cpp hard-codes.
     SwigluOai,
 }
@@ -198,15 +214,72 @@ pub struct ModelSpec {
     /// Weightless RMS norms on Q and K after RoPE, in the rotating layers (Llama 4 but its
     /// 128-expert Maverick).
     pub qk_rms_after_rope: bool,
+    /// The sliding-window layers' own head size and rotated dims, where they differ from
+    /// the full layers' (Gemma 4: 256 against 512).
+    pub swa_head: Option<SwaHead>,
+    /// KV heads per layer where the file gives an array (Gemma 4: fewer in the full
+    /// layers); empty: `n_head_kv` in every layer.
+    pub n_head_kv_layers: Vec<usize>,
+    /// Weightless RMS norm on V before it is cached (Gemma 4).
+    pub v_norm: bool,
+}
+
+/// See [`ModelSpec::swa_head`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwaHead {
+    pub head_dim: usize,
+    pub n_rot: usize,
 }
 
 impl ModelSpec {
-    pub fn n_embd_kv(&self) -> usize {
-        self.head_dim * self.n_head_kv
+    /// Head size of layer `il`'s queries, keys and values.
+    pub fn head_dim_of(&self, il: usize) -> usize {
+        match self.swa_head {
+            Some(h) if self.is_swa(il) => h.head_dim,
+            _ => self.head_dim,
+        }
     }
 
-    pub fn n_embd_q(&self) -> usize {
-        self.head_dim * self.n_head
+    /// Dims RoPE rotates in layer `il`.
+    pub fn n_rot_of(&self, il: usize) -> usize {
+        match self.swa_head {
+            Some(h) if self.is_swa(il) => h.n_rot,
+            _ => self.rope.n_dims as usize,
+        }
+    }
+
+    pub fn n_head_kv_of(&self, il: usize) -> usize {
+        self.n_head_kv_layers.get(il).copied().unwrap_or(self.n_head_kv)
+    }
+
+    /// Width of layer `il`'s K (and V) cache rows.
+    pub fn n_embd_kv_of(&self, il: usize) -> usize {
+        self.head_dim_of(il) * self.n_head_kv_of(il)
+    }
+
+    pub fn n_embd_q_of(&self, il: usize) -> usize {
+        self.head_dim_of(il) * self.n_head
+    }
+
+    /// Whether every layer's K/V rows have one width (false for Gemma 4).
+    pub fn uniform_kv(&self) -> bool {
+        (0..self.n_layer).all(|il| self.n_embd_kv_of(il) == self.n_embd_kv_of(0))
+    }
+
+    /// The widest layer's K (and V) row: a bound for memory a window of any layers needs.
+    pub fn max_n_embd_kv(&self) -> usize {
+        (0..self.n_layer).map(|il| self.n_embd_kv_of(il)).max().unwrap_or(0)
+    }
+
+    /// K (and V) elements a cached token takes, averaged over the layers: what memory
+    /// estimates multiply by the layer count.
+    pub fn mean_n_embd_kv(&self) -> f64 {
+        (0..self.n_layer).map(|il| self.n_embd_kv_of(il) as f64).sum::<f64>() / self.n_layer.max(1) as f64
+    }
+
+    /// Head size averaged over the layers (attention FLOPs per cached token).
+    pub fn mean_head_dim(&self) -> f64 {
+        (0..self.n_layer).map(|il| self.head_dim_of(il) as f64).sum::<f64>() / self.n_layer.max(1) as f64
     }
 
     /// Whether layer `il` routes experts (else its FFN is dense).
@@ -260,7 +333,26 @@ impl ModelSpec {
         let n_embd = req_u("embedding_length")?;
         let n_ff = req_u("feed_forward_length")?;
         let n_head = req_u("attention.head_count")?;
-        let n_head_kv = opt_u("attention.head_count_kv").unwrap_or(n_head);
+        // Gemma 4 writes the KV heads per layer (its full layers have fewer).
+        let n_head_kv_layers: Vec<usize> = match meta.get(&key("attention.head_count_kv")).and_then(|v| v.as_array()) {
+            Some(items) => {
+                let v: Vec<usize> = items.iter().map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()).unwrap_or(0)).collect();
+                if v.len() != n_layer || v.iter().any(|&h| h == 0 || h > MAX_DIMENSION || n_head % h != 0) {
+                    return Err(missing(&key("attention.head_count_kv"), &format!("one divisor of head_count {n_head} per layer ({n_layer})")));
+                }
+                v
+            }
+            None => Vec::new(),
+        };
+        let n_head_kv = n_head_kv_layers.first().copied().unwrap_or_else(|| opt_u("attention.head_count_kv").unwrap_or(n_head));
+        if arch == Arch::Gemma4 {
+            // E2B / E4B: per-layer token embeddings feed every layer from the first window,
+            // and their last layers attend with earlier layers' K/V (a cut there would need
+            // another device's cache).
+            if opt_u("attention.shared_kv_layers").unwrap_or(0) > 0 || opt_u("embedding_length_per_layer_input").unwrap_or(0) > 0 {
+                return Err(missing(&key("attention.shared_kv_layers"), "0 and no per-layer embeddings (Gemma 4 E2B/E4B, which share K/V between layers and embed per layer, are not supported yet; the 26B-A4B and 31B are)"));
+            }
+        }
         let n_ctx_train = req_u("context_length")?;
         let rms_eps = opt_f("attention.layer_norm_rms_epsilon")
             .ok_or_else(|| missing(&key("attention.layer_norm_rms_epsilon"), "a float"))?;
@@ -285,6 +377,20 @@ impl ModelSpec {
         // GLM rotates part of each head (ggml's RoPE leaves the rest as is); the others
         // rotate all of it.
         let partial_ok = arch == Arch::Glm4Moe && n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0;
+        // Gemma 4's sliding-window layers: their own head size and rotated dims.
+        let swa_head = if arch == Arch::Gemma4 {
+            let hd = opt_u("attention.key_length_swa").unwrap_or(head_dim);
+            if hd == 0 || hd > MAX_DIMENSION || opt_u("attention.value_length_swa").unwrap_or(hd) != hd {
+                return Err(missing(&key("attention.key_length_swa"), &format!("a value in 1..={MAX_DIMENSION} equal to attention.value_length_swa")));
+            }
+            let rot = opt_u("rope.dimension_count_swa").unwrap_or(n_rot);
+            if rot == 0 || rot > hd || rot % 2 != 0 {
+                return Err(missing(&key("rope.dimension_count_swa"), &format!("an even count of at most the sliding layers' head size {hd}")));
+            }
+            Some(SwaHead { head_dim: hd, n_rot: rot })
+        } else {
+            None
+        };
         if n_rot != head_dim && !partial_ok {
             return Err(missing(&key("rope.dimension_count"), &format!("equal to the head size {head_dim} (partial RoPE is not supported for {arch_name})")));
         }
@@ -310,7 +416,8 @@ impl ModelSpec {
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
         let moe = match arch {
-            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 => {
+            Arch::Gemma4 if opt_u("expert_count").unwrap_or(0) == 0 => None,
+            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 | Arch::Gemma4 => {
                 let n_expert = req_u("expert_count")?;
                 let n_expert_used = req_u("expert_used_count")?;
                 if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
@@ -343,7 +450,11 @@ impl ModelSpec {
                     // (GLM, deepseek2 and kin), not for qwen3moe and gpt-oss: a file that
                     // carries it anyway computes as if it did not.
                     weights_scale: if glm { opt_f("expert_weights_scale").unwrap_or(0.0) } else { 0.0 },
-                    activation: if gpt_oss { MoeActivation::SwigluOai } else { MoeActivation::Silu },
+                    activation: match arch {
+                        Arch::GptOss => MoeActivation::SwigluOai,
+                        Arch::Gemma4 => MoeActivation::Gelu,
+                        _ => MoeActivation::Silu,
+                    },
                     // Llama 4: one shared expert of the routed experts' size in every MoE layer.
                     n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else if llama4 { 1 } else { 0 },
                     dense_lead,
@@ -354,6 +465,8 @@ impl ModelSpec {
         };
         let swa = sliding_window(arch, meta, &arch_name, n_layer, &rope)?;
         let (embed_scale, q_scale, logit_softcap, kq_scale) = match arch {
+            // Gemma 4 scales neither queries nor scores (`f_attention_scale = 1`).
+            Arch::Gemma4 => (Some((n_embd as f32).sqrt()), None, opt_f("final_logit_softcapping").filter(|c| *c != 0.0), 1.0),
             Arch::Gemma3 => {
                 // llama.cpp: Gemma 3 27B (62 layers) scales queries by 1/sqrt(n_embd/n_head),
                 // the others by 1/sqrt(head_dim); attention itself then scales by 1.
@@ -393,7 +506,13 @@ impl ModelSpec {
             nope_step: (arch == Arch::Llama4).then_some(LLAMA4_NOPE_STEP),
             // llama.cpp: all but the 128-expert model (Maverick).
             qk_rms_after_rope: arch == Arch::Llama4 && moe.is_some_and(|m| m.n_expert != LLAMA4_MAVERICK_EXPERTS),
+            swa_head: None,
+            n_head_kv_layers,
+            v_norm: arch == Arch::Gemma4,
         };
+        // Only sliding layers take the SWA head, so it is set once the pattern is known;
+        // equal to the full layers' it changes nothing.
+        let spec = ModelSpec { swa_head: swa_head.filter(|h| spec.swa.is_some() && (h.head_dim != spec.head_dim || h.n_rot != n_rot)), ..spec };
         spec.check_tensors(file)?;
         Ok(spec)
     }
@@ -406,14 +525,29 @@ impl ModelSpec {
         if !self.tied_output {
             expect_shape(file, "output.weight", &[e, self.n_vocab as u64])?;
         }
-        let (q, kv, ff) = (self.n_embd_q() as u64, self.n_embd_kv() as u64, self.n_ff as u64);
+        let ff = self.n_ff as u64;
+        let gemma4 = self.arch == Arch::Gemma4;
+        if gemma4 && file.meta().tensor("rope_freqs.weight").is_some() {
+            expect_shape(file, "rope_freqs.weight", &[self.head_dim as u64 / 2])?;
+        }
         for il in 0..self.n_layer {
+            let (q, kv, hd) = (self.n_embd_q_of(il) as u64, self.n_embd_kv_of(il) as u64, self.head_dim_of(il) as u64);
             let t = |n: &str| format!("blk.{il}.{n}.weight");
             expect_shape(file, &t("attn_norm"), &[e])?;
             expect_shape(file, &t("attn_q"), &[e, q])?;
             expect_shape(file, &t("attn_k"), &[e, kv])?;
-            expect_shape(file, &t("attn_v"), &[e, kv])?;
+            // Gemma 4's full layers may have no V projection: V is K.
+            if !gemma4 || file.meta().tensor(&t("attn_v")).is_some() {
+                expect_shape(file, &t("attn_v"), &[e, kv])?;
+            }
             expect_shape(file, &t("attn_output"), &[q, e])?;
+            if gemma4 {
+                expect_shape(file, &t("post_attention_norm"), &[e])?;
+                expect_shape(file, &t("post_ffw_norm"), &[e])?;
+                if file.meta().tensor(&t("layer_output_scale")).is_some() {
+                    expect_shape(file, &t("layer_output_scale"), &[1])?;
+                }
+            }
             match self.arch {
                 // gpt-oss and GLM normalise the FFN input with `post_attention_norm`.
                 Arch::GptOss | Arch::Glm4Moe => expect_shape(file, &t("post_attention_norm"), &[e])?,
@@ -423,9 +557,28 @@ impl ModelSpec {
                 Some(m) if self.is_moe_layer(il) => {
                     let (n_exp, ffe) = (m.n_expert as u64, m.n_ff_exp as u64);
                     expect_shape(file, &t("ffn_gate_inp"), &[e, n_exp])?;
-                    expect_shape(file, &t("ffn_gate_exps"), &[e, ffe, n_exp])?;
-                    expect_shape(file, &t("ffn_up_exps"), &[e, ffe, n_exp])?;
+                    if file.meta().tensor(&t("ffn_gate_up_exps")).is_some() {
+                        expect_shape(file, &t("ffn_gate_up_exps"), &[e, 2 * ffe, n_exp])?;
+                    } else {
+                        expect_shape(file, &t("ffn_gate_exps"), &[e, ffe, n_exp])?;
+                        expect_shape(file, &t("ffn_up_exps"), &[e, ffe, n_exp])?;
+                    }
                     expect_shape(file, &t("ffn_down_exps"), &[ffe, e, n_exp])?;
+                    if gemma4 {
+                        // The dense FFN runs beside the experts, each with its own norms.
+                        let s = format!("blk.{il}.ffn_gate_inp.scale");
+                        expect_shape(file, &s, &[e])?;
+                        for n in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+                            expect_shape(file, &t(n), &[e])?;
+                        }
+                        expect_shape(file, &t("ffn_gate"), &[e, ff])?;
+                        expect_shape(file, &t("ffn_up"), &[e, ff])?;
+                        expect_shape(file, &t("ffn_down"), &[ff, e])?;
+                        let ds = format!("blk.{il}.ffn_down_exps.scale");
+                        if file.meta().tensor(&ds).is_some() {
+                            expect_shape(file, &ds, &[n_exp])?;
+                        }
+                    }
                     if m.n_shared > 0 {
                         let sh = ffe * m.n_shared as u64;
                         expect_shape(file, &t("ffn_gate_shexp"), &[e, sh])?;
@@ -440,8 +593,8 @@ impl ModelSpec {
                 }
             }
             if self.arch.qk_norm() {
-                expect_shape(file, &t("attn_q_norm"), &[self.head_dim as u64])?;
-                expect_shape(file, &t("attn_k_norm"), &[self.head_dim as u64])?;
+                expect_shape(file, &t("attn_q_norm"), &[hd])?;
+                expect_shape(file, &t("attn_k_norm"), &[hd])?;
             }
             if self.arch == Arch::Gemma3 {
                 expect_shape(file, &t("post_attention_norm"), &[e])?;
@@ -466,7 +619,7 @@ const GEMMA3_27B_LAYERS: usize = 62;
 fn sliding_window(arch: Arch, meta: &crate::gguf::GgufMeta, arch_name: &str, n_layer: usize, rope: &Rope) -> Result<Option<SlidingWindow>> {
     let key = |k: &str| format!("{arch_name}.{k}");
     let default_pattern = match arch {
-        Arch::Gemma3 => 6,
+        Arch::Gemma3 | Arch::Gemma4 => 6,
         Arch::GptOss => 2,
         Arch::Llama4 => LLAMA4_NOPE_STEP as u64,
         _ => return Ok(None),

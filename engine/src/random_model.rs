@@ -57,7 +57,7 @@ pub fn write_vocabulary(from: &Path, out: &Path) -> Result<u64> {
 impl RandomModel {
     /// A model of `arch` with the given size and typical defaults for the rest.
     pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
-        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4");
+        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "gemma4");
         RandomModel {
             arch: arch.to_string(),
             n_layer,
@@ -70,9 +70,10 @@ impl RandomModel {
             // Llama 4 Scout and Maverick route each token to one expert.
             n_expert_used: if arch == "llama4" { 1 } else if moe { 2 } else { 0 },
             n_ff_exp: if moe { n_ff / 2 } else { 0 },
-            n_swa: if matches!(arch, "gemma3" | "gpt-oss") { 128 } else { 0 },
+            n_swa: if matches!(arch, "gemma3" | "gpt-oss" | "gemma4") { 128 } else { 0 },
             ty: GgmlType::F16,
-            tied_output: false,
+            // Gemma's LM head is its embedding matrix.
+            tied_output: arch == "gemma4",
             qkv_bias: matches!(arch, "qwen2" | "gpt-oss" | "glm4moe"),
             context_length: 4096,
             extra: Vec::new(),
@@ -88,7 +89,7 @@ impl RandomModel {
     /// fills whole blocks of the weight types.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidModel(m));
-        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "bert", "nomic-bert"];
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "gpt-oss", "glm4moe", "llama4", "bert", "nomic-bert"];
         if !known.contains(&self.arch.as_str()) {
             return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
         }
@@ -109,7 +110,23 @@ impl RandomModel {
     }
 
     fn is_moe(&self) -> bool {
-        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4")
+        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4") || (self.arch == "gemma4" && self.n_expert > 0)
+    }
+
+    /// Gemma 4's layer kinds: every [`GEMMA4_FULL_STEP`]-th layer attends fully (and the
+    /// last, as in the real models), with heads twice the sliding layers' size, half their
+    /// KV heads and V taken from K.
+    fn gemma4_full(&self, il: u32) -> bool {
+        (il as u64 + 1) % GEMMA4_FULL_STEP == 0 || il + 1 == self.n_layer
+    }
+
+    /// Head size and KV heads of layer `il`.
+    fn attn_shape(&self, il: u32) -> (u64, u64) {
+        if self.arch == "gemma4" && self.gemma4_full(il) {
+            (2 * self.head_dim(), (self.n_head_kv as u64 / 2).max(1))
+        } else {
+            (self.head_dim(), self.n_head_kv as u64)
+        }
     }
 
     /// Whether layer `il` routes experts: GLM's after its dense lead, Llama 4's every
@@ -178,9 +195,56 @@ impl RandomModel {
     fn filler(&self) -> impl FnMut(&str, GgmlType, &[u64], &mut [u8]) {
         let mut rng = Rng(self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
         move |name, ty, dims, buf| {
+            if name == "rope_freqs.weight" && ty == GgmlType::F32 {
+                // Gemma 4's proportional RoPE: the first quarter of the dims rotate, the
+                // rest get a factor so large their angle is ~0 (as its converter writes).
+                let n = buf.len() / 4;
+                for (i, c) in buf.chunks_exact_mut(4).enumerate() {
+                    c.copy_from_slice(&(if i < n.div_ceil(4) { 1.0f32 } else { 1e30 }).to_le_bytes());
+                }
+                return;
+            }
             let (std, center) = spread(name, dims);
             fill(&mut rng, ty, buf, std, center);
         }
+    }
+
+    /// Gemma 4's blocks, in the order its converter writes them.
+    fn gemma4_layers(&self, mut w: GgufWriter, e: u64, n_exp: u64, ffe: u64) -> Result<GgufWriter> {
+        let (ty, f32t) = (self.ty, GgmlType::F32);
+        for il in 0..self.n_layer {
+            let t = |n: &str| format!("blk.{il}.{n}");
+            let (hd, n_kv) = self.attn_shape(il);
+            let (q, kv) = (hd * self.n_head as u64, hd * n_kv);
+            w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("attn_q.weight"), ty, &[e, q])?;
+            w.add_tensor_later(t("attn_k.weight"), ty, &[e, kv])?;
+            if !self.gemma4_full(il) {
+                w.add_tensor_later(t("attn_v.weight"), self.matrix_type("attn_v.weight", il), &[e, kv])?;
+            }
+            w.add_tensor_later(t("attn_output.weight"), ty, &[q, e])?;
+            w.add_tensor_later(t("attn_q_norm.weight"), f32t, &[hd])?;
+            w.add_tensor_later(t("attn_k_norm.weight"), f32t, &[hd])?;
+            w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
+            w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
+            w.add_tensor_later(t("ffn_down.weight"), self.matrix_type("ffn_down.weight", il), &[self.n_ff, e])?;
+            w.add_tensor_later(t("post_ffw_norm.weight"), f32t, &[e])?;
+            if self.is_moe() {
+                w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
+                w.add_tensor_later(t("ffn_gate_inp.scale"), f32t, &[e])?;
+                w.add_tensor_later(t("pre_ffw_norm_2.weight"), f32t, &[e])?;
+                w.add_tensor_later(t("post_ffw_norm_1.weight"), f32t, &[e])?;
+                w.add_tensor_later(t("post_ffw_norm_2.weight"), f32t, &[e])?;
+                // Gate and up stacked in one matrix, as the converter writes Gemma 4's.
+                w.add_tensor_later(t("ffn_gate_up_exps.weight"), ty, &[e, 2 * ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_down_exps.weight"), ty, &[ffe, e, n_exp])?;
+                w.add_tensor_later(t("ffn_down_exps.scale"), f32t, &[n_exp])?;
+            }
+            w.add_tensor_later(t("layer_output_scale.weight"), f32t, &[1])?;
+        }
+        Ok(w)
     }
 
     /// The type of the matrix `name` of layer `il` (see [`RandomModel::ty`]).
@@ -259,8 +323,25 @@ impl RandomModel {
             u32k(&mut w, "expert_used_count", self.n_expert_used as u64)?;
             u32k(&mut w, "expert_feed_forward_length", self.n_ff_exp)?;
         }
-        if self.n_swa > 0 && matches!(a, "gemma3" | "gpt-oss") {
+        if self.n_swa > 0 && matches!(a, "gemma3" | "gpt-oss" | "gemma4") {
             u32k(&mut w, "attention.sliding_window", self.n_swa as u64)?;
+        }
+        if a == "gemma4" {
+            let layers = 0..self.n_layer;
+            let u32s = |v: Vec<u64>| Value::Array { elem: crate::gguf::ValueType::U32, items: v.into_iter().map(|x| Value::U32(x as u32)).collect() };
+            w.set(format!("{a}.attention.head_count_kv"), u32s(layers.clone().map(|il| self.attn_shape(il).1).collect()))?;
+            w.set(format!("{a}.attention.sliding_window_pattern"), Value::Array { elem: crate::gguf::ValueType::Bool, items: layers.map(|il| Value::Bool(!self.gemma4_full(il))).collect() })?;
+            // The full layers' (twice the sliding ones'), then the sliding layers' own.
+            u32k(&mut w, "attention.key_length", 2 * hd)?;
+            u32k(&mut w, "attention.value_length", 2 * hd)?;
+            u32k(&mut w, "rope.dimension_count", 2 * hd)?;
+            u32k(&mut w, "attention.key_length_swa", hd)?;
+            u32k(&mut w, "attention.value_length_swa", hd)?;
+            u32k(&mut w, "rope.dimension_count_swa", hd)?;
+            w.set(format!("{a}.rope.freq_base_swa"), Value::F32(10_000.0))?;
+            w.set(format!("{a}.final_logit_softcapping"), Value::F32(30.0))?;
+            u32k(&mut w, "attention.shared_kv_layers", 0)?;
+            u32k(&mut w, "embedding_length_per_layer_input", 0)?;
         }
         for (k, v) in &self.extra {
             w.set(format!("{a}.{k}"), v.clone())?;
@@ -275,6 +356,11 @@ impl RandomModel {
             w.add_tensor_later("output.weight", self.matrix_type("output.weight", 0), &[e, n_vocab])?;
         }
         let (n_exp, ffe) = (self.n_expert as u64, self.n_ff_exp);
+        if a == "gemma4" {
+            // "Proportional" RoPE of the full layers: frequency factors (see `filler`).
+            w.add_tensor_later("rope_freqs.weight", f32t, &[hd])?;
+            return self.gemma4_layers(w, e, n_exp, ffe);
+        }
         for il in 0..self.n_layer {
             let t = |n: &str| format!("blk.{il}.{n}");
             w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
@@ -455,6 +541,10 @@ fn wordpiece_vocabulary(w: &mut GgufWriter) -> Result<u64> {
 /// layer does), so a tiny model has both kinds.
 const LLAMA4_MOE_STEP: u64 = 2;
 
+/// Every this-many-th layer of a random Gemma 4 attends fully (the real ones: 6; tiny
+/// models need one within their 3 layers).
+const GEMMA4_FULL_STEP: u64 = 2;
+
 /// GLM random models: layers before this have a dense FFN.
 const GLM_DENSE_LEAD: u64 = 1;
 
@@ -465,7 +555,7 @@ fn spread(name: &str, dims: &[u64]) -> (f32, f32) {
     let fan_in = dims.first().copied().unwrap_or(1).max(1) as f32;
     if name == "token_embd.weight" {
         (1.0, 0.0)
-    } else if name.ends_with("norm.weight") {
+    } else if name.ends_with("norm.weight") || name.ends_with(".scale") || name.ends_with("layer_output_scale.weight") {
         (0.2, 1.0)
     } else if name.ends_with(".bias") || name.ends_with("attn_sinks.weight") {
         (0.3, 0.0)

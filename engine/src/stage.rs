@@ -14,7 +14,7 @@ use crate::kv_cache::{KvCache, SeqId, KV_PAD};
 use crate::model::ModelSpec;
 use crate::model_file::ModelFile;
 use crate::op_profile::{self, OpProfile};
-use crate::weights::{Ffn, LayerPlacement, WeightPlan, Weights};
+use crate::weights::{LayerPlacement, WeightPlan, Weights};
 use crate::{Error, Result};
 
 /// One token of a batch: which sequence it belongs to, its position there, and whether
@@ -214,8 +214,8 @@ impl Stage {
             .windows
             .iter()
             .map(|w| {
-                let devices: Vec<Device> = w.clone().map(|il| device_of(w, il)).collect();
-                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &devices, cfg.n_seq, n_ctx_seq, cfg.kv, accel.as_ref())? })
+                let layers: Vec<(usize, Device)> = w.clone().map(|il| (il, device_of(w, il))).collect();
+                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &layers, cfg.n_seq, n_ctx_seq, cfg.kv, accel.as_ref())? })
             })
             .collect::<Result<Vec<_>>>()?;
 
@@ -247,16 +247,13 @@ impl Stage {
         }
         let mut expert_reads = (cfg.read_chosen_experts && spec.moe.is_some()).then(Box::<ExpertReads>::default);
         if let Some(reads) = expert_reads.as_mut() {
-            let matrices = weights.layers.values().filter_map(|l| match &l.ffn {
-                Ffn::Moe(m) => Some([m.gate, m.up, m.down]),
-                Ffn::Dense(_) => None,
-            });
+            let matrices = weights.layers.values().filter_map(|l| l.ffn.experts().map(|m| m.matrices()));
             // SAFETY: the weights point into the file's mapping (or process memory, where
             // the advice is harmless); the callback's state is boxed and outlives the
             // scheduler (freed first in Drop).
             tracing::info!(layers = ?cfg.windows, "MoE windows paged from disk: reading only the experts each token's router chooses");
             unsafe {
-                expert_reads::no_read_around(matrices.flatten());
+                expert_reads::no_read_around(matrices.flatten().filter(|m| !m.is_null()));
                 sys::ggml_backend_sched_set_eval_callback(sched, Some(expert_reads::on_node), (&mut **reads as *mut ExpertReads).cast());
             }
         }
@@ -519,7 +516,7 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
         let v: Vec<i32> = out_rows.iter().map(|&r| r as i32).collect();
         set(t, as_bytes(&v));
     }
-    for t in [g.k_rot, g.v_rot].into_iter().flatten() {
+    for &t in &g.rotations {
         set(t, as_bytes(&crate::kv_cache::hadamard((*t).ne[0] as usize)[..]));
     }
     let status = sys::ggml_backend_sched_graph_compute(sched, g.graph);

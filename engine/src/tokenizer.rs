@@ -189,7 +189,7 @@ fn max_piece_bytes(model: &LlamaModel) -> usize {
     // Read from the file, not `vocab_type()`: llama-cpp-2 panics on the types it has no
     // name for (BERT's WordPiece, T5's Unigram), and embedding models use them.
     let vocab = model.vocab();
-    if !matches!(model.meta_val_str("tokenizer.ggml.model").as_deref(), Ok("gpt2" | "llama")) {
+    if !matches!(model.meta_val_str("tokenizer.ggml.model").as_deref(), Ok("gpt2" | "llama" | "gemma4")) {
         return 0;
     }
     let mut piece = Vec::new();

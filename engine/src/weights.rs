@@ -21,7 +21,8 @@ pub struct LayerWeights {
     pub attn_norm: *mut sys::ggml_tensor,
     pub wq: *mut sys::ggml_tensor,
     pub wk: *mut sys::ggml_tensor,
-    pub wv: *mut sys::ggml_tensor,
+    /// Absent in Gemma 4's full layers that take V from K.
+    pub wv: Option<*mut sys::ggml_tensor>,
     pub wo: *mut sys::ggml_tensor,
     pub bq: Option<*mut sys::ggml_tensor>,
     pub bk: Option<*mut sys::ggml_tensor>,
@@ -39,12 +40,40 @@ pub struct LayerWeights {
     /// Gemma 3: RMSNorm of the FFN output before the residual add.
     pub ffn_post_norm: Option<*mut sys::ggml_tensor>,
     pub rope_freqs: Option<*mut sys::ggml_tensor>,
+    /// Gemma 4: a learned scalar the layer's output is multiplied by.
+    pub out_scale: Option<*mut sys::ggml_tensor>,
 }
 
 /// A block's feed-forward network: one dense gated FFN, or routed experts.
 pub enum Ffn {
     Dense(DenseFfn),
     Moe(MoeWeights),
+    /// Gemma 4's MoE layer: a dense FFN and the experts side by side on the same input.
+    DenseAndMoe(Box<DenseAndMoe>),
+}
+
+/// See [`Ffn::DenseAndMoe`]. The dense half is normalised in by the layer's `ffn_norm`.
+pub struct DenseAndMoe {
+    pub dense: DenseFfn,
+    /// `post_ffw_norm_1`: the dense half's output norm.
+    pub dense_post_norm: *mut sys::ggml_tensor,
+    pub moe: MoeWeights,
+    /// `pre_ffw_norm_2` and `post_ffw_norm_2`: the experts' input and output norms.
+    pub moe_pre_norm: *mut sys::ggml_tensor,
+    pub moe_post_norm: *mut sys::ggml_tensor,
+    /// `ffn_gate_inp.scale`: the router reads the RMS-normalised attention output times this.
+    pub router_scale: *mut sys::ggml_tensor,
+}
+
+impl Ffn {
+    /// The routed experts, where the layer has them.
+    pub fn experts(&self) -> Option<&MoeWeights> {
+        match self {
+            Ffn::Dense(_) => None,
+            Ffn::Moe(m) => Some(m),
+            Ffn::DenseAndMoe(d) => Some(&d.moe),
+        }
+    }
 }
 
 /// A gated FFN: `down(act(gate x) * up x)`, with biases where the arch has them. Also a
@@ -63,9 +92,12 @@ pub struct DenseFfn {
 pub struct MoeWeights {
     pub router: *mut sys::ggml_tensor,
     pub router_b: Option<*mut sys::ggml_tensor>,
-    pub gate: *mut sys::ggml_tensor,
-    pub up: *mut sys::ggml_tensor,
+    /// Gate and up apart, or stacked in one matrix (`ffn_gate_up_exps`, `[n_embd,
+    /// 2 n_ff_exp, n_expert]`, gate first) as Gemma 4's converter writes them.
+    pub gate_up: GateUp,
     pub down: *mut sys::ggml_tensor,
+    /// Per-expert scale of the down projection's output (Gemma 4's `ffn_down_exps.scale`).
+    pub down_s: Option<*mut sys::ggml_tensor>,
     pub gate_b: Option<*mut sys::ggml_tensor>,
     pub up_b: Option<*mut sys::ggml_tensor>,
     pub down_b: Option<*mut sys::ggml_tensor>,
@@ -75,10 +107,30 @@ pub struct MoeWeights {
     pub shared: Option<DenseFfn>,
 }
 
+#[derive(Clone, Copy)]
+pub enum GateUp {
+    Split { gate: *mut sys::ggml_tensor, up: *mut sys::ggml_tensor },
+    Fused(*mut sys::ggml_tensor),
+}
+
+impl MoeWeights {
+    /// The stacked expert matrices, each once (null past the last): what the expert-read
+    /// advice walks.
+    pub fn matrices(&self) -> [*mut sys::ggml_tensor; 3] {
+        match self.gate_up {
+            GateUp::Split { gate, up } => [gate, up, self.down],
+            GateUp::Fused(gu) => [gu, self.down, std::ptr::null_mut()],
+        }
+    }
+}
+
 /// The names (without `blk.N.`) of a block's tensors for `spec`'s architecture: those
 /// it must have, and those it may have. The profiler, the prefetcher and the binding
 /// all read the block through this one list.
 pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Vec<&'static str>) {
+    if spec.arch == Arch::Gemma4 {
+        return gemma4_block_tensor_names(spec, il);
+    }
     let mut required = vec!["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"];
     let mut optional = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"];
     required.push(if matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe) { "post_attention_norm.weight" } else { "ffn_norm.weight" });
@@ -103,6 +155,29 @@ pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Ve
     }
     if spec.arch == Arch::GptOss {
         required.push("attn_sinks.weight");
+    }
+    (required, optional)
+}
+
+fn gemma4_block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Vec<&'static str>) {
+    let mut required = vec![
+        "attn_norm.weight",
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_output.weight",
+        "attn_q_norm.weight",
+        "attn_k_norm.weight",
+        "post_attention_norm.weight",
+        "ffn_norm.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+        "post_ffw_norm.weight",
+    ];
+    let mut optional = vec!["attn_v.weight", "layer_output_scale.weight"];
+    if spec.is_moe_layer(il) {
+        required.extend(["ffn_gate_inp.weight", "ffn_gate_inp.scale", "pre_ffw_norm_2.weight", "post_ffw_norm_1.weight", "post_ffw_norm_2.weight", "ffn_down_exps.weight"]);
+        optional.extend(["ffn_gate_up_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.scale"]);
     }
     (required, optional)
 }
@@ -339,13 +414,20 @@ impl Weights {
         for il in plan.layers.iter().map(|p| p.layer) {
             let w = |n: &str| get(&format!("blk.{il}.{n}"));
             let req = |n: &str| w(n).ok_or_else(|| Error::Tensor { name: format!("blk.{il}.{n}"), reason: "missing from the file".into() });
-            let ffn = if spec.is_moe_layer(il) {
-                Ffn::Moe(MoeWeights {
+            let dense = || -> Result<DenseFfn> {
+                Ok(DenseFfn { gate: req("ffn_gate.weight")?, up: req("ffn_up.weight")?, down: req("ffn_down.weight")?, gate_b: w("ffn_gate.bias"), up_b: w("ffn_up.bias"), down_b: w("ffn_down.bias") })
+            };
+            let experts = || -> Result<MoeWeights> {
+                let gate_up = match w("ffn_gate_up_exps.weight") {
+                    Some(gu) => GateUp::Fused(gu),
+                    None => GateUp::Split { gate: req("ffn_gate_exps.weight")?, up: req("ffn_up_exps.weight")? },
+                };
+                Ok(MoeWeights {
                     router: req("ffn_gate_inp.weight")?,
                     router_b: w("ffn_gate_inp.bias"),
-                    gate: req("ffn_gate_exps.weight")?,
-                    up: req("ffn_up_exps.weight")?,
+                    gate_up,
                     down: req("ffn_down_exps.weight")?,
+                    down_s: w("ffn_down_exps.scale"),
                     gate_b: w("ffn_gate_exps.bias"),
                     up_b: w("ffn_up_exps.bias"),
                     down_b: w("ffn_down_exps.bias"),
@@ -355,8 +437,18 @@ impl Weights {
                         _ => None,
                     },
                 })
-            } else {
-                Ffn::Dense(DenseFfn { gate: req("ffn_gate.weight")?, up: req("ffn_up.weight")?, down: req("ffn_down.weight")?, gate_b: w("ffn_gate.bias"), up_b: w("ffn_up.bias"), down_b: w("ffn_down.bias") })
+            };
+            let ffn = match (spec.is_moe_layer(il), spec.arch) {
+                (true, Arch::Gemma4) => Ffn::DenseAndMoe(Box::new(DenseAndMoe {
+                    dense: dense()?,
+                    dense_post_norm: req("post_ffw_norm_1.weight")?,
+                    moe: experts()?,
+                    moe_pre_norm: req("pre_ffw_norm_2.weight")?,
+                    moe_post_norm: req("post_ffw_norm_2.weight")?,
+                    router_scale: req("ffn_gate_inp.scale")?,
+                })),
+                (true, _) => Ffn::Moe(experts()?),
+                (false, _) => Ffn::Dense(dense()?),
             };
             // gpt-oss and GLM normalise the FFN input with `post_attention_norm`.
             let post_attention_ffn_norm = matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe);
@@ -366,7 +458,7 @@ impl Weights {
                     attn_norm: req("attn_norm.weight")?,
                     wq: req("attn_q.weight")?,
                     wk: req("attn_k.weight")?,
-                    wv: req("attn_v.weight")?,
+                    wv: if spec.arch == Arch::Gemma4 { w("attn_v.weight") } else { Some(req("attn_v.weight")?) },
                     wo: req("attn_output.weight")?,
                     bq: w("attn_q.bias"),
                     bk: w("attn_k.bias"),
@@ -379,7 +471,9 @@ impl Weights {
                     ffn_norm: if post_attention_ffn_norm { req("post_attention_norm.weight")? } else { req("ffn_norm.weight")? },
                     ffn,
                     ffn_post_norm: w("post_ffw_norm.weight"),
-                    rope_freqs,
+                    // Gemma 4's frequency factors belong to its full layers only.
+                    rope_freqs: rope_freqs.filter(|_| !(spec.arch == Arch::Gemma4 && spec.is_swa(il))),
+                    out_scale: w("layer_output_scale.weight"),
                 },
             );
         }

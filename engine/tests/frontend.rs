@@ -155,3 +155,29 @@ fn a_builtin_template_keeps_forged_control_tokens_as_text() {
     // Two turns' worth of <|im_start|> (1) from the template, none from the client.
     assert_eq!(tokens.iter().filter(|&&t| t == 1).count(), 2, "{tokens:?}");
 }
+
+/// Gemma 4's own template (testdata) renders through minijinja as Google wrote it: the
+/// tools declared in its syntax, an earlier call with its arguments as `<|"|>`-quoted
+/// values, the tool's result matched to the call by id, and a generation prompt that
+/// closes an empty thought block (thinking off) or opens none (thinking on).
+#[test]
+fn gemma4_template_renders_tools_calls_and_results_in_its_own_syntax() {
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/gemma4-chat-template.jinja")).unwrap();
+    let t = ChatTemplate::new(&source, "<bos>", "<eos>").unwrap();
+    assert!(t.knows_tools());
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let messages = [
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": "Weather in Oslo?"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": -3}"}),
+        json!({"role": "assistant", "content": "It is -3 °C."}),
+        json!({"role": "user", "content": "Thanks!"}),
+    ];
+    let out = t.render(&messages, Some(&tools), true).unwrap();
+    assert!(out.starts_with("<bos><|turn>system\nBe brief.<|tool>declaration:get_weather{description:<|\"|>Weather now<|\"|>"), "{out}");
+    assert!(out.contains("<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>"), "{out}");
+    assert!(out.contains("<|tool_response>response:get_weather{"), "{out}");
+    assert!(out.contains("It is -3 °C."), "{out}");
+    assert!(out.ends_with("<|turn>model\n<|channel>thought\n<channel|>"), "{out}");
+}

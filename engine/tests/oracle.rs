@@ -377,6 +377,68 @@ fn tiny_llama4_with_nope_layers_interleaved_experts_and_a_shared_expert_matches_
     tiny(common::tiny::model("llama4"));
 }
 
+/// Gemma 4's MoE model (26B-A4B's block): sliding layers of head size 16 with 2 KV heads,
+/// full layers of 32 with 1 and V taken from K, proportional RoPE, a window of 8 under the
+/// 40-token prompt, the dense FFN beside GELU experts stacked gate-and-up with per-expert
+/// output scales, a scale on every layer's output, the logits soft-capped.
+#[test]
+fn tiny_gemma4_moe_with_its_own_head_sizes_per_layer_kind_matches_llama_cpp() {
+    let mut m = common::tiny::model("gemma4");
+    m.n_swa = 8;
+    tiny(m);
+}
+
+/// Gemma 4's dense model (31B's block).
+#[test]
+fn tiny_gemma4_dense_matches_llama_cpp() {
+    let mut m = common::tiny::model("gemma4");
+    m.n_swa = 8;
+    m.n_expert = 0;
+    m.n_expert_used = 0;
+    tiny(m);
+}
+
+#[test]
+fn tiny_gemma4_sequences_decoding_together_match_llama_cpps_streams() {
+    tiny_together(common::tiny::model("gemma4"));
+}
+
+/// Gemma 4 with a prompt of real text near its context limit (3,900 of 4,096 tokens, the
+/// window 8): the last logits whole, in three windows and in two, against llama.cpp's; then
+/// with a q8_0 K and q4_0 V cache, which llama.cpp rotates by Walsh-Hadamard matrices of
+/// each layer kind's head size (64 sliding, 128 full: two rotations in one graph).
+#[test]
+fn tiny_gemma4_near_its_context_limit_and_with_quantized_caches_matches_llama_cpp() {
+    let mut m = common::tiny::model("gemma4");
+    m.n_swa = 8;
+    m.head_dim = Some(64);
+    m.context_length = 4096;
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-gemma4-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&m, &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let mut prompt = Vec::new();
+    while prompt.len() < 3_900 {
+        prompt.extend(tok.tokenize(&text, false));
+    }
+    prompt.truncate(3_900);
+    let q = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
+    for kv in [engine::CacheTypes::default(), q] {
+        let want = Reference::load(&path, THREADS).unwrap().with_cache_types(kv).last_logits(&prompt, 512).unwrap();
+        for stages in [windows(&[0..3]), windows(&[0..1, 1..2, 2..3]), windows(&[0..2, 2..3])] {
+            let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { n_ctx_seq: 4096, max_batch: 512, kv, ..common::stage_config(w.clone(), 1) }).unwrap()).collect();
+            let mut p = engine::LocalPipeline::new(built).unwrap();
+            let got = p.prefill(1, &prompt, 512).unwrap();
+            let err = common::rel_rms(&got, &want);
+            assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{kv:?} {stages:?}");
+            assert!(err < 1e-3, "{kv:?} {stages:?}: relative RMS error {err}");
+            eprintln!("gemma4 after 3,900 tokens, {kv:?}, {stages:?}: relative RMS error {err:.3e}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Llama 4 past its first attention chunk: at 8,192 positions its rotating layers start a
 /// new chunk (attending only within it) and its NoPE layers' query temperature rises above
 /// 1, neither of which a shorter prompt reaches. The logits after a ~8,400-token prompt of

@@ -3,6 +3,9 @@
 //!
 //! Two ways models write it, told apart by their chat template:
 //! - **think tags** (Qwen3, QwQ, DeepSeek-R1, GLM-4.5): `<think>…</think>` then the answer.
+//! - **thought channel** (Gemma 4): `<|channel>thought…<channel|>` then the answer; a
+//!   stray `<channel|>` the model sometimes adds after its answer is dropped, as
+//!   llama.cpp's parser drops it.
 //! - **harmony** (gpt-oss): messages on channels — `<|channel|>analysis<|message|>…` is the
 //!   thinking, `…<|channel|>final<|message|>…` the answer, and
 //!   `<|channel|>commentary to=functions.NAME …<|message|>{…}` a tool call. A message ends
@@ -21,11 +24,15 @@ pub enum ReasoningFormat {
     #[default]
     None,
     ThinkTags,
+    /// Gemma 4's `<|channel>thought` … `<channel|>`.
+    ThoughtChannel,
     Harmony,
 }
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
+const THOUGHT_OPEN: &str = "<|channel>thought";
+const THOUGHT_CLOSE: &str = "<channel|>";
 const CHANNEL: &str = "<|channel|>";
 const MESSAGE: &str = "<|message|>";
 /// What ends a harmony message in rendered text (the next message's start, or the end
@@ -42,10 +49,21 @@ impl ReasoningFormat {
     pub fn detect(template_source: &str) -> ReasoningFormat {
         if template_source.contains(CHANNEL) && template_source.contains(MESSAGE) {
             ReasoningFormat::Harmony
+        } else if template_source.contains("<|channel>") && template_source.contains(THOUGHT_CLOSE) {
+            ReasoningFormat::ThoughtChannel
         } else if template_source.contains(THINK_OPEN) {
             ReasoningFormat::ThinkTags
         } else {
             ReasoningFormat::None
+        }
+    }
+
+    /// The markers around a reasoning block, for the formats that write one.
+    fn tags(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            ReasoningFormat::ThinkTags => Some((THINK_OPEN, THINK_CLOSE)),
+            ReasoningFormat::ThoughtChannel => Some((THOUGHT_OPEN, THOUGHT_CLOSE)),
+            _ => None,
         }
     }
 }
@@ -105,16 +123,17 @@ impl Splitter {
     pub fn new(format: ReasoningFormat, prompt_opens_thinking: bool) -> Splitter {
         let state = match format {
             ReasoningFormat::Harmony => State::Header,
-            ReasoningFormat::ThinkTags if prompt_opens_thinking => State::Thinking,
+            ReasoningFormat::ThinkTags | ReasoningFormat::ThoughtChannel if prompt_opens_thinking => State::Thinking,
             _ => State::Content,
         };
         Splitter { format, state, held: String::new(), trim_content_start: false, scanned: 0 }
     }
 
-    /// Whether the rendered prompt leaves the model inside a `<think>` block.
+    /// Whether the rendered prompt leaves the model inside a reasoning block (`<think>`,
+    /// Gemma 4's `<|channel>thought`).
     pub fn prompt_opens_thinking(prompt_text: &str) -> bool {
         let tail = prompt_text.trim_end();
-        tail.rfind(THINK_OPEN).is_some_and(|open| !tail[open..].contains(THINK_CLOSE))
+        [(THINK_OPEN, THINK_CLOSE), (THOUGHT_OPEN, THOUGHT_CLOSE)].iter().any(|(o, c)| tail.rfind(o).is_some_and(|open| !tail[open..].contains(c)))
     }
 
     /// The next piece of generated text: what can be told apart now. A model without
@@ -139,9 +158,17 @@ impl Splitter {
     fn drain(&mut self, out: &mut Split, end: bool) {
         loop {
             match self.state.clone() {
-                State::Content if self.format == ReasoningFormat::ThinkTags => {
-                    if !self.take_until(&[THINK_OPEN], end, |s, t| s.answer(out, t)) {
+                State::Content if self.format.tags().is_some() => {
+                    let (open, close) = self.format.tags().expect("checked");
+                    // Gemma 4 may close a block it never opened after its answer.
+                    let stray = self.format == ReasoningFormat::ThoughtChannel;
+                    let markers: &[&str] = if stray { &[open, close] } else { &[open] };
+                    let before = self.held.clone();
+                    if !self.take_until(markers, end, |s, t| s.answer(out, t)) {
                         return;
+                    }
+                    if stray && first_marker(&before, markers).is_some_and(|(at, len)| before[at..at + len] == *close) {
+                        continue;
                     }
                     self.state = State::Thinking;
                 }
@@ -151,7 +178,8 @@ impl Splitter {
                     return;
                 }
                 State::Thinking => {
-                    if !self.take_until(&[THINK_CLOSE], end, |_, t| out.reasoning.push_str(t)) {
+                    let close = self.format.tags().map_or(THINK_CLOSE, |(_, c)| c);
+                    if !self.take_until(&[close], end, |_, t| out.reasoning.push_str(t)) {
                         return;
                     }
                     self.state = State::Content;
@@ -315,6 +343,20 @@ mod tests {
         assert_eq!(run(ReasoningFormat::ThinkTags, false, &["<think>still thin", "king"]).reasoning, "still thinking");
         assert!(Splitter::prompt_opens_thinking("<|im_start|>assistant\n<think>\n"));
         assert!(!Splitter::prompt_opens_thinking("<think>a</think>\n<|im_start|>assistant\n"));
+    }
+
+    #[test]
+    fn gemma4_thought_channel_splits_whole_and_in_any_pieces() {
+        assert_eq!(ReasoningFormat::detect("{{- '<|channel>thought\n' -}}{{ reasoning }}{{- '<channel|>' -}}"), ReasoningFormat::ThoughtChannel);
+        assert_eq!(ReasoningFormat::detect(include_str!("../../../testdata/gemma4-chat-template.jinja")), ReasoningFormat::ThoughtChannel);
+        let text = "<|channel>thought\nThe user wants a haiku.<channel|>Autumn moon rises";
+        let want = Split { reasoning: "\nThe user wants a haiku.".into(), content: "Autumn moon rises".into(), calls: vec![] };
+        assert_splits_in_any_pieces(ReasoningFormat::ThoughtChannel, text, &want);
+        // A stray close after the answer, and an empty second block, are not answer text.
+        let text = "<|channel>thought\nHm.<channel|>Done.<|channel>thought\n<channel|><channel|>";
+        let want = Split { reasoning: "\nHm.\n".into(), content: "Done.".into(), calls: vec![] };
+        assert_splits_in_any_pieces(ReasoningFormat::ThoughtChannel, text, &want);
+        assert!(Splitter::prompt_opens_thinking("<|turn>model\n<|channel>thought\n"));
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub fn parse_tool_calls(text: &str, tools: &[Value]) -> Vec<ParsedCall> {
         calls.extend(parse_deepseek_calls(text).into_iter().filter(|c| known(&c.name)));
     }
     if calls.is_empty() {
+        calls.extend(parse_gemma4_calls(text).into_iter().filter(|c| known(&c.name)));
+    }
+    if calls.is_empty() {
         // Models also answer with the bare JSON object.
         if let Some(c) = parse_call(text.trim()) {
             if known(&c.name) {
@@ -200,10 +203,146 @@ fn parse_deepseek_calls(text: &str) -> Vec<ParsedCall> {
         .collect()
 }
 
+/// Gemma 4's call markers (tokens of its vocabulary, rendered as this text) and its string
+/// quote.
+const GEMMA4_CALL: &str = "<|tool_call>call:";
+const GEMMA4_CALL_END: &str = "<tool_call|>";
+const GEMMA4_QUOTE: &str = "<|\"|>";
+/// Deepest nesting of a Gemma 4 argument value read: a hostile or looping output cannot
+/// recurse the parser off the stack.
+const GEMMA4_MAX_DEPTH: usize = 64;
+
+/// Gemma 4's calls: `<|tool_call>call:NAME{key:VALUE,…}<tool_call|>`, one after another,
+/// where keys are bare, strings are quoted by `<|"|>` and the rest is JSON's numbers,
+/// booleans, null, arrays and objects (its template writes them so, and llama.cpp reads
+/// them so).
+fn parse_gemma4_calls(text: &str) -> Vec<ParsedCall> {
+    text.split(GEMMA4_CALL)
+        .skip(1)
+        .filter_map(|call| {
+            let call = call.split(GEMMA4_CALL_END).next().unwrap_or(call);
+            let brace = call.find('{')?;
+            let name = call[..brace].trim();
+            let mut p = Gemma4Value { s: &call[brace..], depth: 0 };
+            let args = p.dict()?;
+            (!name.is_empty()).then(|| ParsedCall { name: name.to_string(), arguments: args.to_string() })
+        })
+        .collect()
+}
+
+/// A reader of Gemma 4's argument syntax (see [`parse_gemma4_calls`]).
+struct Gemma4Value<'a> {
+    s: &'a str,
+    depth: usize,
+}
+
+impl Gemma4Value<'_> {
+    fn ws(&mut self) {
+        self.s = self.s.trim_start();
+    }
+
+    fn eat(&mut self, t: &str) -> bool {
+        match self.s.strip_prefix(t) {
+            Some(rest) => {
+                self.s = rest;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn value(&mut self) -> Option<Value> {
+        self.ws();
+        if self.s.starts_with('{') {
+            return self.dict();
+        }
+        if self.s.starts_with('[') {
+            return self.array();
+        }
+        if self.eat(GEMMA4_QUOTE) {
+            let end = self.s.find(GEMMA4_QUOTE)?;
+            let v = Value::String(self.s[..end].to_string());
+            self.s = &self.s[end + GEMMA4_QUOTE.len()..];
+            return Some(v);
+        }
+        // A JSON scalar (number, true, false, null): up to the next delimiter.
+        let end = self.s.find([',', '}', ']']).unwrap_or(self.s.len());
+        let v = serde_json::from_str(self.s[..end].trim()).ok()?;
+        self.s = &self.s[end..];
+        Some(v)
+    }
+
+    fn nested<T>(&mut self, f: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
+        if self.depth >= GEMMA4_MAX_DEPTH {
+            return None;
+        }
+        self.depth += 1;
+        let v = f(self);
+        self.depth -= 1;
+        v
+    }
+
+    fn dict(&mut self) -> Option<Value> {
+        self.nested(|p| {
+            p.ws();
+            if !p.eat("{") {
+                return None;
+            }
+            let mut map = serde_json::Map::new();
+            p.ws();
+            if p.eat("}") {
+                return Some(Value::Object(map));
+            }
+            loop {
+                p.ws();
+                let colon = p.s.find([':', '}'])?;
+                if !p.s[colon..].starts_with(':') {
+                    return None;
+                }
+                let key = p.s[..colon].trim().to_string();
+                p.s = &p.s[colon + 1..];
+                let v = p.value()?;
+                map.insert(key, v);
+                p.ws();
+                if p.eat("}") {
+                    return Some(Value::Object(map));
+                }
+                if !p.eat(",") {
+                    return None;
+                }
+            }
+        })
+    }
+
+    fn array(&mut self) -> Option<Value> {
+        self.nested(|p| {
+            p.ws();
+            if !p.eat("[") {
+                return None;
+            }
+            let mut items = Vec::new();
+            p.ws();
+            if p.eat("]") {
+                return Some(Value::Array(items));
+            }
+            loop {
+                items.push(p.value()?);
+                p.ws();
+                if p.eat("]") {
+                    return Some(Value::Array(items));
+                }
+                if !p.eat(",") {
+                    return None;
+                }
+            }
+        })
+    }
+}
+
 /// Could `text` still turn into a tool call? Streaming holds text back while it might.
 pub fn may_be_tool_call(text: &str) -> bool {
     let t = text.trim_start();
-    t.starts_with(OPEN) || OPEN.starts_with(t) || t.starts_with('{') || t.starts_with(DS_CALLS) || DS_CALLS.starts_with(t)
+    [OPEN, DS_CALLS, GEMMA4_CALL].iter().any(|m| t.starts_with(m) || m.starts_with(t)) || t.starts_with('{')
 }
 
 #[cfg(test)]
@@ -222,6 +361,25 @@ mod tests {
         assert_eq!(parse_tool_calls(" {\"name\": \"get_weather\", \"arguments\": {}}", &t).len(), 1);
         assert!(parse_tool_calls("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>", &t).is_empty());
         assert!(parse_tool_calls("It is sunny.", &t).is_empty());
+    }
+
+    #[test]
+    fn gemma4_calls_are_parsed_with_their_own_quotes_and_nesting() {
+        let mut t = weather();
+        t.push(json!({"type": "function", "function": {"name": "set_timer", "parameters": {"type": "object"}}}));
+        let text = "<|tool_call>call:get_weather{city:<|\"|>San José, \"CR\"<|\"|>}<tool_call|><|tool_call>call:set_timer{minutes:15,loud:true,label:null,tags:[<|\"|>tea<|\"|>, <|\"|>a:b}<|\"|>],at:{h:7, m:-2.5}}<tool_call|>";
+        let calls = parse_tool_calls(text, &t);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0], ParsedCall { name: "get_weather".into(), arguments: json!({"city": "San José, \"CR\""}).to_string() });
+        let args: Value = serde_json::from_str(&calls[1].arguments).unwrap();
+        assert_eq!(args, json!({"minutes": 15, "loud": true, "label": null, "tags": ["tea", "a:b}"], "at": {"h": 7, "m": -2.5}}));
+        // No arguments; an unknown tool; broken syntax; nesting past the bound: no call.
+        assert_eq!(parse_tool_calls("<|tool_call>call:get_weather{}<tool_call|>", &t)[0].arguments, "{}");
+        assert!(parse_tool_calls("<|tool_call>call:rm_rf{}<tool_call|>", &t).is_empty());
+        assert!(parse_tool_calls("<|tool_call>call:get_weather{city:<|\"|>Oslo}<tool_call|>", &t).is_empty());
+        let deep = format!("<|tool_call>call:set_timer{{a:{}1{}}}<tool_call|>", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(parse_tool_calls(&deep, &t).is_empty());
+        assert!(may_be_tool_call("<|tool_") && may_be_tool_call("<|tool_call>call:get"));
     }
 
     #[test]

@@ -105,12 +105,14 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
     }
     // Attention against an F16 cache: QK^T and AV, each 2 FLOPs per head dim per cached
     // token; softmax, norms, RoPE and the FFN activation in F32.
-    lf.f16 += (2 * 2 * spec.n_head * spec.head_dim * n_kv) as f64;
+    lf.f16 += 2.0 * 2.0 * spec.n_head as f64 * spec.mean_head_dim() * n_kv as f64;
     // The FFN's hidden width a token goes through: its experts' together under MoE.
     let n_ff = spec.moe.map_or(spec.n_ff, |m| m.n_ff_exp * m.n_expert_used);
     lf.f32 += (2 * spec.n_head * n_kv + 10 * e + 4 * n_ff) as f64;
     // One micro-batch of logits and FFN intermediates, F32.
     let buffer = (UBATCH * 4 * (v + 2 * n_ff)) as f64;
+    let head_dim = spec.mean_head_dim().round().max(1.0) as usize;
+    let kv_heads = (spec.mean_n_embd_kv() / head_dim as f64).round().max(1.0) as usize;
     ModelProfile {
         name: name.to_string(),
         n_layer: spec.n_layer,
@@ -119,10 +121,12 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
         output_bytes: output_bytes as f64,
         n_vocab: v,
         n_embd: e,
-        n_head_k: spec.n_head_kv,
-        n_head_v: spec.n_head_kv,
-        head_dim_k: spec.head_dim,
-        head_dim_v: spec.head_dim,
+        // Per layer on average (Gemma 4's sliding and full layers differ): heads x head
+        // size is the K/V row the memory model counts.
+        n_head_k: kv_heads,
+        n_head_v: kv_heads,
+        head_dim_k: head_dim,
+        head_dim_v: head_dim,
         n_kv,
         n_head: spec.n_head,
         kv_element_bytes_k: kv.k.bytes_per_element(),
