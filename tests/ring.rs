@@ -45,7 +45,8 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
 /// gemma3 (sliding window of 8 tokens, shorter than the prompt), gpt-oss (sinks, MXFP4
 /// experts), glm4moe (a dense first layer, a shared expert, partial RoPE) and llama4
 /// (a NoPE layer, experts every second layer with a shared expert) and gemma4 (its own head
-/// sizes and KV heads per layer kind, V from K, a dense FFN beside the experts) of 6 layers
+/// sizes and KV heads per layer kind, V from K, a dense FFN beside the experts) and
+/// deepseek2 (latent attention: one compressed cache row per token) of 6 layers
 /// give the single node's greedy text for windows cut through every stage, with disjoint
 /// windows per member, and with a relaying head; one worker has no model file and fetches
 /// its windows from the head. Also a prompt of real text over 1,000 tokens, pipelined in
@@ -60,7 +61,7 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
     const CHUNK: &str = "50";
     let dir = std::env::temp_dir().join(format!("hearth-ring-archs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "gemma4"] {
+    for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2"] {
         let mut m = engine::random_model::RandomModel::new(arch, 6, 64, 128, 4, 2);
         m.n_ff_exp = 64;
         m.n_swa = 8;

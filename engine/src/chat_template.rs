@@ -47,6 +47,142 @@ pub fn builtin_names() -> Vec<String> {
     names
 }
 
+/// The `tojson` filter of HF's chat templates: `json.dumps(value, ensure_ascii=False,
+/// indent=None, separators=None)` as transformers and llama.cpp's Jinja engine write it (keys
+/// in their order; items `, ` and keys `: ` apart, or `,` when indented).
+fn python_tojson(value: Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, minijinja::Error> {
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    let indent: Option<Value> = kwargs.get("indent")?;
+    let separators: Option<Vec<String>> = kwargs.get("separators")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match v.as_str() {
+            Some(s) => Some(s.to_string()),
+            None => Some(" ".repeat(usize::try_from(v.as_i64().unwrap_or(0)).unwrap_or(0).min(MAX_JSON_INDENT))),
+        },
+    };
+    let item_sep = separators.as_ref().and_then(|s| s.first().cloned()).unwrap_or_else(|| if indent.is_some() { ",".into() } else { ", ".into() });
+    let key_sep = separators.as_ref().and_then(|s| s.get(1).cloned()).unwrap_or_else(|| ": ".into());
+    let style = JsonStyle { indent, item_sep, key_sep, ensure_ascii: ensure_ascii.unwrap_or(false), sort_keys: sort_keys.unwrap_or(false) };
+    let mut out = String::new();
+    style.write(&mut out, &value, 0)?;
+    Ok(Value::from_safe_string(out))
+}
+
+/// Deepest `indent` honoured: a template cannot make one value megabytes of spaces.
+const MAX_JSON_INDENT: usize = 16;
+/// Deepest nesting written: a self-referencing value ends in an error, not a stack overflow.
+const MAX_JSON_DEPTH: usize = 128;
+
+struct JsonStyle {
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    ensure_ascii: bool,
+    sort_keys: bool,
+}
+
+impl JsonStyle {
+    fn write(&self, out: &mut String, v: &Value, depth: usize) -> std::result::Result<(), minijinja::Error> {
+        use minijinja::value::ValueKind;
+        if depth > MAX_JSON_DEPTH {
+            return Err(minijinja::Error::new(ErrorKind::InvalidOperation, "tojson: value nested too deeply"));
+        }
+        match v.kind() {
+            ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number => match (v.as_i64(), f64::try_from(v.clone())) {
+                (Some(i), _) if !v.to_string().contains(['.', 'e', 'E', 'n', 'N']) => out.push_str(&i.to_string()),
+                (_, Ok(f)) if f.is_finite() => out.push_str(&python_float(f)),
+                (_, Ok(f)) => out.push_str(if f.is_nan() { "NaN" } else if f > 0.0 { "Infinity" } else { "-Infinity" }),
+                _ => out.push_str(&v.to_string()),
+            },
+            ValueKind::String => self.string(out, v.as_str().unwrap_or_default()),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = v.try_iter()?.collect();
+                self.container(out, '[', ']', &items, depth, |s, out, item, d| s.write(out, item, d))?;
+            }
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = v.try_iter()?.collect();
+                if self.sort_keys {
+                    keys.sort_by_key(|k| k.to_string());
+                }
+                self.container(out, '{', '}', &keys, depth, |s, out, key, d| {
+                    s.string(out, &key.as_str().map(str::to_string).unwrap_or_else(|| key.to_string()));
+                    out.push_str(&s.key_sep);
+                    s.write(out, &v.get_item(key)?, d)
+                })?;
+            }
+            _ => self.string(out, &v.to_string()),
+        }
+        Ok(())
+    }
+
+    fn container(&self, out: &mut String, open: char, close: char, items: &[Value], depth: usize, mut each: impl FnMut(&Self, &mut String, &Value, usize) -> std::result::Result<(), minijinja::Error>) -> std::result::Result<(), minijinja::Error> {
+        out.push(open);
+        for (i, item) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item_sep);
+            }
+            if let Some(ind) = &self.indent {
+                out.push('\n');
+                out.push_str(&ind.repeat(depth + 1));
+            }
+            each(self, out, item, depth + 1)?;
+        }
+        if let (Some(ind), false) = (&self.indent, items.is_empty()) {
+            out.push('\n');
+            out.push_str(&ind.repeat(depth));
+        }
+        out.push(close);
+        Ok(())
+    }
+
+    fn string(&self, out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                    let mut buf = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buf) {
+                        out.push_str(&format!("\\u{:04x}", unit));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// A float as Python's `repr` writes it: a whole number keeps `.0`, tiny and huge ones
+/// take an exponent.
+fn python_float(f: f64) -> String {
+    let abs = f.abs();
+    if abs != 0.0 && !(1e-4..1e16).contains(&abs) {
+        let s = format!("{f:e}");
+        // Rust writes 1e-5 and 1.5e20; Python 1e-05 and 1.5e+20.
+        let (mantissa, exp) = s.split_once('e').unwrap_or((&s, "0"));
+        let exp: i32 = exp.parse().unwrap_or(0);
+        return format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs());
+    }
+    if f.fract() == 0.0 {
+        format!("{f:.1}")
+    } else {
+        format!("{f}")
+    }
+}
+
 impl ChatTemplate {
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
         let mut env = Environment::new();
@@ -56,6 +192,10 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
+        // Python's `json.dumps` as HF templates call it (GLM's `tojson(ensure_ascii=False)`,
+        // `indent`, `separators`): minijinja's own takes no such arguments and writes
+        // compact, HTML-escaped JSON, which no model was trained on.
+        env.add_filter("tojson", python_tojson);
         env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e}")))?;
         Ok(ChatTemplate { renderer: Renderer::Jinja(env), source: source.to_string(), bos: bos.to_string(), eos: eos.to_string() })
     }

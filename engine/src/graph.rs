@@ -98,10 +98,12 @@ unsafe fn rotate(ctx: *mut sys::ggml_context, cur: T, rot: T) -> T {
 /// 2 per expert used; this bound leaves headroom.
 pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
     // Gemma 4's dense FFN and norms beside the experts: ~20 more.
-    let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used + if spec.arch == Arch::Gemma4 { 24 } else { 0 });
+    let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used + if spec.arch == Arch::Gemma4 { 24 } else { 0 } + if m.groups.is_some() { 16 } else { 0 });
+    // MLA's absorbed queries and decompressed outputs: ~20 more, 6 per attended group.
+    let mla = if spec.mla.is_some() { 20 + 6 * n_groups } else { 0 };
     // 14 of a layer's: a pad and a view for each of its seven weight products; 12 for
     // the rotations around a quantized cache.
-    n_layers * (74 + moe + 10 * n_groups) + 64
+    n_layers * (74 + moe + mla + 10 * n_groups) + 64
 }
 
 /// Builds the graph in `ctx` (a no-alloc context sized for `max_nodes`).
@@ -176,7 +178,8 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         .layers
         .clone()
         .map(|il| {
-            let (k, v) = cache.types.rotations(spec.head_dim_of(il));
+            // MLA's cache is not rotated (llama.cpp's K-only attention input has none).
+            let (k, v) = if spec.mla.is_some() { (0, 0) } else { cache.types.rotations(spec.head_dim_of(il)) };
             (rotation(k), rotation(v))
         })
         .collect();
@@ -201,25 +204,6 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             sys::ggml_mul(ctx, n, weight)
         };
         let cur = norm(x, l.attn_norm);
-
-        let mut q = add_opt(mul_mat_acc(ctx, l.wq, cur, false), l.bq);
-        let mut k = add_opt(mul_mat_acc(ctx, l.wk, cur, false), l.bk);
-        // Gemma 4's full layers without a V projection take K's (before its norm).
-        let v = match l.wv {
-            Some(wv) => add_opt(mul_mat_acc(ctx, wv, cur, false), l.bv),
-            None => k,
-        };
-        q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
-        k = sys::ggml_reshape_3d(ctx, k, hd, n_head_kv, n_tok);
-        let mut v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
-        // Required by the archs that have them always (checked at load), optional in GLM.
-        if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
-            q = norm(q, qn);
-            k = norm(k, kn);
-        }
-        if spec.v_norm {
-            v = sys::ggml_rms_norm(ctx, v, eps);
-        }
         let freqs = l.rope_freqs.unwrap_or(std::ptr::null_mut());
         let n_rot = spec.n_rot_of(il) as i32;
         let (freq_base, freq_scale) = spec.rope_of(il);
@@ -240,15 +224,69 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 rope.beta_slow,
             )
         };
-        let ropes = spec.ropes(il);
-        if ropes {
-            q = rope_it(q);
-            k = rope_it(k);
-        }
+        // Q, K and V as attention reads them; V is None where it is part of K's cache row
+        // (MLA), and then its width is `v_width` and `v_up` decompresses the output.
+        let (mut q, k, v, v_width, v_up) = match (&l.mla, spec.mla) {
+            (Some(m), Some(dims)) => {
+                let (lora, rot) = (dims.kv_lora_rank as i64, dims.n_rot as i64);
+                let nope = dims.head_k as i64 - rot;
+                let q = match (m.q_a, m.q_a_norm, m.q_b) {
+                    (Some(a), Some(a_norm), Some(b)) => {
+                        let q = norm(sys::ggml_mul_mat(ctx, a, cur), a_norm);
+                        sys::ggml_mul_mat(ctx, b, q)
+                    }
+                    _ => sys::ggml_mul_mat(ctx, l.wq.expect("bound where the query is not low-rank"), cur),
+                };
+                let q = sys::ggml_reshape_3d(ctx, q, dims.head_k as i64, n_head, n_tok);
+                let kv_pe = sys::ggml_mul_mat(ctx, m.kv_a, cur);
+                let row = sys::ggml_row_size((*kv_pe).type_, lora + rot);
+                let kv_cmpr = sys::ggml_view_2d(ctx, kv_pe, lora, n_tok, row, 0);
+                let k_pe = sys::ggml_view_3d(ctx, kv_pe, rot, 1, n_tok, row, row, sys::ggml_row_size((*kv_pe).type_, lora));
+                let k_pe = rope_it(k_pe);
+                let kv_cmpr = norm(kv_cmpr, m.kv_a_norm);
+                let q_nope = sys::ggml_view_3d(ctx, q, nope, n_head, n_tok, (*q).nb[1], (*q).nb[2], 0);
+                let q_pe = sys::ggml_view_3d(ctx, q, rot, n_head, n_tok, (*q).nb[1], (*q).nb[2], sys::ggml_row_size((*q).type_, nope));
+                let q_pe = rope_it(q_pe);
+                // The unrotated query part absorbed into the compressed space, head by head.
+                let q_abs = sys::ggml_mul_mat(ctx, m.k_b, sys::ggml_permute(ctx, q_nope, 0, 2, 1, 3));
+                let q = sys::ggml_concat(ctx, sys::ggml_permute(ctx, q_abs, 0, 2, 1, 3), q_pe, 0);
+                let kv_cmpr = sys::ggml_reshape_3d(ctx, kv_cmpr, lora, 1, n_tok);
+                let k = sys::ggml_concat(ctx, kv_cmpr, k_pe, 0);
+                (q, k, None, lora, Some((m.v_b, kv_cmpr)))
+            }
+            _ => {
+                let mut q = add_opt(mul_mat_acc(ctx, l.wq.expect("bound for heads attention"), cur, false), l.bq);
+                let mut k = add_opt(mul_mat_acc(ctx, l.wk.expect("bound for heads attention"), cur, false), l.bk);
+                // Gemma 4's full layers without a V projection take K's (before its norm).
+                let v = match l.wv {
+                    Some(wv) => add_opt(mul_mat_acc(ctx, wv, cur, false), l.bv),
+                    None => k,
+                };
+                q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
+                k = sys::ggml_reshape_3d(ctx, k, hd, n_head_kv, n_tok);
+                let mut v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
+                // Required by the archs that have them always (checked at load), optional in GLM.
+                if let (Some(qn), Some(kn)) = (l.q_norm, l.k_norm) {
+                    q = norm(q, qn);
+                    k = norm(k, kn);
+                }
+                if spec.v_norm {
+                    v = sys::ggml_rms_norm(ctx, v, eps);
+                }
+                let ropes = spec.ropes(il);
+                if ropes {
+                    q = rope_it(q);
+                    k = rope_it(k);
+                }
+                (q, k, Some(v), hd, None)
+            }
+        };
+        let mut k = k;
+        // Llama 4: the temperature, then the weightless norms (llama.cpp's order).
         if let Some(scale) = attn_scale.filter(|_| spec.tempers(il)) {
             q = sys::ggml_mul(ctx, q, scale);
         }
-        if ropes && spec.qk_rms_after_rope {
+        if l.mla.is_none() && spec.ropes(il) && spec.qk_rms_after_rope {
             q = sys::ggml_rms_norm(ctx, q, eps);
             k = sys::ggml_rms_norm(ctx, k, eps);
         }
@@ -260,19 +298,21 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             q = rotate(ctx, q, r);
             k = rotate(ctx, k, r);
         }
-        let v = match v_rot {
-            Some(r) => rotate(ctx, v, r),
-            None => v,
+        let v = match (v, v_rot) {
+            (Some(v), Some(r)) => Some(rotate(ctx, v, r)),
+            (v, _) => v,
         };
         // Same expansion order as llama.cpp, so the node order (and thus any fusion the
         // CPU backend applies) is the same.
         sys::ggml_build_forward_expand(gf, q);
-        sys::ggml_build_forward_expand(gf, v);
+        sys::ggml_build_forward_expand(gf, v.or(v_up.map(|(_, c)| c)).unwrap_or(k));
         sys::ggml_build_forward_expand(gf, k);
         let k2 = sys::ggml_view_2d(ctx, k, n_embd_kv, n_tok, (*k).nb[2], 0);
-        let v2 = sys::ggml_view_2d(ctx, v, n_embd_kv, n_tok, (*v).nb[2], 0);
         sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.k, k2, cells));
-        sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.v, v2, cells));
+        if let Some(v) = v {
+            let v2 = sys::ggml_view_2d(ctx, v, n_embd_kv, n_tok, (*v).nb[2], 0);
+            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.v, v2, cells));
+        }
 
         let is_model_last = last && il + 1 == spec.n_layer;
         if is_model_last && out_ids.is_none() {
@@ -287,13 +327,14 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let mut attn: T = std::ptr::null_mut();
         for (g, mask) in shape.groups.iter().zip(layer_masks) {
             let (rows, seqs) = (g.n_rows as i64, g.n_seqs as i64);
-            let qg = sys::ggml_view_4d(ctx, q, hd, n_head, rows, seqs, (*q).nb[1], (*q).nb[2], (*q).nb[2] * g.n_rows, (*q).nb[2] * g.row0);
+            let qg = sys::ggml_view_4d(ctx, q, (*q).ne[0], n_head, rows, seqs, (*q).nb[1], (*q).nb[2], (*q).nb[2] * g.n_rows, (*q).nb[2] * g.row0);
             let qg = sys::ggml_permute(ctx, qg, 0, 2, 1, 3);
             let (cell0, n_kv) = if swa { (g.cell0_swa, g.n_kv_swa) } else { (g.cell0, g.n_kv) };
-            let cache_view = |c: T| {
+            // `width` of each head's `hd` cached elements (all of them but for MLA's V).
+            let cache_view = |c: T, width: i64| {
                 // The cache's own type (F16 by default, a quantized one on request).
                 let row = |n: i64| sys::ggml_row_size((*c).type_, n);
-                let view = sys::ggml_view_4d(ctx, c, hd, n_head_kv, n_kv as i64, seqs, row(hd), row(n_embd_kv), row(n_embd_kv) * cache.slot_cells, row(n_embd_kv) * cell0);
+                let view = sys::ggml_view_4d(ctx, c, width, n_head_kv, n_kv as i64, seqs, row(hd), row(n_embd_kv), row(n_embd_kv) * cache.slot_cells, row(n_embd_kv) * cell0);
                 let view = sys::ggml_permute(ctx, view, 0, 2, 1, 3);
                 // Flash attention takes F16 or quantized K and V: an F32 cache is cast,
                 // as llama.cpp casts it.
@@ -303,12 +344,21 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                     view
                 }
             };
-            let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k), cache_view(kv.v), *mask, kq_scale, 0.0, 0.0);
+            let fa = sys::ggml_flash_attn_ext(ctx, qg, cache_view(kv.k, hd), cache_view(kv.v, v_width), *mask, kq_scale, 0.0, 0.0);
             if let Some(sinks) = l.sinks {
                 sys::ggml_flash_attn_ext_add_sinks(fa, sinks);
             }
             sys::ggml_prec_set_acc(fa, sys::GGML_PREC_F32);
-            let out = sys::ggml_reshape_2d(ctx, fa, hd * n_head, rows * seqs);
+            let out = match v_up {
+                // Out of the compressed space into each head's value, tokens along rows
+                // (llama.cpp's matrix-matrix form).
+                Some((v_b, _)) => {
+                    let o = sys::ggml_mul_mat(ctx, v_b, sys::ggml_permute(ctx, fa, 0, 2, 1, 3));
+                    let o = sys::ggml_cont(ctx, sys::ggml_permute(ctx, o, 0, 2, 1, 3));
+                    sys::ggml_reshape_2d(ctx, o, (*o).ne[0] * (*o).ne[1], (*o).ne[2] * (*o).ne[3])
+                }
+                None => sys::ggml_reshape_2d(ctx, fa, hd * n_head, rows * seqs),
+            };
             attn = if attn.is_null() { out } else { sys::ggml_concat(ctx, attn, out, 1) };
         }
         if let Some(r) = v_rot {
@@ -410,6 +460,23 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
         (_, Gating::SigmoidInput) => logits,
         (Some(b), _) => sys::ggml_add(ctx, probs, b),
         (None, _) => probs,
+    };
+    // DeepSeek V3: only the experts of the best groups compete (a group scores the sum of
+    // its best two), the others' scores masked to -inf, as llama.cpp's `build_moe_ffn`.
+    let selection = match moe.groups {
+        Some((n_groups, n_used)) if n_tok > 0 => {
+            let (g, per) = (n_groups as i64, n_expert / n_groups as i64);
+            let grouped = sys::ggml_reshape_3d(ctx, selection, per, g, n_tok);
+            let best2 = sys::ggml_argsort_top_k(ctx, grouped, 2);
+            let best2 = sys::ggml_get_rows(ctx, sys::ggml_reshape_4d(ctx, grouped, 1, per, g, n_tok), best2);
+            let scores = sys::ggml_sum_rows(ctx, sys::ggml_reshape_3d(ctx, best2, 2, g, n_tok));
+            let scores = sys::ggml_reshape_2d(ctx, scores, g, n_tok);
+            let groups = sys::ggml_argsort_top_k(ctx, scores, n_used as i32);
+            let kept = sys::ggml_get_rows(ctx, grouped, groups);
+            let masked = sys::ggml_set_rows(ctx, sys::ggml_fill(ctx, grouped, f32::NEG_INFINITY), kept, groups);
+            sys::ggml_reshape_2d(ctx, masked, n_expert, n_tok)
+        }
+        _ => selection,
     };
     let selected = sys::ggml_argsort_top_k(ctx, selection, k as i32);
     // The top-k is a view of the full argsort, the node that computes.

@@ -180,7 +180,10 @@ pub struct LayerKv {
 }
 
 pub struct KvCache {
+    /// Per layer; under MLA each layer's `v` is its `k` (see `v_in_k`).
     pub layers: Vec<LayerKv>,
+    /// MLA: V is the first this-many elements of each K row, not a cache of its own.
+    pub v_in_k: Option<usize>,
     pub types: CacheTypes,
     /// Cells per slot: the per-sequence context, rounded up to `KV_PAD`.
     pub slot_cells: usize,
@@ -207,7 +210,12 @@ impl KvCache {
         if n_seq == 0 || n_ctx_seq == 0 {
             return Err(Error::InvalidWindow("the KV cache needs at least one sequence of at least one cell".into()));
         }
-        for (which, t) in [("K", types.k), ("V", types.v)] {
+        // Under MLA V is part of the K rows: llama.cpp takes only one type for both.
+        let v_cached = spec.mla.is_none();
+        if !v_cached && types.k != types.v {
+            return Err(Error::InvalidWindow(format!("this model's latent attention keeps V inside the K cache, so K and V take one cache type (K {}, V {}): set both to the same", types.k, types.v)));
+        }
+        for (which, t) in [("K", types.k), ("V", types.v)].into_iter().filter(|(w, _)| *w == "K" || v_cached) {
             for &(il, _) in window {
                 let hd = spec.head_dim_of(il);
                 if !t.fits(hd) {
@@ -223,6 +231,7 @@ impl KvCache {
             .ok_or_else(|| Error::InvalidWindow(format!("{n_seq} sequences of {n_ctx_seq} cells is too large a KV cache")))?;
         let cpu_ctx = ggml::new_meta_context(devices.len() * 2)?;
         let accel_ctx = if devices.contains(&Device::Accelerator) { Some(ggml::new_meta_context(devices.len() * 2)?) } else { None };
+        let v_in_k = spec.mla.map(|m| m.kv_lora_rank);
         let mut layers = Vec::with_capacity(devices.len());
         for &(il, dev) in window {
             let n_embd_kv = spec.n_embd_kv_of(il) as u64;
@@ -231,11 +240,13 @@ impl KvCache {
                 Device::Cpu => cpu_ctx,
             };
             let k = ggml::new_tensor(ctx, types.k.ggml_type(), &[n_embd_kv, total as u64])?;
-            let v = ggml::new_tensor(ctx, types.v.ggml_type(), &[n_embd_kv, total as u64])?;
+            // Under MLA, V is read from the K rows: no V cache of its own.
+            let v = if spec.n_embd_v_cache_of(il) == 0 { k } else { ggml::new_tensor(ctx, types.v.ggml_type(), &[n_embd_kv, total as u64])? };
             layers.push(LayerKv { k, v });
         }
         let mut cache = KvCache {
             layers,
+            v_in_k,
             types,
             slot_cells,
             capacity: n_ctx_seq,

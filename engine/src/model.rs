@@ -48,6 +48,13 @@ pub enum Arch {
     /// FFN beside the routed GELU experts, each with its own norms, the router reading the
     /// normalised attention output.
     Gemma4,
+    /// DeepSeek V2/V3/R1 and the models built on their design (`deepseek2`: GLM-4.7-Flash,
+    /// Kimi K2, Kanana-2 …): multi-head latent attention, computed as llama.cpp computes it
+    /// (queries absorbed into the compressed space, one cached row per token of the
+    /// compressed K/V plus the rotated part, V read from that row and decompressed after
+    /// attention), leading dense layers, then routed experts (softmax or sigmoid with a
+    /// selection bias, optionally limited to the best groups) plus shared experts.
+    DeepSeek2,
 }
 
 impl Arch {
@@ -63,6 +70,7 @@ impl Arch {
             "glm4moe" => Ok(Arch::Glm4Moe),
             "llama4" => Ok(Arch::Llama4),
             "gemma4" => Ok(Arch::Gemma4),
+            "deepseek2" => Ok(Arch::DeepSeek2),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -73,7 +81,7 @@ impl Arch {
         const ROPE_NORM: i32 = 0;
         const ROPE_NEOX: i32 = 2;
         match self {
-            Arch::Llama | Arch::Mistral | Arch::Llama4 => ROPE_NORM,
+            Arch::Llama | Arch::Mistral | Arch::Llama4 | Arch::DeepSeek2 => ROPE_NORM,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe | Arch::Gemma4 => ROPE_NEOX,
         }
     }
@@ -119,6 +127,10 @@ pub struct Moe {
     /// Only every this-many-th layer routes experts, the others are dense (Llama 4:
     /// `interleave_moe_layer_step`); 1 for the archs whose every layer does.
     pub interleave: usize,
+    /// DeepSeek V3's group-limited routing: the experts are cut into `.0` groups, each
+    /// scored by the sum of its best two selection scores, and only the experts of the
+    /// best `.1` groups may be chosen. None: all experts compete.
+    pub groups: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,6 +234,24 @@ pub struct ModelSpec {
     pub n_head_kv_layers: Vec<usize>,
     /// Weightless RMS norm on V before it is cached (Gemma 4).
     pub v_norm: bool,
+    /// Multi-head latent attention (DeepSeek 2/3): the cache holds one row per token of
+    /// `kv_lora_rank + n_rot` (the compressed K/V, then the rotated key part); V is that
+    /// row's first `kv_lora_rank` elements. `head_dim` is then the row's width and
+    /// `n_head_kv` 1, what attention sees after the queries are absorbed.
+    pub mla: Option<Mla>,
+}
+
+/// See [`ModelSpec::mla`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mla {
+    /// Rank of the low-rank query projection; 0: a plain `attn_q` (the Lite models).
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    /// A query/key head before compression: its unrotated part plus `n_rot`.
+    pub head_k: usize,
+    /// A value head after decompression.
+    pub head_v: usize,
+    pub n_rot: usize,
 }
 
 /// See [`ModelSpec::swa_head`].
@@ -257,6 +287,15 @@ impl ModelSpec {
         self.head_dim_of(il) * self.n_head_kv_of(il)
     }
 
+    /// Width of layer `il`'s V cache rows: 0 where V is read from the K row (MLA).
+    pub fn n_embd_v_cache_of(&self, il: usize) -> usize {
+        if self.mla.is_some() {
+            0
+        } else {
+            self.n_embd_kv_of(il)
+        }
+    }
+
     pub fn n_embd_q_of(&self, il: usize) -> usize {
         self.head_dim_of(il) * self.n_head
     }
@@ -269,6 +308,11 @@ impl ModelSpec {
     /// The widest layer's K (and V) row: a bound for memory a window of any layers needs.
     pub fn max_n_embd_kv(&self) -> usize {
         (0..self.n_layer).map(|il| self.n_embd_kv_of(il)).max().unwrap_or(0)
+    }
+
+    /// As [`ModelSpec::max_n_embd_kv`] for the V cache (0 under MLA).
+    pub fn max_n_embd_v_cache(&self) -> usize {
+        (0..self.n_layer).map(|il| self.n_embd_v_cache_of(il)).max().unwrap_or(0)
     }
 
     /// K (and V) elements a cached token takes, averaged over the layers: what memory
@@ -329,7 +373,7 @@ impl ModelSpec {
 
         // Multi-token-prediction blocks (GLM's `nextn`) come last and are not part of the
         // model's forward pass.
-        let n_layer = req_u("block_count")?.saturating_sub(if arch == Arch::Glm4Moe { opt_u("nextn_predict_layers").unwrap_or(0) } else { 0 });
+        let n_layer = req_u("block_count")?.saturating_sub(if matches!(arch, Arch::Glm4Moe | Arch::DeepSeek2) { opt_u("nextn_predict_layers").unwrap_or(0) } else { 0 });
         let n_embd = req_u("embedding_length")?;
         let n_ff = req_u("feed_forward_length")?;
         let n_head = req_u("attention.head_count")?;
@@ -370,10 +414,11 @@ impl ModelSpec {
         if head_dim == 0 || head_dim > MAX_DIMENSION {
             return Err(missing(&key("attention.key_length"), &format!("a value in 1..={MAX_DIMENSION}, found {head_dim}")));
         }
-        if head_dim_v != head_dim {
+        let n_rot = opt_u("rope.dimension_count").unwrap_or(head_dim);
+        let mla = if arch == Arch::DeepSeek2 { Some(mla_params(meta, &arch_name, n_head, n_head_kv, head_dim, head_dim_v, n_rot)?) } else { None };
+        if head_dim_v != head_dim && mla.is_none() {
             return Err(missing(&key("attention.value_length"), "equal to attention.key_length (hearth needs K and V heads of one size)"));
         }
-        let n_rot = opt_u("rope.dimension_count").unwrap_or(head_dim);
         // GLM rotates part of each head (ggml's RoPE leaves the rest as is); the others
         // rotate all of it.
         let partial_ok = arch == Arch::Glm4Moe && n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0;
@@ -391,18 +436,20 @@ impl ModelSpec {
         } else {
             None
         };
-        if n_rot != head_dim && !partial_ok {
+        if n_rot != head_dim && !partial_ok && mla.is_none() {
             return Err(missing(&key("rope.dimension_count"), &format!("equal to the head size {head_dim} (partial RoPE is not supported for {arch_name})")));
         }
         if meta.get(&key("rope.dimension_sections")).and_then(|v| v.as_array()).is_some_and(|a| a.iter().take(2).all(|x| x.as_u64().unwrap_or(0) > 0)) {
             return Err(missing(&key("rope.dimension_sections"), "absent (multimodal M-RoPE is not supported)"));
         }
 
-        let rope = rope_params(&arch_name, meta, n_rot, n_ctx_train)?;
+        let rope = rope_params(arch, &arch_name, meta, n_rot, n_ctx_train)?;
         let attn_temperature = match opt_f("attention.temperature_scale") {
             Some(scale) if scale != 0.0 => {
+                // DeepSeek 2 (Mistral Large 3) names its floor; Mistral 3 takes the
+                // original context.
                 let floor = meta
-                    .get_u64(&key("rope.scaling.original_context_length"))
+                    .get_u64(&key(if arch == Arch::DeepSeek2 { "attention.temperature_length" } else { "rope.scaling.original_context_length" }))
                     .map(|v| v as f32)
                     .unwrap_or(n_ctx_train as f32);
                 Some(AttnTemperature { scale, floor, offset: 0.0 })
@@ -411,13 +458,21 @@ impl ModelSpec {
             _ if arch == Arch::Llama4 => Some(AttnTemperature { scale: LLAMA4_TEMP_SCALE, floor: LLAMA4_CHUNK as f32, offset: 1.0 }),
             _ => None,
         };
-        let kq_scale = match opt_f("attention.scale") {
-            Some(s) if s != 0.0 => s,
+        let kq_scale = match (opt_f("attention.scale"), mla) {
+            (_, Some(m)) => {
+                // llama.cpp pre-scales DeepSeek's scores by YaRN's magnitude twice (its
+                // kernel's own factor undone first): the queries' and the keys'.
+                let f = 1.0 / rope.freq_scale;
+                let attn_factor_org = rope.attn_factor * (1.0 + 0.1 * f.ln());
+                let mscale = attn_factor_org * (1.0 + 0.1 * deepseek2_yarn_log_mul(meta, &arch_name) * f.ln());
+                mscale * mscale / (m.head_k as f32).sqrt()
+            }
+            (Some(s), None) if s != 0.0 => s,
             _ => 1.0 / (head_dim as f32).sqrt(),
         };
         let moe = match arch {
             Arch::Gemma4 if opt_u("expert_count").unwrap_or(0) == 0 => None,
-            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 | Arch::Gemma4 => {
+            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 | Arch::Gemma4 | Arch::DeepSeek2 => {
                 let n_expert = req_u("expert_count")?;
                 let n_expert_used = req_u("expert_used_count")?;
                 if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
@@ -428,14 +483,24 @@ impl ModelSpec {
                     return Err(missing(&key("expert_feed_forward_length"), &format!("a value in 1..={MAX_DIMENSION}, found {n_ff_exp}")));
                 }
                 let gpt_oss = arch == Arch::GptOss;
-                let glm = arch == Arch::Glm4Moe;
+                // DeepSeek 2 reads its experts' settings as GLM does.
+                let glm = matches!(arch, Arch::Glm4Moe | Arch::DeepSeek2);
                 let llama4 = arch == Arch::Llama4;
                 // llama.cpp's `expert_gating_func` codes: 1 softmax, 2 sigmoid (GLM's default).
                 const GATING_SOFTMAX: u64 = 1;
+                const GATING_SIGMOID: u64 = 2;
                 let gating = match arch {
                     Arch::GptOss => Gating::SoftmaxWeight,
                     Arch::Glm4Moe if meta.get_u64(&key("expert_gating_func")) == Some(GATING_SOFTMAX) => Gating::Softmax,
                     Arch::Glm4Moe => Gating::Sigmoid,
+                    Arch::DeepSeek2 => match meta.get_u64(&key("expert_gating_func")) {
+                        Some(GATING_SIGMOID) => Gating::Sigmoid,
+                        Some(GATING_SOFTMAX) => Gating::Softmax,
+                        // llama.cpp's defaults for files without it: GLM-4.7 Lite (the
+                        // vocabulary and layer count tell it) sigmoid, DeepSeek V2 softmax.
+                        _ if matches!(n_layer, 47 | 48) && meta.get("tokenizer.ggml.tokens").and_then(|v| v.as_array()).is_some_and(|t| t.len() == GLM47_LITE_VOCAB) => Gating::Sigmoid,
+                        _ => Gating::Softmax,
+                    },
                     Arch::Llama4 => Gating::SigmoidInput,
                     _ => Gating::Softmax,
                 };
@@ -459,6 +524,15 @@ impl ModelSpec {
                     n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else if llama4 { 1 } else { 0 },
                     dense_lead,
                     interleave: if llama4 { req_u("interleave_moe_layer_step")?.max(1) } else { 1 },
+                    groups: match (opt_u("expert_group_count"), opt_u("expert_group_used_count")) {
+                        (Some(g), Some(u)) if g > 1 => {
+                            if n_expert % g != 0 || u == 0 || u > g || n_expert / g < 2 || u * (n_expert / g) < n_expert_used {
+                                return Err(missing(&key("expert_group_used_count"), &format!("1..={g} groups of at least two experts each, holding {n_expert_used} chosen experts ({n_expert} experts in {g} groups, {u} used)")));
+                            }
+                            Some((g, u))
+                        }
+                        _ => None,
+                    },
                 })
             }
             _ => None,
@@ -509,6 +583,7 @@ impl ModelSpec {
             swa_head: None,
             n_head_kv_layers,
             v_norm: arch == Arch::Gemma4,
+            mla,
         };
         // Only sliding layers take the SWA head, so it is set once the pattern is known;
         // equal to the full layers' it changes nothing.
@@ -534,13 +609,31 @@ impl ModelSpec {
             let (q, kv, hd) = (self.n_embd_q_of(il) as u64, self.n_embd_kv_of(il) as u64, self.head_dim_of(il) as u64);
             let t = |n: &str| format!("blk.{il}.{n}.weight");
             expect_shape(file, &t("attn_norm"), &[e])?;
-            expect_shape(file, &t("attn_q"), &[e, q])?;
-            expect_shape(file, &t("attn_k"), &[e, kv])?;
-            // Gemma 4's full layers may have no V projection: V is K.
-            if !gemma4 || file.meta().tensor(&t("attn_v")).is_some() {
-                expect_shape(file, &t("attn_v"), &[e, kv])?;
+            if let Some(m) = self.mla {
+                let (n_head, head_k) = (self.n_head as u64, m.head_k as u64);
+                let (lora, rot) = (m.kv_lora_rank as u64, m.n_rot as u64);
+                if m.q_lora_rank > 0 {
+                    let ql = m.q_lora_rank as u64;
+                    expect_shape(file, &t("attn_q_a"), &[e, ql])?;
+                    expect_shape(file, &t("attn_q_a_norm"), &[ql])?;
+                    expect_shape(file, &t("attn_q_b"), &[ql, n_head * head_k])?;
+                } else {
+                    expect_shape(file, &t("attn_q"), &[e, n_head * head_k])?;
+                }
+                expect_shape(file, &t("attn_kv_a_mqa"), &[e, lora + rot])?;
+                expect_shape(file, &t("attn_kv_a_norm"), &[lora])?;
+                expect_shape(file, &t("attn_k_b"), &[head_k - rot, lora, n_head])?;
+                expect_shape(file, &t("attn_v_b"), &[lora, m.head_v as u64, n_head])?;
+                expect_shape(file, &t("attn_output"), &[n_head * m.head_v as u64, e])?;
+            } else {
+                expect_shape(file, &t("attn_q"), &[e, q])?;
+                expect_shape(file, &t("attn_k"), &[e, kv])?;
+                // Gemma 4's full layers may have no V projection: V is K.
+                if !gemma4 || file.meta().tensor(&t("attn_v")).is_some() {
+                    expect_shape(file, &t("attn_v"), &[e, kv])?;
+                }
+                expect_shape(file, &t("attn_output"), &[q, e])?;
             }
-            expect_shape(file, &t("attn_output"), &[q, e])?;
             if gemma4 {
                 expect_shape(file, &t("post_attention_norm"), &[e])?;
                 expect_shape(file, &t("post_ffw_norm"), &[e])?;
@@ -606,6 +699,34 @@ impl ModelSpec {
         }
         Ok(())
     }
+}
+
+/// DeepSeek 2's YaRN log multiplier as llama.cpp uses it: the file's divided by 0.1.
+fn deepseek2_yarn_log_mul(meta: &crate::gguf::GgufMeta, arch: &str) -> f32 {
+    meta.get_f32(&format!("{arch}.rope.scaling.yarn_log_multiplier")).map_or(0.0, |m| m / 0.1)
+}
+
+/// GLM-4.7 Lite's vocabulary size: how llama.cpp recognises it among `deepseek2` files
+/// that name no gating function.
+const GLM47_LITE_VOCAB: usize = 154_880;
+
+/// The latent attention's sizes, checked against the cache row the file describes
+/// (`key_length` = compressed rank + rotated dims, `value_length` = compressed rank).
+fn mla_params(meta: &crate::gguf::GgufMeta, arch: &str, n_head: usize, n_head_kv: usize, head_dim: usize, head_dim_v: usize, n_rot: usize) -> Result<Mla> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let get = |k: &str| meta.get_u64(&key(k)).and_then(|v| usize::try_from(v).ok()).filter(|&v| v > 0 && v <= MAX_DIMENSION);
+    let (Some(head_k), Some(head_v)) = (get("attention.key_length_mla"), get("attention.value_length_mla")) else {
+        return Err(missing(&key("attention.key_length_mla"), "present with attention.value_length_mla (a DeepSeek file converted before llama.cpp split `attn_kv_b` for MLA is not supported: convert it again with a current llama.cpp)"));
+    };
+    let kv_lora_rank = get("attention.kv_lora_rank").ok_or_else(|| missing(&key("attention.kv_lora_rank"), "a value in 1..=MAX_DIMENSION"))?;
+    let q_lora_rank = meta.get_u64(&key("attention.q_lora_rank")).and_then(|v| usize::try_from(v).ok()).unwrap_or(0);
+    if n_head_kv != 1 || head_dim != kv_lora_rank + n_rot || head_dim_v != kv_lora_rank || n_rot == 0 || n_rot % 2 != 0 || head_k <= n_rot || q_lora_rank > MAX_DIMENSION || n_head == 0 {
+        return Err(missing(
+            &key("attention.key_length"),
+            &format!("one KV head of kv_lora_rank + rope dims ({kv_lora_rank} + {n_rot}) with value_length = kv_lora_rank, and key_length_mla above the rope dims (found {n_head_kv} KV heads, key_length {head_dim}, value_length {head_dim_v}, key_length_mla {head_k})"),
+        ));
+    }
+    Ok(Mla { q_lora_rank, kv_lora_rank, head_k, head_v, n_rot })
 }
 
 /// llama.cpp's `LLAMA_MAX_EXPERTS`.
@@ -694,7 +815,7 @@ fn expect_shape(file: &GgufFile, name: &str, dims: &[u64]) -> Result<()> {
     Ok(())
 }
 
-fn rope_params(arch: &str, meta: &crate::gguf::GgufMeta, n_rot: usize, n_ctx_train: usize) -> Result<Rope> {
+fn rope_params(arch_kind: Arch, arch: &str, meta: &crate::gguf::GgufMeta, n_rot: usize, n_ctx_train: usize) -> Result<Rope> {
     let key = |k: &str| format!("{arch}.{k}");
     let freq_base = meta.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0);
     let scaling = meta.get_str(&key("rope.scaling.type")).unwrap_or("linear");
@@ -717,8 +838,17 @@ fn rope_params(arch: &str, meta: &crate::gguf::GgufMeta, n_rot: usize, n_ctx_tra
             // ggml kernel applies itself (see llama_context's constructor).
             let f = 1.0 / trained_scale;
             let mscale = |m: f32| if f <= 1.0 { 1.0 } else { 0.1 * m * f.ln() + 1.0 };
-            let log_mul = meta.get_f32(&key("rope.scaling.yarn_log_multiplier")).unwrap_or(0.0);
-            let base = if log_mul != 0.0 { mscale(1.0) / mscale(log_mul) } else { mscale(1.0) };
+            let (log_mul, base) = if arch_kind == Arch::DeepSeek2 {
+                // Its file carries the multiplier times 0.1, and its `mscale` is the
+                // multiplier too unless that is 1 (llama.cpp's DeepSeek V2 special case).
+                let log_mul = deepseek2_yarn_log_mul(meta, arch);
+                let num = if log_mul != 1.0 { log_mul } else { 1.0 };
+                (log_mul, mscale(num) / mscale(log_mul))
+            } else {
+                let log_mul = meta.get_f32(&key("rope.scaling.yarn_log_multiplier")).unwrap_or(0.0);
+                (log_mul, mscale(1.0) / mscale(log_mul))
+            };
+            let base = if log_mul != 0.0 { base } else { mscale(1.0) };
             (trained_scale, 1.0, base / (1.0 + 0.1 * f.ln()))
         }
         other => {

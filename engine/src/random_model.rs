@@ -57,7 +57,7 @@ pub fn write_vocabulary(from: &Path, out: &Path) -> Result<u64> {
 impl RandomModel {
     /// A model of `arch` with the given size and typical defaults for the rest.
     pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
-        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "gemma4");
+        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "gemma4" | "deepseek2");
         RandomModel {
             arch: arch.to_string(),
             n_layer,
@@ -89,7 +89,7 @@ impl RandomModel {
     /// fills whole blocks of the weight types.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidModel(m));
-        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "gpt-oss", "glm4moe", "llama4", "bert", "nomic-bert"];
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "gpt-oss", "glm4moe", "llama4", "deepseek2", "bert", "nomic-bert"];
         if !known.contains(&self.arch.as_str()) {
             return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
         }
@@ -110,7 +110,7 @@ impl RandomModel {
     }
 
     fn is_moe(&self) -> bool {
-        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4") || (self.arch == "gemma4" && self.n_expert > 0)
+        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "deepseek2") || (self.arch == "gemma4" && self.n_expert > 0)
     }
 
     /// Gemma 4's layer kinds: every [`GEMMA4_FULL_STEP`]-th layer attends fully (and the
@@ -134,7 +134,7 @@ impl RandomModel {
     fn is_moe_layer(&self, il: u32) -> bool {
         self.is_moe()
             && match self.arch.as_str() {
-                "glm4moe" => il as u64 >= GLM_DENSE_LEAD,
+                "glm4moe" | "deepseek2" => il as u64 >= GLM_DENSE_LEAD,
                 "llama4" => (il as u64 + 1) % LLAMA4_MOE_STEP == 0,
                 _ => true,
             }
@@ -207,6 +207,51 @@ impl RandomModel {
             let (std, center) = spread(name, dims);
             fill(&mut rng, ty, buf, std, center);
         }
+    }
+
+    /// DeepSeek 2's latent attention sizes from the head size `hd`: (rotated dims, the
+    /// unrotated query/key part, value head, compressed K/V rank, low-rank query rank), in
+    /// the proportions of DeepSeek V3's (64, 128, 128, 512, 1536) at a quarter of the query
+    /// rank.
+    fn mla_dims(&self) -> (u64, u64, u64, u64, u64) {
+        let hd = self.head_dim();
+        (hd, 2 * hd, 2 * hd, 4 * hd, 3 * hd)
+    }
+
+    /// DeepSeek 2's blocks: latent attention, a dense first layer, then sigmoid-routed
+    /// experts with a selection bias and a shared expert.
+    fn deepseek2_layers(&self, mut w: GgufWriter, e: u64, n_exp: u64, ffe: u64) -> Result<GgufWriter> {
+        let (ty, f32t) = (self.ty, GgmlType::F32);
+        let (rot, nope, hv, lora, ql) = self.mla_dims();
+        let n_head = self.n_head as u64;
+        for il in 0..self.n_layer {
+            let t = |n: &str| format!("blk.{il}.{n}");
+            w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
+            w.add_tensor_later(t("attn_q_a_norm.weight"), f32t, &[ql])?;
+            w.add_tensor_later(t("attn_kv_a_norm.weight"), f32t, &[lora])?;
+            w.add_tensor_later(t("attn_q_a.weight"), ty, &[e, ql])?;
+            w.add_tensor_later(t("attn_q_b.weight"), ty, &[ql, n_head * (nope + rot)])?;
+            w.add_tensor_later(t("attn_kv_a_mqa.weight"), ty, &[e, lora + rot])?;
+            w.add_tensor_later(t("attn_k_b.weight"), ty, &[nope, lora, n_head])?;
+            w.add_tensor_later(t("attn_v_b.weight"), ty, &[lora, hv, n_head])?;
+            w.add_tensor_later(t("attn_output.weight"), ty, &[n_head * hv, e])?;
+            w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
+            if self.is_moe_layer(il) {
+                w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
+                w.add_tensor_later(t("exp_probs_b.bias"), f32t, &[n_exp])?;
+                w.add_tensor_later(t("ffn_gate_exps.weight"), ty, &[e, ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_up_exps.weight"), ty, &[e, ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_down_exps.weight"), ty, &[ffe, e, n_exp])?;
+                w.add_tensor_later(t("ffn_gate_shexp.weight"), ty, &[e, ffe])?;
+                w.add_tensor_later(t("ffn_up_shexp.weight"), ty, &[e, ffe])?;
+                w.add_tensor_later(t("ffn_down_shexp.weight"), ty, &[ffe, e])?;
+            } else {
+                w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_down.weight"), self.matrix_type("ffn_down.weight", il), &[self.n_ff, e])?;
+            }
+        }
+        Ok(w)
     }
 
     /// Gemma 4's blocks, in the order its converter writes them.
@@ -343,6 +388,23 @@ impl RandomModel {
             u32k(&mut w, "attention.shared_kv_layers", 0)?;
             u32k(&mut w, "embedding_length_per_layer_input", 0)?;
         }
+        if a == "deepseek2" {
+            // One cached row per token: the compressed K/V, then the rotated key part.
+            let (rot, nope, hv, lora, ql) = self.mla_dims();
+            u32k(&mut w, "attention.head_count_kv", 1)?;
+            u32k(&mut w, "attention.key_length", lora + rot)?;
+            u32k(&mut w, "attention.value_length", lora)?;
+            u32k(&mut w, "attention.key_length_mla", nope + rot)?;
+            u32k(&mut w, "attention.value_length_mla", hv)?;
+            u32k(&mut w, "rope.dimension_count", rot)?;
+            u32k(&mut w, "attention.q_lora_rank", ql)?;
+            u32k(&mut w, "attention.kv_lora_rank", lora)?;
+            u32k(&mut w, "leading_dense_block_count", GLM_DENSE_LEAD)?;
+            u32k(&mut w, "expert_shared_count", 1)?;
+            u32k(&mut w, "expert_gating_func", 2)?;
+            w.set(format!("{a}.expert_weights_norm"), Value::Bool(true))?;
+            w.set(format!("{a}.expert_weights_scale"), Value::F32(2.5))?;
+        }
         for (k, v) in &self.extra {
             w.set(format!("{a}.{k}"), v.clone())?;
         }
@@ -360,6 +422,9 @@ impl RandomModel {
             // "Proportional" RoPE of the full layers: frequency factors (see `filler`).
             w.add_tensor_later("rope_freqs.weight", f32t, &[hd])?;
             return self.gemma4_layers(w, e, n_exp, ffe);
+        }
+        if a == "deepseek2" {
+            return self.deepseek2_layers(w, e, n_exp, ffe);
         }
         for il in 0..self.n_layer {
             let t = |n: &str| format!("blk.{il}.{n}");

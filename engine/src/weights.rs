@@ -19,8 +19,10 @@ use crate::{Error, Result};
 /// One transformer block's tensors. Optional ones exist in some architectures only.
 pub struct LayerWeights {
     pub attn_norm: *mut sys::ggml_tensor,
-    pub wq: *mut sys::ggml_tensor,
-    pub wk: *mut sys::ggml_tensor,
+    /// Absent under MLA with a low-rank query (`mla.q_a`).
+    pub wq: Option<*mut sys::ggml_tensor>,
+    /// Absent under MLA.
+    pub wk: Option<*mut sys::ggml_tensor>,
     /// Absent in Gemma 4's full layers that take V from K.
     pub wv: Option<*mut sys::ggml_tensor>,
     pub wo: *mut sys::ggml_tensor,
@@ -42,6 +44,23 @@ pub struct LayerWeights {
     pub rope_freqs: Option<*mut sys::ggml_tensor>,
     /// Gemma 4: a learned scalar the layer's output is multiplied by.
     pub out_scale: Option<*mut sys::ggml_tensor>,
+    /// DeepSeek's latent attention (then `wk` and `wv` are absent).
+    pub mla: Option<MlaWeights>,
+}
+
+/// Multi-head latent attention's projections (see `ModelSpec::mla`).
+pub struct MlaWeights {
+    /// The low-rank query: down, its norm, up (absent in the Lite models, which have `wq`).
+    pub q_a: Option<*mut sys::ggml_tensor>,
+    pub q_a_norm: Option<*mut sys::ggml_tensor>,
+    pub q_b: Option<*mut sys::ggml_tensor>,
+    /// To the compressed K/V and the rotated key part, `[n_embd, kv_lora_rank + n_rot]`.
+    pub kv_a: *mut sys::ggml_tensor,
+    pub kv_a_norm: *mut sys::ggml_tensor,
+    /// Per head: the unrotated query part into the compressed space, and the compressed
+    /// attention output out to a value head.
+    pub k_b: *mut sys::ggml_tensor,
+    pub v_b: *mut sys::ggml_tensor,
 }
 
 /// A block's feed-forward network: one dense gated FFN, or routed experts.
@@ -131,12 +150,19 @@ pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Ve
     if spec.arch == Arch::Gemma4 {
         return gemma4_block_tensor_names(spec, il);
     }
-    let mut required = vec!["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"];
-    let mut optional = vec!["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"];
+    let (mut required, mut optional) = if spec.mla.is_some() {
+        (
+            vec!["attn_norm.weight", "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"],
+            vec!["attn_q.weight", "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight"],
+        )
+    } else {
+        (vec!["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"], vec!["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"])
+    };
     required.push(if matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe) { "post_attention_norm.weight" } else { "ffn_norm.weight" });
     if spec.is_moe_layer(il) {
-        required.extend(["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"]);
-        optional.extend(["ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias", "exp_probs_b.bias"]);
+        // Gate and up apart or stacked (`bind` checks one of the two is there).
+        required.extend(["ffn_gate_inp.weight", "ffn_down_exps.weight"]);
+        optional.extend(["ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_gate_up_exps.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias", "exp_probs_b.bias"]);
         if spec.moe.is_some_and(|m| m.n_shared > 0) {
             required.extend(["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"]);
         }
@@ -221,7 +247,24 @@ pub struct WeightPlan {
 
 /// What the graph does with a weight, when a CPU extra buffer type could take it.
 fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
-    const MATRICES: [&str; 11] = ["attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "ffn_gate_inp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"];
+    const MATRICES: [&str; 16] = [
+        "attn_q.weight",
+        "attn_k.weight",
+        "attn_v.weight",
+        "attn_output.weight",
+        "ffn_gate.weight",
+        "ffn_up.weight",
+        "ffn_down.weight",
+        "ffn_gate_inp.weight",
+        "ffn_gate_shexp.weight",
+        "ffn_up_shexp.weight",
+        "ffn_down_shexp.weight",
+        "attn_q_a.weight",
+        "attn_q_b.weight",
+        "attn_kv_a_mqa.weight",
+        "attn_k_b.weight",
+        "attn_v_b.weight",
+    ];
     if name.ends_with("_exps.weight") {
         return spec.moe.map(|m| WeightOp::MulMatId(m.n_expert_used));
     }
@@ -456,9 +499,9 @@ impl Weights {
                 il,
                 LayerWeights {
                     attn_norm: req("attn_norm.weight")?,
-                    wq: req("attn_q.weight")?,
-                    wk: req("attn_k.weight")?,
-                    wv: if spec.arch == Arch::Gemma4 { w("attn_v.weight") } else { Some(req("attn_v.weight")?) },
+                    wq: if spec.mla.is_some_and(|m| m.q_lora_rank > 0) { None } else { Some(req("attn_q.weight")?) },
+                    wk: if spec.mla.is_some() { None } else { Some(req("attn_k.weight")?) },
+                    wv: if spec.arch == Arch::Gemma4 || spec.mla.is_some() { w("attn_v.weight") } else { Some(req("attn_v.weight")?) },
                     wo: req("attn_output.weight")?,
                     bq: w("attn_q.bias"),
                     bk: w("attn_k.bias"),
@@ -474,6 +517,18 @@ impl Weights {
                     // Gemma 4's frequency factors belong to its full layers only.
                     rope_freqs: rope_freqs.filter(|_| !(spec.arch == Arch::Gemma4 && spec.is_swa(il))),
                     out_scale: w("layer_output_scale.weight"),
+                    mla: match spec.mla {
+                        Some(m) => Some(MlaWeights {
+                            q_a: if m.q_lora_rank > 0 { Some(req("attn_q_a.weight")?) } else { None },
+                            q_a_norm: if m.q_lora_rank > 0 { Some(req("attn_q_a_norm.weight")?) } else { None },
+                            q_b: if m.q_lora_rank > 0 { Some(req("attn_q_b.weight")?) } else { None },
+                            kv_a: req("attn_kv_a_mqa.weight")?,
+                            kv_a_norm: req("attn_kv_a_norm.weight")?,
+                            k_b: req("attn_k_b.weight")?,
+                            v_b: req("attn_v_b.weight")?,
+                        }),
+                        None => None,
+                    },
                 },
             );
         }

@@ -130,11 +130,11 @@ fn oracle_on_the_accelerator(info: &AcceleratorInfo, path: &std::path::Path, gpu
 /// MoE with one GPU: every layer on the device with its routed experts in host memory
 /// (computed by the CPU), against llama.cpp with the same layers offloaded and
 /// `--n-cpu-moe` (tensor overrides of those experts to the CPU): the same logits to the bit
-/// and the same greedy text, on tiny models of five MoE architectures (plain routed
+/// and the same greedy text, on tiny models of six MoE architectures (plain routed
 /// experts; expert biases and MXFP4 experts; glm4moe's sigmoid router with a selection
 /// bias, shared expert and dense lead layer; llama4's NoPE layer, dense layers between
 /// the MoE ones and input-weighted experts; gemma4's head sizes per layer kind and dense
-/// FFN beside stacked gate-and-up experts). glm4moe is the one whose attention output
+/// FFN beside stacked gate-and-up experts; deepseek2's latent attention). glm4moe is the one whose attention output
 /// and FFN down projections must accumulate in f32 on a GPU, as llama.cpp asks: without
 /// that, ~3e-3 relative RMS everywhere and, where two experts nearly tie, another expert
 /// chosen (6.7e-1 at one position of this prompt) — invisible on the CPU, whose kernels
@@ -146,7 +146,7 @@ fn experts_in_ram_compute_what_llama_cpp_computes_with_n_cpu_moe() {
     let Some(info) = accelerator() else { return };
     let dir = std::env::temp_dir().join(format!("hearth-accel-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for arch in ["qwen3moe", "gpt-oss", "glm4moe", "llama4", "gemma4"] {
+    for arch in ["qwen3moe", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2"] {
         let path = common::tiny::write(&common::tiny::model(arch), &dir);
         let file = Arc::new(ModelFile::open(&path).unwrap());
         let n = file.spec.n_layer;

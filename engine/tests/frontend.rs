@@ -181,3 +181,50 @@ fn gemma4_template_renders_tools_calls_and_results_in_its_own_syntax() {
     assert!(out.contains("It is -3 °C."), "{out}");
     assert!(out.ends_with("<|turn>model\n<|channel>thought\n<channel|>"), "{out}");
 }
+
+/// The templates of the 2026 families (testdata) render a tool conversation through
+/// minijinja as their authors wrote them: each writes the earlier call in the syntax its
+/// model is trained to answer in (and hearth parses back: `server`'s `http::tools`), and the
+/// tool's result after it.
+#[test]
+fn the_2026_families_templates_render_calls_in_their_own_syntax() {
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let messages = [
+        json!({"role": "user", "content": "Weather in Oslo?"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "minus three"}),
+        json!({"role": "assistant", "content": "It is -3 °C."}),
+        json!({"role": "user", "content": "Thanks!"}),
+    ];
+    for (file, call) in [
+        ("qwen3.5-chat-template.jinja", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"),
+        ("glm-4.7-flash-chat-template.jinja", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>"),
+        ("deepseek-v3.1-chat-template.jinja", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ] {
+        let source = std::fs::read_to_string(format!("{}/../testdata/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let t = ChatTemplate::new(&source, "<bos>", "<eos>").unwrap();
+        let out = t.render(&messages, Some(&tools), true).unwrap_or_else(|e| panic!("{file}: {e}"));
+        assert!(out.contains(call), "{file}: no call in its syntax:\n{out}");
+        assert!(out.contains("minus three") && out.contains("get_weather"), "{file}:\n{out}");
+        let after_call = &out[out.find(call).unwrap()..];
+        assert!(after_call.contains("minus three") && after_call.contains("Thanks!"), "{file}: the result and the last turn follow the call:\n{out}");
+    }
+}
+
+/// `tojson` writes what Python's `json.dumps` writes for HF templates (spaces after `,` and
+/// `:`, no HTML escaping, `.0` on whole floats), and takes its keyword arguments:
+/// GLM-4.7-Flash's template calls `tojson(ensure_ascii=False)`, which minijinja's own
+/// filter refused, so no GLM model could be given tools.
+#[test]
+fn tojson_writes_what_python_writes_and_takes_its_arguments() {
+    let t = ChatTemplate::new("{{ tools | tojson }}|{{ tools | tojson(ensure_ascii=True) }}|{{ tools | tojson(indent=2) }}|{{ tools | tojson(separators=[',', ':']) }}", "", "").unwrap();
+    let tools = json!([{"a": 1, "b": [1.5, 2.0, "x<é\n\"", null, true]}]);
+    let out = t.render(&[], Some(&tools), false).unwrap();
+    let parts: Vec<&str> = out.split('|').collect();
+    assert_eq!(parts[0], r#"[{"a": 1, "b": [1.5, 2.0, "x<é\n\"", null, true]}]"#);
+    assert_eq!(parts[1], r#"[{"a": 1, "b": [1.5, 2.0, "x<\u00e9\n\"", null, true]}]"#);
+    assert_eq!(parts[2], "[\n  {\n    \"a\": 1,\n    \"b\": [\n      1.5,\n      2.0,\n      \"x<é\\n\\\"\",\n      null,\n      true\n    ]\n  }\n]");
+    assert_eq!(parts[3], r#"[{"a":1,"b":[1.5,2.0,"x<é\n\"",null,true]}]"#);
+    let bad = ChatTemplate::new("{{ tools | tojson(colour=1) }}", "", "").unwrap();
+    assert!(bad.render(&[], Some(&tools), false).is_err(), "an unknown argument is an error, not ignored");
+}

@@ -439,6 +439,67 @@ fn tiny_gemma4_near_its_context_limit_and_with_quantized_caches_matches_llama_cp
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// DeepSeek 2's block (V3, R1, GLM-4.7-Flash): latent attention with a low-rank query,
+/// the queries absorbed into the compressed space and one cached row per token, a dense
+/// first layer, sigmoid-routed experts with a selection bias, normalised and scaled
+/// weights, and a shared expert.
+#[test]
+fn tiny_deepseek2_with_latent_attention_matches_llama_cpp() {
+    tiny(common::tiny::model("deepseek2"));
+}
+
+/// DeepSeek V3's group-limited routing: 8 experts in 4 groups, the best 2 groups' experts
+/// compete.
+#[test]
+fn tiny_deepseek2_with_expert_groups_matches_llama_cpp() {
+    let mut m = common::tiny::model("deepseek2");
+    m.extra = vec![("expert_group_count".into(), Value::U32(4)), ("expert_group_used_count".into(), Value::U32(2))];
+    tiny(m);
+}
+
+#[test]
+fn tiny_deepseek2_sequences_decoding_together_match_llama_cpps_streams() {
+    tiny_together(common::tiny::model("deepseek2"));
+}
+
+/// DeepSeek 2 with a prompt of real text near its context limit (3,900 of 4,096), whole and
+/// in windows, with an F16 cache and a q8_0 one (V is read from the K rows, so the V type
+/// has K's type, as in llama.cpp, which refuses two types; so does hearth).
+#[test]
+fn tiny_deepseek2_near_its_context_limit_and_with_a_quantized_cache_matches_llama_cpp() {
+    let mut m = common::tiny::model("deepseek2");
+    m.context_length = 4096;
+    // Rows of 128 + 32 (compressed K/V + rotated part): whole q8_0 blocks.
+    m.head_dim = Some(32);
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-deepseek2-long-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&m, &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let mut prompt = Vec::new();
+    while prompt.len() < 3_900 {
+        prompt.extend(tok.tokenize(&text, false));
+    }
+    prompt.truncate(3_900);
+    let q = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q8_0 };
+    for kv in [engine::CacheTypes::default(), q] {
+        let want = Reference::load(&path, THREADS).unwrap().with_cache_types(kv).last_logits(&prompt, 512).unwrap();
+        for stages in [windows(&[0..3]), windows(&[0..1, 1..2, 2..3])] {
+            let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { n_ctx_seq: 4096, max_batch: 512, kv, ..common::stage_config(w.clone(), 1) }).unwrap()).collect();
+            let mut p = engine::LocalPipeline::new(built).unwrap();
+            let got = p.prefill(1, &prompt, 512).unwrap();
+            let err = common::rel_rms(&got, &want);
+            assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{kv:?} {stages:?}");
+            assert!(err < 1e-3, "{kv:?} {stages:?}: relative RMS error {err}");
+            eprintln!("deepseek2 after 3,900 tokens, {kv:?}, {stages:?}: relative RMS error {err:.3e}");
+        }
+    }
+    let mixed = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::F16 };
+    let err = engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { kv: mixed, ..common::stage_config(vec![0..3], 1) }).err().expect("K and V types differ").to_string();
+    assert!(err.contains("one cache type"), "{err}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Llama 4 past its first attention chunk: at 8,192 positions its rotating layers start a
 /// new chunk (attending only within it) and its NoPE layers' query temperature rises above
 /// 1, neither of which a shorter prompt reaches. The logits after a ~8,400-token prompt of

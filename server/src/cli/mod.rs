@@ -216,7 +216,7 @@ impl CacheTypeArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct MakeModelArgs {
-    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, glm4moe or llama4 (and the embedders bert, nomic-bert).
+    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, glm4moe, llama4 or deepseek2 (and the embedders bert, nomic-bert).
     #[arg(long, default_value = "llama")]
     pub arch: String,
     #[arg(long)]

@@ -99,7 +99,7 @@ pub fn parse_tool_calls(text: &str, tools: &[Value]) -> Vec<ParsedCall> {
             Some(end) => (&after[..end], &after[end + CLOSE.len()..]),
             None => (after, ""),
         };
-        if let Some(c) = parse_call(body.trim()).or_else(|| parse_xml_call(body, tools)) {
+        if let Some(c) = parse_call(body.trim()).or_else(|| parse_xml_call(body, tools)).or_else(|| parse_glm_call(body, tools)) {
             if known(&c.name) {
                 calls.push(c);
             }
@@ -144,14 +144,7 @@ fn parse_xml_call(body: &str, tools: &[Value]) -> Option<ParsedCall> {
     const PARAM_END: &str = "</parameter>";
     let (name, mut rest) = body.trim_start().strip_prefix("<function=")?.split_once('>')?;
     let name = name.trim();
-    let properties = tools.iter().find(|t| t["function"]["name"].as_str() == Some(name)).map(|t| &t["function"]["parameters"]["properties"]);
-    let is_text = |key: &str| {
-        properties.and_then(|p| p.get(key)).is_some_and(|s| match &s["type"] {
-            Value::String(t) => t == "string",
-            Value::Array(ts) => ts.iter().any(|t| t == "string"),
-            _ => false,
-        })
-    };
+    let is_text = |key: &str| is_text_argument(tools, name, key);
     let mut args = serde_json::Map::new();
     while let Some(at) = rest.find(PARAM) {
         let (key, after) = rest[at + PARAM.len()..].split_once('>')?;
@@ -164,6 +157,47 @@ fn parse_xml_call(body: &str, tools: &[Value]) -> Option<ParsedCall> {
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
         let key = key.trim();
         let value = if is_text(key) { Value::String(raw.to_string()) } else { serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string())) };
+        args.insert(key.to_string(), value);
+        rest = next;
+    }
+    Some(ParsedCall { name: name.to_string(), arguments: Value::Object(args).to_string() })
+}
+
+/// Whether the function `name`'s schema types the argument `key` as a string: models
+/// that write bare argument values (the XML and GLM forms) mean text there, JSON elsewhere.
+fn is_text_argument(tools: &[Value], name: &str, key: &str) -> bool {
+    let properties = tools.iter().find(|t| t["function"]["name"].as_str() == Some(name)).map(|t| &t["function"]["parameters"]["properties"]);
+    properties.and_then(|p| p.get(key)).is_some_and(|s| match &s["type"] {
+        Value::String(t) => t == "string",
+        Value::Array(ts) => ts.iter().any(|t| t == "string"),
+        _ => false,
+    })
+}
+
+/// The call GLM-4.5 to 4.7 (and GLM-4.7-Flash, a `deepseek2` model) write inside
+/// `<tool_call>`: the function's name, then `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>`
+/// per argument; a value is text where the schema types it a string, else JSON when it
+/// parses as JSON.
+fn parse_glm_call(body: &str, tools: &[Value]) -> Option<ParsedCall> {
+    const KEY: &str = "<arg_key>";
+    const KEY_END: &str = "</arg_key>";
+    const VALUE: &str = "<arg_value>";
+    const VALUE_END: &str = "</arg_value>";
+    let (name, mut rest) = match body.find(KEY) {
+        Some(at) => (body[..at].trim(), &body[at..]),
+        None => (body.trim(), ""),
+    };
+    if name.is_empty() || name.contains(['<', '>', '{', ' ', '\n']) {
+        return None;
+    }
+    let mut args = serde_json::Map::new();
+    while let Some(at) = rest.find(KEY) {
+        let (key, after) = rest[at + KEY.len()..].split_once(KEY_END)?;
+        let after = after.trim_start().strip_prefix(VALUE)?;
+        // An unclosed last value (output cut by max_tokens) keeps what came.
+        let (raw, next) = after.split_once(VALUE_END).unwrap_or((after, ""));
+        let key = key.trim();
+        let value = if is_text_argument(tools, name, key) { Value::String(raw.to_string()) } else { serde_json::from_str(raw).unwrap_or_else(|_| Value::String(raw.to_string())) };
         args.insert(key.to_string(), value);
         rest = next;
     }
@@ -361,6 +395,22 @@ mod tests {
         assert_eq!(parse_tool_calls(" {\"name\": \"get_weather\", \"arguments\": {}}", &t).len(), 1);
         assert!(parse_tool_calls("<tool_call>{\"name\": \"rm_rf\", \"arguments\": {}}</tool_call>", &t).is_empty());
         assert!(parse_tool_calls("It is sunny.", &t).is_empty());
+    }
+
+    #[test]
+    fn glm_calls_are_parsed_with_typed_arguments() {
+        let mut t = weather();
+        t.push(json!({"type": "function", "function": {"name": "set_timer", "parameters": {"type": "object", "properties": {"minutes": {"type": "integer"}, "label": {"type": "string"}}}}}));
+        // As GLM-4.7-Flash's template writes them, after its reasoning.
+        let text = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>San José</arg_value></tool_call><tool_call>set_timer\n<arg_key>minutes</arg_key>\n<arg_value>15</arg_value>\n<arg_key>label</arg_key>\n<arg_value>42</arg_value>\n</tool_call>";
+        let calls = parse_tool_calls(text, &t);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0], ParsedCall { name: "get_weather".into(), arguments: json!({"city": "San José"}).to_string() });
+        assert_eq!(serde_json::from_str::<Value>(&calls[1].arguments).unwrap(), json!({"minutes": 15, "label": "42"}));
+        // A call without arguments; an unknown function; prose inside the tags.
+        assert_eq!(parse_tool_calls("<tool_call>get_weather</tool_call>", &t)[0].arguments, "{}");
+        assert!(parse_tool_calls("<tool_call>rm_rf<arg_key>path</arg_key><arg_value>/</arg_value></tool_call>", &t).is_empty());
+        assert!(parse_tool_calls("<tool_call>I think I should call get_weather.</tool_call>", &t).is_empty());
     }
 
     #[test]

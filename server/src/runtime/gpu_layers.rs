@@ -94,7 +94,7 @@ pub fn fitting_layers(file: &ModelFile, accel: Option<&AcceleratorInfo>, n_seq: 
     let ranges = |il: usize| file.layer_byte_ranges(il..il + 1);
     let weights: u64 = (0..n_layer).flat_map(ranges).map(|r| r.len() as u64).sum();
     let expert_bytes: u64 = file.gguf.meta().tensors().iter().filter(|t| t.name.starts_with("blk.") && t.name.contains("_exps.")).map(|t| t.n_bytes).sum();
-    let kv = kv.bytes_per_token(file.spec.max_n_embd_kv(), file.spec.max_n_embd_kv()) as u64 * (n_seq * n_ctx_seq) as u64;
+    let kv = kv.bytes_per_token(file.spec.max_n_embd_kv(), file.spec.max_n_embd_v_cache()) as u64 * (n_seq * n_ctx_seq) as u64;
     let whole = (weights / n_layer as u64 + kv).max(1);
     let dense = whole.saturating_sub(expert_bytes / n_layer as u64).max(1);
     // The output layer's bytes as the scheduler counts them (a tied head is the embedding).

@@ -175,7 +175,7 @@ fn target(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>,
     let (disk_dir, kv_bytes) = match model {
         Some((path, file)) => {
             let dir = path.parent().map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-            (dir, 2 * file.spec.max_n_embd_kv() * 2)
+            (dir, 2 * (file.spec.max_n_embd_kv() + file.spec.max_n_embd_v_cache()))
         }
         None => {
             let dir = no_model_dir.map_or_else(crate::models::models_dir, PathBuf::from);

@@ -113,6 +113,9 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
     let buffer = (UBATCH * 4 * (v + 2 * n_ff)) as f64;
     let head_dim = spec.mean_head_dim().round().max(1.0) as usize;
     let kv_heads = (spec.mean_n_embd_kv() / head_dim as f64).round().max(1.0) as usize;
+    // Whole heads of an average size round; the bytes a cached token takes must not, so
+    // the remainder goes into the bytes per element (1 where every layer is alike).
+    let kv_exact = spec.mean_n_embd_kv() / (kv_heads * head_dim) as f64;
     ModelProfile {
         name: name.to_string(),
         n_layer: spec.n_layer,
@@ -124,13 +127,14 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
         // Per layer on average (Gemma 4's sliding and full layers differ): heads x head
         // size is the K/V row the memory model counts.
         n_head_k: kv_heads,
-        n_head_v: kv_heads,
+        // Latent attention reads V from the K rows: no V cache.
+        n_head_v: if spec.mla.is_some() { 0 } else { kv_heads },
         head_dim_k: head_dim,
         head_dim_v: head_dim,
         n_kv,
         n_head: spec.n_head,
-        kv_element_bytes_k: kv.k.bytes_per_element(),
-        kv_element_bytes_v: kv.v.bytes_per_element(),
+        kv_element_bytes_k: kv.k.bytes_per_element() * kv_exact,
+        kv_element_bytes_v: kv.v.bytes_per_element() * kv_exact,
         layer_flops: lf,
         output_flops,
         compute_buffer_cpu: buffer,
@@ -141,5 +145,37 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
             disk_share: (expert_share * EXPERT_PAGE_AMPLIFICATION).min(1.0),
             expert_flops,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the memory model counts per cached token and layer is what llama.cpp caches:
+    /// under DeepSeek's latent attention one row of the compressed K/V plus the rotated
+    /// part and no V; under Gemma 4 each layer kind's own K and V widths, averaged.
+    #[test]
+    fn kv_bytes_per_layer_follow_the_cache_each_architecture_keeps() {
+        let vocab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/smollm2-vocab.gguf"));
+        let dir = std::env::temp_dir().join(format!("hearth-kv-bytes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let n_kv = 1000;
+        // (arch, F16 K+V elements per token summed over the 4 layers)
+        for (arch, elements) in [
+            // 4 x (kv_lora_rank 64 + rope 16); V none.
+            ("deepseek2", 4 * (64 + 16)),
+            // Sliding layers 0 and 2: 2 KV heads of 16; full layers 1 and 3: 1 of 32; K and V.
+            ("gemma4", 2 * (2 * 2 * 16 + 2 * 32)),
+        ] {
+            let m = engine::random_model::RandomModel::new(arch, 4, 64, 128, 4, 2);
+            let path = dir.join(format!("{arch}.gguf"));
+            m.write(vocab, &path).unwrap();
+            let file = ModelFile::open(&path).unwrap();
+            let p = from_gguf(&file, arch, n_kv, engine::CacheTypes::default());
+            let want = 2.0 * elements as f64 / 4.0 * n_kv as f64;
+            assert!((p.kv_bytes_per_layer() - want).abs() < 1e-6 * want, "{arch}: {} bytes per layer, expected {want}", p.kv_bytes_per_layer());
+        }
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -96,7 +96,7 @@ pub fn pages_from_disk(file: &ModelFile, layers: &[Range<usize>], release: Optio
 /// process was killed at its first prompt.
 pub fn stage_anon_bytes(spec: &engine::ModelSpec, n_layers: usize, stage: &StageConfig) -> u64 {
     let cells = (stage.n_seq * stage.n_ctx_seq) as f64;
-    let kv = n_layers as f64 * cells * spec.max_n_embd_kv() as f64 * (stage.kv.k.bytes_per_element() + stage.kv.v.bytes_per_element());
+    let kv = n_layers as f64 * cells * (spec.max_n_embd_kv() as f64 * stage.kv.k.bytes_per_element() + spec.max_n_embd_v_cache() as f64 * stage.kv.v.bytes_per_element());
     let n_ff = spec.moe.map_or(spec.n_ff, |m| m.n_ff_exp * m.n_expert_used.max(1));
     let rows = stage.max_batch as f64;
     let batch = rows * 4.0 * (2 * n_ff + 4 * spec.n_embd) as f64 + if stage.owns_output { rows * 4.0 * spec.n_vocab as f64 } else { 0.0 };
