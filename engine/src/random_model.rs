@@ -40,6 +40,11 @@ pub struct RandomModel {
     pub context_length: u32,
     /// Extra `{arch}.` metadata, e.g. Mistral's attention temperature.
     pub extra: Vec<(String, Value)>,
+    /// Gemma 4: every this-many-th layer (and the last) attends fully, with heads twice the
+    /// sliding layers' size and V taken from K (the real models: 6).
+    pub full_every: u32,
+    /// Gemma 4: the full layers' KV heads (default: half the sliding layers').
+    pub full_kv_heads: Option<u32>,
     pub seed: u64,
 }
 
@@ -77,6 +82,8 @@ impl RandomModel {
             qkv_bias: matches!(arch, "qwen2" | "gpt-oss" | "glm4moe"),
             context_length: 4096,
             extra: Vec::new(),
+            full_every: GEMMA4_FULL_STEP as u32,
+            full_kv_heads: None,
             seed: 1,
         }
     }
@@ -97,8 +104,10 @@ impl RandomModel {
             return bad("need at least one layer and head, and kv heads dividing heads".into());
         }
         let block = self.ty.block_size().max(if self.arch == "gpt-oss" { GgmlType::MXFP4.block_size() } else { 1 });
+        // Gemma 4's FFN rows fall back from a K-quant to a 32-block type (see `fitted`).
+        let ff_block = if self.arch == "gemma4" { Self::fitted(self.ty, 32).block_size() } else { block };
         let hd = self.head_dim();
-        for (what, v) in [("embd", self.n_embd), ("ff", self.n_ff), ("head size x heads", hd * self.n_head as u64), ("expert ff", if self.is_moe() { self.n_ff_exp } else { block })] {
+        for (what, v, block) in [("embd", self.n_embd, block), ("ff", self.n_ff, ff_block), ("head size x heads", hd * self.n_head as u64, block), ("expert ff", if self.is_moe() { self.n_ff_exp } else { block }, ff_block)] {
             if v == 0 || v % block != 0 {
                 return bad(format!("{what} = {v} must be a positive multiple of {block} (the block of {})", self.ty));
             }
@@ -117,13 +126,13 @@ impl RandomModel {
     /// last, as in the real models), with heads twice the sliding layers' size, half their
     /// KV heads and V taken from K.
     fn gemma4_full(&self, il: u32) -> bool {
-        (il as u64 + 1) % GEMMA4_FULL_STEP == 0 || il + 1 == self.n_layer
+        (il + 1) % self.full_every.max(1) == 0 || il + 1 == self.n_layer
     }
 
     /// Head size and KV heads of layer `il`.
     fn attn_shape(&self, il: u32) -> (u64, u64) {
         if self.arch == "gemma4" && self.gemma4_full(il) {
-            (2 * self.head_dim(), (self.n_head_kv as u64 / 2).max(1))
+            (2 * self.head_dim(), self.full_kv_heads.map_or((self.n_head_kv as u64 / 2).max(1), u64::from))
         } else {
             (self.head_dim(), self.n_head_kv as u64)
         }
@@ -267,14 +276,14 @@ impl RandomModel {
             if !self.gemma4_full(il) {
                 w.add_tensor_later(t("attn_v.weight"), self.matrix_type("attn_v.weight", il), &[e, kv])?;
             }
-            w.add_tensor_later(t("attn_output.weight"), ty, &[q, e])?;
+            w.add_tensor_later(t("attn_output.weight"), Self::fitted(ty, q), &[q, e])?;
             w.add_tensor_later(t("attn_q_norm.weight"), f32t, &[hd])?;
             w.add_tensor_later(t("attn_k_norm.weight"), f32t, &[hd])?;
             w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
             w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
             w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
             w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
-            w.add_tensor_later(t("ffn_down.weight"), self.matrix_type("ffn_down.weight", il), &[self.n_ff, e])?;
+            w.add_tensor_later(t("ffn_down.weight"), Self::fitted(self.matrix_type("ffn_down.weight", il), self.n_ff), &[self.n_ff, e])?;
             w.add_tensor_later(t("post_ffw_norm.weight"), f32t, &[e])?;
             if self.is_moe() {
                 w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
@@ -284,12 +293,23 @@ impl RandomModel {
                 w.add_tensor_later(t("post_ffw_norm_2.weight"), f32t, &[e])?;
                 // Gate and up stacked in one matrix, as the converter writes Gemma 4's.
                 w.add_tensor_later(t("ffn_gate_up_exps.weight"), ty, &[e, 2 * ffe, n_exp])?;
-                w.add_tensor_later(t("ffn_down_exps.weight"), ty, &[ffe, e, n_exp])?;
+                w.add_tensor_later(t("ffn_down_exps.weight"), Self::fitted(ty, ffe), &[ffe, e, n_exp])?;
                 w.add_tensor_later(t("ffn_down_exps.scale"), f32t, &[n_exp])?;
             }
             w.add_tensor_later(t("layer_output_scale.weight"), f32t, &[1])?;
         }
         Ok(w)
+    }
+
+    /// `ty` for a matrix whose rows hold `ne0` elements: a K-quant needs whole super-blocks
+    /// of 256, and where a row is not, llama-quantize falls back (Q4_K to Q5_0, Q6_K to
+    /// Q8_0), as it does for Gemma 4's 2,112- and 704-wide FFN rows.
+    fn fitted(ty: GgmlType, ne0: u64) -> GgmlType {
+        match ty {
+            GgmlType::Q4_K if ne0 % 256 != 0 => GgmlType::Q5_0,
+            GgmlType::Q6_K if ne0 % 256 != 0 => GgmlType::Q8_0,
+            ty => ty,
+        }
     }
 
     /// The type of the matrix `name` of layer `il` (see [`RandomModel::ty`]).
@@ -606,8 +626,8 @@ fn wordpiece_vocabulary(w: &mut GgufWriter) -> Result<u64> {
 /// layer does), so a tiny model has both kinds.
 const LLAMA4_MOE_STEP: u64 = 2;
 
-/// Every this-many-th layer of a random Gemma 4 attends fully (the real ones: 6; tiny
-/// models need one within their 3 layers).
+/// Every this-many-th layer of a random Gemma 4 attends fully by default (the real ones:
+/// 6; tiny models need one within their 3 layers).
 const GEMMA4_FULL_STEP: u64 = 2;
 
 /// GLM random models: layers before this have a dense FFN.
@@ -696,6 +716,17 @@ fn fill(rng: &mut Rng, ty: GgmlType, buf: &mut [u8], std: f32, center: f32) {
                 block[..2].copy_from_slice(&d);
                 block[2..10].copy_from_slice(&rng.next().to_le_bytes());
                 block[10..18].copy_from_slice(&rng.next().to_le_bytes());
+            }
+        }
+        GgmlType::Q5_0 => {
+            // Blocks of 32: an f16 scale d, 4 bytes of high bits and 16 of low nibbles: a
+            // 5-bit q, value d*(q-16); std ~9.2.
+            let d = f16_bits(std / 9.2).to_le_bytes();
+            for block in buf.chunks_exact_mut(22) {
+                block[..2].copy_from_slice(&d);
+                block[2..6].copy_from_slice(&rng.next().to_le_bytes()[..4]);
+                block[6..14].copy_from_slice(&rng.next().to_le_bytes());
+                block[14..22].copy_from_slice(&rng.next().to_le_bytes());
             }
         }
         GgmlType::MXFP4 => {

@@ -151,6 +151,11 @@ impl Reference {
         Self::load_full(path, threads, true, gpu_layers, experts_in_ram)
     }
 
+    /// [`Reference::load_offloaded_moe`], with repacking chosen (`hearth bench --no-repack`).
+    pub fn load_placed(path: impl AsRef<Path>, threads: usize, repack: bool, gpu_layers: usize, experts_in_ram: std::ops::Range<usize>) -> Result<Reference> {
+        Self::load_full(path, threads, repack, gpu_layers, experts_in_ram)
+    }
+
     fn load_full(path: impl AsRef<Path>, threads: usize, repack: bool, gpu_layers: usize, experts_in_ram: std::ops::Range<usize>) -> Result<Reference> {
         crate::backend::init();
         let path = path.as_ref();

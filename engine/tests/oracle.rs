@@ -413,30 +413,9 @@ fn tiny_gemma4_near_its_context_limit_and_with_quantized_caches_matches_llama_cp
     m.n_swa = 8;
     m.head_dim = Some(64);
     m.context_length = 4096;
-    let dir = std::env::temp_dir().join(format!("hearth-tiny-gemma4-long-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = common::tiny::write(&m, &dir);
-    let tok = Tokenizer::load(&path).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
-    let mut prompt = Vec::new();
-    while prompt.len() < 3_900 {
-        prompt.extend(tok.tokenize(&text, false));
-    }
-    prompt.truncate(3_900);
     let q = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
-    for kv in [engine::CacheTypes::default(), q] {
-        let want = Reference::load(&path, THREADS).unwrap().with_cache_types(kv).last_logits(&prompt, 512).unwrap();
-        for stages in [windows(&[0..3]), windows(&[0..1, 1..2, 2..3]), windows(&[0..2, 2..3])] {
-            let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { n_ctx_seq: 4096, max_batch: 512, kv, ..common::stage_config(w.clone(), 1) }).unwrap()).collect();
-            let mut p = engine::LocalPipeline::new(built).unwrap();
-            let got = p.prefill(1, &prompt, 512).unwrap();
-            let err = common::rel_rms(&got, &want);
-            assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{kv:?} {stages:?}");
-            assert!(err < 1e-3, "{kv:?} {stages:?}: relative RMS error {err}");
-            eprintln!("gemma4 after 3,900 tokens, {kv:?}, {stages:?}: relative RMS error {err:.3e}");
-        }
-    }
-    std::fs::remove_dir_all(&dir).ok();
+    let path = long_prompt_matches(&m, 3_900, &[engine::CacheTypes::default(), q], &[windows(&[0..3]), windows(&[0..1, 1..2, 2..3]), windows(&[0..2, 2..3])], 512);
+    std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }
 
 /// DeepSeek 2's block (V3, R1, GLM-4.7-Flash): latent attention with a low-rank query,
@@ -471,33 +450,12 @@ fn tiny_deepseek2_near_its_context_limit_and_with_a_quantized_cache_matches_llam
     m.context_length = 4096;
     // Rows of 128 + 32 (compressed K/V + rotated part): whole q8_0 blocks.
     m.head_dim = Some(32);
-    let dir = std::env::temp_dir().join(format!("hearth-tiny-deepseek2-long-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = common::tiny::write(&m, &dir);
-    let tok = Tokenizer::load(&path).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
-    let mut prompt = Vec::new();
-    while prompt.len() < 3_900 {
-        prompt.extend(tok.tokenize(&text, false));
-    }
-    prompt.truncate(3_900);
     let q = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q8_0 };
-    for kv in [engine::CacheTypes::default(), q] {
-        let want = Reference::load(&path, THREADS).unwrap().with_cache_types(kv).last_logits(&prompt, 512).unwrap();
-        for stages in [windows(&[0..3]), windows(&[0..1, 1..2, 2..3])] {
-            let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { n_ctx_seq: 4096, max_batch: 512, kv, ..common::stage_config(w.clone(), 1) }).unwrap()).collect();
-            let mut p = engine::LocalPipeline::new(built).unwrap();
-            let got = p.prefill(1, &prompt, 512).unwrap();
-            let err = common::rel_rms(&got, &want);
-            assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{kv:?} {stages:?}");
-            assert!(err < 1e-3, "{kv:?} {stages:?}: relative RMS error {err}");
-            eprintln!("deepseek2 after 3,900 tokens, {kv:?}, {stages:?}: relative RMS error {err:.3e}");
-        }
-    }
+    let path = long_prompt_matches(&m, 3_900, &[engine::CacheTypes::default(), q], &[windows(&[0..3]), windows(&[0..1, 1..2, 2..3])], 512);
     let mixed = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::F16 };
     let err = engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { kv: mixed, ..common::stage_config(vec![0..3], 1) }).err().expect("K and V types differ").to_string();
     assert!(err.contains("one cache type"), "{err}");
-    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }
 
 /// Llama 4 past its first attention chunk: at 8,192 positions its rotating layers start a
@@ -508,30 +466,41 @@ fn tiny_deepseek2_near_its_context_limit_and_with_a_quantized_cache_matches_llam
 fn tiny_llama4_past_its_first_attention_chunk_matches_llama_cpp() {
     let mut m = common::tiny::model("llama4");
     m.context_length = 16_384;
-    let dir = std::env::temp_dir().join(format!("hearth-tiny-llama4-long-{}", std::process::id()));
+    // The last window holds the NoPE layer alone: a graph that reads no positions.
+    // Measured 0 (the same graph as llama.cpp's); leaving out the NoPE layers' temperature
+    // alone moves it to 7.5e-3, the chunking to another argmax.
+    let path = long_prompt_matches(&m, 8_400, &[engine::CacheTypes::default()], &[windows(&[0..4]), windows(&[0..1, 1..2, 2..4]), windows(&[0..3, 3..4])], 256);
+    std::fs::remove_dir_all(path.parent().unwrap()).ok();
+}
+
+/// `m`, given a prompt of `n` tokens of real text, computes llama.cpp's last logits (the
+/// same argmax, relative RMS below 1e-3) cut into each of `stages`, with each cache type of
+/// `kvs`, hearth prefilling in chunks of `chunk`. The model's path (in a folder of its own).
+fn long_prompt_matches(m: &RandomModel, n: usize, kvs: &[engine::CacheTypes], stages: &[Vec<Vec<Range<usize>>>], chunk: usize) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-long-{}", m.arch, std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = common::tiny::write(&m, &dir);
+    let path = common::tiny::write(m, &dir);
     let tok = Tokenizer::load(&path).unwrap();
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
     let mut prompt = Vec::new();
-    while prompt.len() < 8_400 {
+    while prompt.len() < n {
         prompt.extend(tok.tokenize(&text, false));
     }
-    prompt.truncate(8_400);
-    let want = Reference::load(&path, THREADS).unwrap().last_logits(&prompt, 512).unwrap();
-    // The last window holds the NoPE layer alone: a graph that reads no positions.
-    for stages in [windows(&[0..4]), windows(&[0..1, 1..2, 2..4]), windows(&[0..3, 3..4])] {
-        let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), engine::StageConfig { n_ctx_seq: 8_704, ..common::stage_config(w.clone(), 1) }).unwrap()).collect();
-        let mut p = engine::LocalPipeline::new(built).unwrap();
-        let got = p.prefill(1, &prompt, 256).unwrap();
-        let err = common::rel_rms(&got, &want);
-        assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{stages:?}");
-        // Measured 0 (the same graph as llama.cpp's); leaving out the NoPE layers'
-        // temperature alone moves it to 7.5e-3, the chunking to another argmax.
-        assert!(err < 1e-3, "{stages:?}: relative RMS error {err}");
-        eprintln!("llama4 after 8,400 tokens, {stages:?}: relative RMS error {err:.3e}");
+    prompt.truncate(n);
+    for &kv in kvs {
+        let want = Reference::load(&path, THREADS).unwrap().with_cache_types(kv).last_logits(&prompt, 512).unwrap();
+        for stages in stages {
+            let cfg = |w: &Vec<Range<usize>>| engine::StageConfig { n_ctx_seq: n.div_ceil(512) * 512, max_batch: chunk, kv, ..common::stage_config(w.clone(), 1) };
+            let built = stages.iter().map(|w| engine::Stage::new(std::sync::Arc::new(engine::ModelFile::open(&path).unwrap()), cfg(w)).unwrap()).collect();
+            let mut p = engine::LocalPipeline::new(built).unwrap();
+            let got = p.prefill(1, &prompt, chunk).unwrap();
+            let err = common::rel_rms(&got, &want);
+            assert_eq!(engine::reference::argmax(&got), engine::reference::argmax(&want), "{}: {kv:?} {stages:?}", m.arch);
+            assert!(err < 1e-3, "{}: {kv:?} {stages:?}: relative RMS error {err}", m.arch);
+            eprintln!("{} after {n} tokens, {kv:?}, {stages:?}: relative RMS error {err:.3e}", m.arch);
+        }
     }
-    std::fs::remove_dir_all(&dir).ok();
+    path
 }
 
 #[test]

@@ -38,7 +38,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (n, e) = gpu.resolve(0, 0);
     // One more than the layers: the output layer goes to the device too, in both engines.
     let (accel_layers, experts_in_ram) = (n.min(spec.n_layer + 1), e.min(spec.n_layer));
-    let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, ..StageConfig::whole(&spec) };
+    let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, repack: !args.no_repack, ..StageConfig::whole(&spec) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file.clone(), cfg.clone())?])?;
     // The batched test: its own pipeline with a KV slot per sequence, sized as llama.cpp's streams.
     let n_seq = args.sequences;
@@ -52,7 +52,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     // llama.cpp offloads the last N layers: the experts kept in RAM are the first of those.
     let first_gpu = spec.n_layer - accel_layers.min(spec.n_layer);
-    let reference = Reference::load_offloaded_moe(&path, args.threads, accel_layers, first_gpu..first_gpu + experts_in_ram)?;
+    let reference = Reference::load_placed(&path, args.threads, !args.no_repack, accel_layers, first_gpu..first_gpu + experts_in_ram)?;
 
     println!("model: {} ({} layers, {})", path.display(), spec.n_layer, spec.arch_name);
     println!("threads: {}, prompt: {} tokens, decode: {} tokens, rounds: {}", args.threads, prompt.len(), args.gen_tokens, args.reps);

@@ -31,6 +31,8 @@ pub fn run(args: MakeModelArgs) -> Result<(), Box<dyn std::error::Error>> {
     if m.n_swa > 0 {
         m.n_swa = args.window;
     }
+    m.full_every = args.full_every;
+    m.full_kv_heads = args.full_kv_heads;
     let tokenizer: PathBuf = args.tokenizer_from.resolve()?;
     let what = format!("{} {} layers, e={}, ff={}, {}", args.arch, args.layers, args.embd, args.ff, args.r#type);
     match &args.split_max_size {

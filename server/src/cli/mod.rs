@@ -241,9 +241,16 @@ pub struct MakeModelArgs {
     /// MoE archs: one expert's hidden size (default: ff / experts-used).
     #[arg(long)]
     pub expert_ff: Option<u64>,
-    /// Sliding-window archs (gemma3, gpt-oss): the window in tokens.
+    /// Sliding-window archs (gemma3, gemma4, gpt-oss): the window in tokens.
     #[arg(long, default_value_t = 128)]
     pub window: u32,
+    /// gemma4: every this-many-th layer (and the last) attends fully, with heads of twice
+    /// --head-dim and V taken from K (Gemma 4's own models: 6).
+    #[arg(long, default_value_t = 2)]
+    pub full_every: u32,
+    /// gemma4: KV heads of the full layers (default: half of --kv-heads).
+    #[arg(long)]
+    pub full_kv_heads: Option<u32>,
     /// Weight type of the matrices: q8_0, q4_0, f16, or q4_k_m (llama.cpp's mix of Q4_K
     /// and Q6_K); gpt-oss experts are always mxfp4.
     #[arg(long, default_value = "q8_0")]
@@ -702,6 +709,12 @@ pub struct BenchArgs {
     /// both): where the two engines' steps differ.
     #[arg(long)]
     pub ops: bool,
+    /// Both engines keep every weight in the file's mapping (llama.cpp's `--no-repack`),
+    /// shared between them and with the page cache, instead of each repacking a copy into
+    /// its own memory: what lets a model near the RAM's size be measured at all (a
+    /// 15 GB Gemma-4-26B-shaped file repacked three times does not fit 24 GiB).
+    #[arg(long)]
+    pub no_repack: bool,
 }
 
 #[derive(Args, Debug, Clone)]
