@@ -45,6 +45,9 @@ pub struct RandomModel {
     pub full_every: u32,
     /// Gemma 4: the full layers' KV heads (default: half the sliding layers').
     pub full_kv_heads: Option<u32>,
+    /// DeepSeek 2: a plain `attn_q` instead of the low-rank query (the Lite models; llama.cpp
+    /// tells them by 26 or 27 layers).
+    pub mla_lite: bool,
     pub seed: u64,
 }
 
@@ -84,6 +87,7 @@ impl RandomModel {
             extra: Vec::new(),
             full_every: GEMMA4_FULL_STEP as u32,
             full_kv_heads: None,
+            mla_lite: false,
             seed: 1,
         }
     }
@@ -236,10 +240,16 @@ impl RandomModel {
         for il in 0..self.n_layer {
             let t = |n: &str| format!("blk.{il}.{n}");
             w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
-            w.add_tensor_later(t("attn_q_a_norm.weight"), f32t, &[ql])?;
+            if !self.mla_lite {
+                w.add_tensor_later(t("attn_q_a_norm.weight"), f32t, &[ql])?;
+            }
             w.add_tensor_later(t("attn_kv_a_norm.weight"), f32t, &[lora])?;
-            w.add_tensor_later(t("attn_q_a.weight"), ty, &[e, ql])?;
-            w.add_tensor_later(t("attn_q_b.weight"), ty, &[ql, n_head * (nope + rot)])?;
+            if self.mla_lite {
+                w.add_tensor_later(t("attn_q.weight"), ty, &[e, n_head * (nope + rot)])?;
+            } else {
+                w.add_tensor_later(t("attn_q_a.weight"), ty, &[e, ql])?;
+                w.add_tensor_later(t("attn_q_b.weight"), ty, &[ql, n_head * (nope + rot)])?;
+            }
             w.add_tensor_later(t("attn_kv_a_mqa.weight"), ty, &[e, lora + rot])?;
             w.add_tensor_later(t("attn_k_b.weight"), ty, &[nope, lora, n_head])?;
             w.add_tensor_later(t("attn_v_b.weight"), ty, &[lora, hv, n_head])?;
@@ -417,7 +427,9 @@ impl RandomModel {
             u32k(&mut w, "attention.key_length_mla", nope + rot)?;
             u32k(&mut w, "attention.value_length_mla", hv)?;
             u32k(&mut w, "rope.dimension_count", rot)?;
-            u32k(&mut w, "attention.q_lora_rank", ql)?;
+            if !self.mla_lite {
+                u32k(&mut w, "attention.q_lora_rank", ql)?;
+            }
             u32k(&mut w, "attention.kv_lora_rank", lora)?;
             u32k(&mut w, "leading_dense_block_count", GLM_DENSE_LEAD)?;
             u32k(&mut w, "expert_shared_count", 1)?;

@@ -427,6 +427,16 @@ fn tiny_deepseek2_with_latent_attention_matches_llama_cpp() {
     tiny(common::tiny::model("deepseek2"));
 }
 
+/// DeepSeek's Lite form (V2-Lite, Kanana-2): a plain query projection, no low-rank one.
+/// llama.cpp tells it by the layer count (26 or 27), so the model has 26.
+#[test]
+fn tiny_deepseek2_lite_with_a_plain_query_matches_llama_cpp() {
+    let mut m = common::tiny::model("deepseek2");
+    m.n_layer = 26;
+    m.mla_lite = true;
+    tiny(m);
+}
+
 /// DeepSeek V3's group-limited routing: 8 experts in 4 groups, the best 2 groups' experts
 /// compete.
 #[test]
