@@ -163,11 +163,13 @@ impl Splitter {
                     // Gemma 4 may close a block it never opened after its answer.
                     let stray = self.format == ReasoningFormat::ThoughtChannel;
                     let markers: &[&str] = if stray { &[open, close] } else { &[open] };
-                    let before = self.held.clone();
+                    // Which marker comes first, decided before `take_until` drops it (no copy
+                    // of the held text per token).
+                    let closes = stray && first_marker(&self.held, markers).is_some_and(|(at, len)| self.held[at..at + len] == *close);
                     if !self.take_until(markers, end, |s, t| s.answer(out, t)) {
                         return;
                     }
-                    if stray && first_marker(&before, markers).is_some_and(|(at, len)| before[at..at + len] == *close) {
+                    if closes {
                         continue;
                     }
                     self.state = State::Thinking;
