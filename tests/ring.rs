@@ -61,7 +61,7 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
     const CHUNK: &str = "50";
     let dir = std::env::temp_dir().join(format!("hearth-ring-archs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2"] {
+    for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2", "qwen35moe"] {
         let mut m = engine::random_model::RandomModel::new(arch, 6, 64, 128, 4, 2);
         m.n_ff_exp = 64;
         m.n_swa = 8;

@@ -13,10 +13,10 @@ use std::ops::Range;
 use llama_cpp_sys_2 as sys;
 
 use crate::expert_reads::ExpertChoice;
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, RecurrentState};
 use crate::model::{Arch, ModelSpec};
 use crate::model::{Gating, Moe, MoeActivation};
-use crate::weights::{DenseFfn, Ffn, GateUp, MoeWeights, Weights};
+use crate::weights::{DenseFfn, Ffn, GateUp, LinearAttnWeights, MoeWeights, Weights};
 
 type T = *mut sys::ggml_tensor;
 
@@ -101,9 +101,11 @@ pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
     let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used + if spec.arch == Arch::Gemma4 { 24 } else { 0 } + if m.groups.is_some() { 16 } else { 0 });
     // MLA's absorbed queries and decompressed outputs: ~20 more, 6 per attended group.
     let mla = if spec.mla.is_some() { 20 + 6 * n_groups } else { 0 };
+    // Qwen3.5's linear attention: ~20 projections and gates, ~24 per group it runs.
+    let recurrent = if spec.recurrent.is_some() { 24 + 24 * n_groups } else { 0 };
     // 14 of a layer's: a pad and a view for each of its seven weight products; 12 for
     // the rotations around a quantized cache.
-    n_layers * (74 + moe + mla + 10 * n_groups) + 64
+    n_layers * (74 + moe + mla + recurrent + 10 * n_groups) + 64
 }
 
 /// Builds the graph in `ctx` (a no-alloc context sized for `max_nodes`).
@@ -126,9 +128,13 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     };
 
     // Inputs no node reads are never allocated, so a window without layers has none.
-    // Only RoPE reads positions: a window of Llama 4's NoPE layers alone has none.
-    let pos_t = shape.layers.clone().any(|il| spec.ropes(il)).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok)));
-    let cells_t = has_layers.then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tok)));
+    // Only RoPE reads positions: a window of Llama 4's NoPE layers alone has none, nor
+    // one of Qwen3.5's recurrent layers alone (nor has it K/V cells).
+    let attends = |il: usize| !spec.is_recurrent(il);
+    // Multi-section RoPE takes four positions per token.
+    let n_pos = if spec.rope_sections.is_some() { 4 * n_tok } else { n_tok };
+    let pos_t = shape.layers.clone().any(|il| spec.ropes(il) && attends(il)).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_pos)));
+    let cells_t = shape.layers.clone().any(attends).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tok)));
     let (pos, cells) = (pos_t.unwrap_or(std::ptr::null_mut()), cells_t.unwrap_or(std::ptr::null_mut()));
     let (tokens, embd, mut x) = if first {
         let ids = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok));
@@ -145,7 +151,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     // Inputs no node reads are left unallocated by ggml (and setting one aborts), so a
     // mask exists only for a kind of layer (full or sliding) that attends in this graph:
     // the model's last layer attends only when some output is wanted.
-    let attending = |il: usize| !(last && il + 1 == spec.n_layer && shape.n_out == 0);
+    let attending = |il: usize| !(last && il + 1 == spec.n_layer && shape.n_out == 0) && attends(il);
     let new_masks = |wanted: bool, swa: bool| -> Vec<T> {
         if !wanted {
             return Vec::new();
@@ -158,7 +164,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     // it (llama.cpp's `openai-moe` graph); the others pick them before the last FFN.
     // Gemma 4 too, as llama.cpp builds it by default (after the output norm there, which
     // is per row, so the same numbers).
-    let trim_after_layers = matches!(spec.arch, Arch::GptOss | Arch::Gemma4);
+    let trim_after_layers = matches!(spec.arch, Arch::GptOss | Arch::Gemma4 | Arch::Qwen35 | Arch::Qwen35Moe);
     let attn_scale = spec.attn_temperature.filter(|_| shape.layers.clone().any(|il| spec.tempers(il))).map(|_| input(sys::ggml_new_tensor_3d(ctx, sys::GGML_TYPE_F32, 1, 1, n_tok)));
     let out_ids = (last && shape.n_out > 0).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, shape.n_out as i64)));
     // One rotation input per size: Gemma 4's sliding and full layers differ in head size.
@@ -178,8 +184,9 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         .layers
         .clone()
         .map(|il| {
-            // MLA's cache is not rotated (llama.cpp's K-only attention input has none).
-            let (k, v) = if spec.mla.is_some() { (0, 0) } else { cache.types.rotations(spec.head_dim_of(il)) };
+            // MLA's cache is not rotated (llama.cpp's K-only attention input has none), and
+            // a recurrent layer has no cache to rotate.
+            let (k, v) = if spec.mla.is_some() || spec.is_recurrent(il) { (0, 0) } else { cache.types.rotations(spec.head_dim_of(il)) };
             (rotation(k), rotation(v))
         })
         .collect();
@@ -204,10 +211,37 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             sys::ggml_mul(ctx, n, weight)
         };
         let cur = norm(x, l.attn_norm);
+        let is_model_last = last && il + 1 == spec.n_layer;
+        let attn = if let (Some(lin), Some(st)) = (&l.linear, kv.state) {
+            let out = linear_attention(ctx, gf, spec, lin, st, cur, shape.groups, cache.slot_cells, &mut norm);
+            if is_model_last && out_ids.is_none() {
+                // The state is written; nothing downstream wants this batch's output.
+                break;
+            }
+            out
+        } else {
         let freqs = l.rope_freqs.unwrap_or(std::ptr::null_mut());
         let n_rot = spec.n_rot_of(il) as i32;
         let (freq_base, freq_scale) = spec.rope_of(il);
         let rope_it = |t: T| {
+            if let Some(mut sections) = spec.rope_sections {
+                return sys::ggml_rope_multi(
+                    ctx,
+                    t,
+                    pos,
+                    freqs,
+                    n_rot,
+                    sections.as_mut_ptr(),
+                    spec.arch.rope_mode(),
+                    rope.n_ctx_orig,
+                    freq_base,
+                    freq_scale,
+                    rope.ext_factor,
+                    rope.attn_factor,
+                    rope.beta_fast,
+                    rope.beta_slow,
+                );
+            }
             sys::ggml_rope_ext(
                 ctx,
                 t,
@@ -226,6 +260,8 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         };
         // Q, K and V as attention reads them; V is None where it is part of K's cache row
         // (MLA), and then its width is `v_width` and `v_up` decompresses the output.
+        // Qwen3.5's full layers: each head's output gate, from the query projection.
+        let mut out_gate: Option<T> = None;
         let (mut q, k, v, v_width, v_up) = match (&l.mla, spec.mla) {
             (Some(m), Some(dims)) => {
                 let (lora, rot) = (dims.kv_lora_rank as i64, dims.n_rot as i64);
@@ -262,7 +298,16 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                     Some(wv) => add_opt(mul_mat_acc(ctx, wv, cur, false), l.bv),
                     None => k,
                 };
-                q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
+                if spec.gated_attention {
+                    // Each head's query, then its gate, side by side in one projection.
+                    let full = q;
+                    let es = sys::ggml_element_size(full);
+                    q = sys::ggml_view_3d(ctx, full, hd, n_head, n_tok, es * hd as usize * 2, es * hd as usize * 2 * n_head as usize, 0);
+                    let g = sys::ggml_view_3d(ctx, full, hd, n_head, n_tok, es * hd as usize * 2, es * hd as usize * 2 * n_head as usize, es * hd as usize);
+                    out_gate = Some(sys::ggml_cont_2d(ctx, g, hd * n_head, n_tok));
+                } else {
+                    q = sys::ggml_reshape_3d(ctx, q, hd, n_head, n_tok);
+                }
                 k = sys::ggml_reshape_3d(ctx, k, hd, n_head_kv, n_tok);
                 let mut v = sys::ggml_reshape_3d(ctx, v, hd, n_head_kv, n_tok);
                 // Required by the archs that have them always (checked at load), optional in GLM.
@@ -314,7 +359,6 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.v, v2, cells));
         }
 
-        let is_model_last = last && il + 1 == spec.n_layer;
         if is_model_last && out_ids.is_none() {
             // Nothing downstream wants this batch's output: the K/V writes above were
             // all this layer had to do.
@@ -365,6 +409,11 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             // Back from V's rotation.
             attn = rotate(ctx, attn, r);
         }
+        if let Some(g) = out_gate {
+            attn = sys::ggml_mul(ctx, attn, sys::ggml_sigmoid(ctx, g));
+        }
+        attn
+        };
         let mut cur = add_opt(mul_mat_acc(ctx, l.wo, attn, spec.arch.f32_accumulators()), l.bo);
         let mut residual = inp_sa;
         if is_model_last && !trim_after_layers {
@@ -546,10 +595,73 @@ unsafe fn moe_ffn(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, moe: &
         out = sys::ggml_cont(ctx, out);
     }
     match &m.shared {
-        // Shared experts on the same input, a dense SwiGLU FFN (llama.cpp's build_ffn).
-        Some(f) => sys::ggml_add(ctx, out, dense_ffn(ctx, f, input, false, f32_acc)),
+        // Shared experts on the same input, a dense SwiGLU FFN (llama.cpp's build_ffn),
+        // Qwen3.5's scaled by the sigmoid of their own router.
+        Some(f) => {
+            let mut shared = dense_ffn(ctx, f, input, false, f32_acc);
+            if let Some(g) = m.shared_gate {
+                shared = sys::ggml_mul(ctx, shared, sys::ggml_sigmoid(ctx, sys::ggml_mul_mat(ctx, g, input)));
+            }
+            sys::ggml_add(ctx, out, shared)
+        }
         None => out,
     }
+}
+
+/// Qwen3.5's gated delta net over the batch, as llama.cpp's `build_layer_attn_linear`
+/// computes it with its fused op: the Q/K/V projection through a causal convolution that
+/// continues each sequence's last inputs, Q and K L2-normalised, the recurrent state
+/// decayed and updated token by token (`ggml_gated_delta_net`), each head's output
+/// RMS-normalised and gated by the SiLU of its own projection. Each group's sequences read
+/// and write their slots' state rows (consecutive slots, as the KV cache's). Returns the
+/// output before the layer's `ssm_out` projection, `[value_dim, n_tokens]`.
+///
+/// SAFETY: as `build`; `st` is the layer's state in `cache`, `slot_cells` its slot size;
+/// `norm` is the layer's weighted RMS norm.
+#[allow(clippy::too_many_arguments)]
+unsafe fn linear_attention(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgraph, spec: &ModelSpec, lin: &LinearAttnWeights, st: RecurrentState, cur: T, groups: &[GroupPlan], slot_cells: usize, norm: &mut impl FnMut(T, T) -> T) -> T {
+    let r = spec.recurrent.as_ref().expect("a recurrent layer comes with its sizes");
+    let (hd, nk, nv) = (r.head as i64, r.n_k_heads as i64, r.n_v_heads as i64);
+    let (ch, taps) = (r.conv_channels() as i64, r.conv_kernel as i64);
+    let f32_row = |n: i64| sys::ggml_row_size(sys::GGML_TYPE_F32, n);
+    let qkv = mul_mat_acc(ctx, lin.qkv, cur, false);
+    let z = mul_mat_acc(ctx, lin.gate, cur, false);
+    let beta = sys::ggml_sigmoid(ctx, mul_mat_acc(ctx, lin.beta, cur, false));
+    let alpha = mul_mat_acc(ctx, lin.alpha, cur, false);
+    // The decay: -exp(A_log) (stored as `ssm_a`) times softplus(alpha + dt_bias).
+    let decay = sys::ggml_mul(ctx, sys::ggml_softplus(ctx, sys::ggml_add(ctx, alpha, lin.dt_bias)), lin.a);
+    let (conv_len, ssm_len) = (r.conv_state_len() as i64, r.ssm_state_len() as i64);
+    let mut out: T = std::ptr::null_mut();
+    for g in groups {
+        let (rows, seqs) = (g.n_rows as i64, g.n_seqs as i64);
+        let slot0 = g.cell0 / slot_cells;
+        let states = |t: T, len: i64| sys::ggml_view_2d(ctx, t, len, seqs, (*t).nb[1], slot0 * (*t).nb[1]);
+        let x = sys::ggml_view_3d(ctx, qkv, ch, rows, seqs, (*qkv).nb[1], (*qkv).nb[1] * g.n_rows, (*qkv).nb[1] * g.row0);
+        // The convolution's input: the sequence's last `taps - 1` inputs, then the batch's.
+        let conv_states = sys::ggml_reshape_3d(ctx, states(st.conv, conv_len), taps - 1, ch, seqs);
+        let conv_input = sys::ggml_concat(ctx, conv_states, sys::ggml_transpose(ctx, x), 0);
+        let last = sys::ggml_view_3d(ctx, conv_input, taps - 1, ch, seqs, (*conv_input).nb[1], (*conv_input).nb[2], sys::ggml_row_size((*conv_input).type_, rows));
+        sys::ggml_build_forward_expand(gf, sys::ggml_cpy(ctx, last, states(st.conv, conv_len)));
+        let conv = sys::ggml_silu(ctx, sys::ggml_ssm_conv(ctx, conv_input, lin.conv));
+        let nb1 = sys::ggml_row_size((*conv).type_, ch);
+        let part = |n_heads: i64, offset: i64| sys::ggml_view_4d(ctx, conv, hd, n_heads, rows, seqs, f32_row(hd), nb1, nb1 * g.n_rows, f32_row(offset));
+        // L2 norms as llama.cpp writes them: an RMS norm with eps / n, scaled by 1/sqrt(n).
+        let l2 = |t: T| sys::ggml_scale(ctx, sys::ggml_rms_norm(ctx, t, spec.rms_eps / hd as f32), 1.0 / (hd as f32).sqrt());
+        let q = l2(part(nk, 0));
+        let k = l2(part(nk, hd * nk));
+        let v = part(nv, 2 * hd * nk);
+        let per_head = |t: T| sys::ggml_view_4d(ctx, t, 1, nv, rows, seqs, f32_row(1), f32_row(nv), f32_row(nv * rows), f32_row(nv) * g.row0);
+        let state = sys::ggml_reshape_4d(ctx, states(st.ssm, ssm_len), hd, hd, nv, seqs);
+        let res = sys::ggml_gated_delta_net(ctx, q, k, v, per_head(decay), per_head(beta), state, 1);
+        let o = sys::ggml_view_4d(ctx, res, hd, nv, rows, seqs, f32_row(hd), f32_row(hd * nv), f32_row(hd * nv * rows), 0);
+        let new_state = sys::ggml_view_4d(ctx, res, hd, hd, nv, seqs, f32_row(hd), f32_row(hd * hd), f32_row(hd * hd * nv), f32_row(hd * nv * rows * seqs));
+        sys::ggml_build_forward_expand(gf, sys::ggml_cpy(ctx, new_state, states(st.ssm, ssm_len)));
+        let zg = sys::ggml_view_4d(ctx, z, hd, nv, rows, seqs, (*z).nb[0] * hd as usize, (*z).nb[1], (*z).nb[1] * g.n_rows, (*z).nb[1] * g.row0);
+        let gated = sys::ggml_mul(ctx, norm(o, lin.norm), sys::ggml_silu(ctx, zg));
+        let flat = sys::ggml_reshape_2d(ctx, gated, hd * nv, rows * seqs);
+        out = if out.is_null() { flat } else { sys::ggml_concat(ctx, out, flat, 1) };
+    }
+    out
 }
 
 /// llama.cpp's `build_ffn` with parallel gate: up, gate, GELU or SiLU gating, down.

@@ -173,11 +173,33 @@ pub fn hadamard(n: usize) -> std::sync::Arc<[f32]> {
     m
 }
 
-/// Per-layer K/V tensors of a window.
+/// Per-layer K/V tensors of a window: null in a recurrent layer, which keeps `state`.
 pub struct LayerKv {
     pub k: *mut sys::ggml_tensor,
     pub v: *mut sys::ggml_tensor,
+    pub state: Option<RecurrentState>,
 }
+
+/// A recurrent layer's state, one f32 row per slot (llama.cpp keeps both in f32): the
+/// convolution's last inputs `[conv_state_len, n_slots]` and the gated delta net's state
+/// `[ssm_state_len, n_slots]`.
+#[derive(Clone, Copy)]
+pub struct RecurrentState {
+    pub conv: *mut sys::ggml_tensor,
+    pub ssm: *mut sys::ggml_tensor,
+}
+
+/// A copy of one sequence's recurrent state in every recurrent layer of a window, taken
+/// when the sequence held `len` positions: what lets a sequence go back to `len` (a
+/// recurrent state cannot be truncated, only restored).
+struct Checkpoint {
+    len: usize,
+    /// Per recurrent layer, in window order: the conv rows then the state rows.
+    data: Vec<Vec<u8>>,
+}
+
+/// Checkpoints kept per sequence (the most recent): a turn's prompt end and a few before.
+const CHECKPOINTS_PER_SEQUENCE: usize = 4;
 
 pub struct KvCache {
     /// Per layer; under MLA each layer's `v` is its `k` (see `v_in_k`).
@@ -191,6 +213,11 @@ pub struct KvCache {
     pub capacity: usize,
     slots: Vec<Option<SeqId>>,
     seqs: HashMap<SeqId, SeqState>,
+    /// Whether the model has recurrent layers: then no window's sequences are truncated
+    /// but to a checkpoint, so that every window (those without recurrent layers too, and
+    /// every ring member) keeps the same length.
+    pub recurrent: bool,
+    checkpoints: HashMap<SeqId, Vec<Checkpoint>>,
     /// Everything this value allocated in ggml, freed when it drops.
     alloc: crate::ggml::Allocations,
 }
@@ -216,7 +243,7 @@ impl KvCache {
             return Err(Error::InvalidWindow(format!("this model's latent attention keeps V inside the K cache, so K and V take one cache type (K {}, V {}): set both to the same", types.k, types.v)));
         }
         for (which, t) in [("K", types.k), ("V", types.v)].into_iter().filter(|(w, _)| *w == "K" || v_cached) {
-            for &(il, _) in window {
+            for &(il, _) in window.iter().filter(|(il, _)| !spec.is_recurrent(*il)) {
                 let hd = spec.head_dim_of(il);
                 if !t.fits(hd) {
                     return Err(Error::InvalidWindow(format!("a {t} {which} cache needs a head size that is a multiple of {} (this model's is {hd})", t.block())));
@@ -229,8 +256,8 @@ impl KvCache {
             .checked_mul(n_seq)
             .filter(|&t| t <= i32::MAX as usize)
             .ok_or_else(|| Error::InvalidWindow(format!("{n_seq} sequences of {n_ctx_seq} cells is too large a KV cache")))?;
-        let cpu_ctx = ggml::new_meta_context(devices.len() * 2)?;
-        let accel_ctx = if devices.contains(&Device::Accelerator) { Some(ggml::new_meta_context(devices.len() * 2)?) } else { None };
+        let cpu_ctx = ggml::new_meta_context(devices.len() * 2 + 1)?;
+        let accel_ctx = if devices.contains(&Device::Accelerator) { Some(ggml::new_meta_context(devices.len() * 2 + 1)?) } else { None };
         let v_in_k = spec.mla.map(|m| m.kv_lora_rank);
         let mut layers = Vec::with_capacity(devices.len());
         for &(il, dev) in window {
@@ -239,10 +266,16 @@ impl KvCache {
                 Device::Accelerator => accel_ctx.expect("created when a layer is offloaded"),
                 Device::Cpu => cpu_ctx,
             };
+            if let Some(r) = spec.recurrent.as_ref().filter(|_| spec.is_recurrent(il)) {
+                let conv = ggml::new_tensor(ctx, sys::GGML_TYPE_F32, &[r.conv_state_len() as u64, n_seq as u64])?;
+                let ssm = ggml::new_tensor(ctx, sys::GGML_TYPE_F32, &[r.ssm_state_len() as u64, n_seq as u64])?;
+                layers.push(LayerKv { k: std::ptr::null_mut(), v: std::ptr::null_mut(), state: Some(RecurrentState { conv, ssm }) });
+                continue;
+            }
             let k = ggml::new_tensor(ctx, types.k.ggml_type(), &[n_embd_kv, total as u64])?;
             // Under MLA, V is read from the K rows: no V cache of its own.
             let v = if spec.n_embd_v_cache_of(il) == 0 { k } else { ggml::new_tensor(ctx, types.v.ggml_type(), &[n_embd_kv, total as u64])? };
-            layers.push(LayerKv { k, v });
+            layers.push(LayerKv { k, v, state: None });
         }
         let mut cache = KvCache {
             layers,
@@ -252,6 +285,8 @@ impl KvCache {
             capacity: n_ctx_seq,
             slots: vec![None; n_seq],
             seqs: HashMap::new(),
+            recurrent: (0..spec.n_layer).any(|il| spec.is_recurrent(il)),
+            checkpoints: HashMap::new(),
             alloc: crate::ggml::Allocations { contexts: [Some(cpu_ctx), accel_ctx].into_iter().flatten().collect(), buffers: Vec::new() },
         };
         // SAFETY: each context holds only this cache's tensors; the buffer types are the
@@ -316,17 +351,81 @@ impl KvCache {
         if let Some(s) = self.seqs.remove(&seq) {
             self.slots[s.slot] = None;
         }
+        self.checkpoints.remove(&seq);
     }
 
     pub fn clear_all(&mut self) {
         self.seqs.clear();
         self.slots.iter_mut().for_each(|s| *s = None);
+        self.checkpoints.clear();
     }
 
-    /// Keeps positions [0, len) of `seq`; later cells are forgotten.
-    pub fn truncate(&mut self, seq: SeqId, len: usize) {
-        if let Some(s) = self.seqs.get_mut(&seq) {
-            s.len = s.len.min(len);
+    /// Keeps positions [0, len) of `seq`, later cells forgotten; returns the length kept.
+    /// A recurrent window's state cannot be truncated: it goes back to the latest
+    /// checkpoint at or before `len` (the length kept then), or to nothing.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> usize {
+        let Some(cur) = self.seqs.get(&seq).copied() else { return 0 };
+        if len >= cur.len || !self.recurrent {
+            let kept = cur.len.min(len);
+            self.seqs.get_mut(&seq).expect("present").len = kept;
+            return kept;
+        }
+        let back = self.checkpoints.get_mut(&seq).and_then(|cps| {
+            cps.retain(|c| c.len <= len);
+            cps.last()
+        });
+        let kept = back.map_or(0, |c| c.len);
+        if let Some(c) = back {
+            // SAFETY: the rows written are this sequence's slot of tensors this cache owns;
+            // nothing computes while the cache is borrowed mutably.
+            unsafe {
+                for (st, data) in self.layers.iter().filter_map(|l| l.state).zip(&c.data) {
+                    let conv_row = sys::ggml_row_size((*st.conv).type_, (*st.conv).ne[0]);
+                    let ssm_row = sys::ggml_row_size((*st.ssm).type_, (*st.ssm).ne[0]);
+                    sys::ggml_backend_tensor_set(st.conv, data.as_ptr().cast(), cur.slot * conv_row, conv_row);
+                    sys::ggml_backend_tensor_set(st.ssm, data[conv_row..].as_ptr().cast(), cur.slot * ssm_row, ssm_row);
+                }
+            }
+        }
+        self.seqs.get_mut(&seq).expect("present").len = kept;
+        kept
+    }
+
+    /// Copies `seq`'s recurrent state as it is now (at its current length) so that a
+    /// later `truncate` can come back to it; no effect on a window without recurrent
+    /// layers or on an unknown sequence.
+    pub fn checkpoint(&mut self, seq: SeqId) {
+        let Some(cur) = self.seqs.get(&seq).copied().filter(|_| self.recurrent) else { return };
+        let mut data = Vec::new();
+        // SAFETY: reads this sequence's slot of tensors this cache owns; nothing computes.
+        unsafe {
+            for st in self.layers.iter().filter_map(|l| l.state) {
+                let conv_row = sys::ggml_row_size((*st.conv).type_, (*st.conv).ne[0]);
+                let ssm_row = sys::ggml_row_size((*st.ssm).type_, (*st.ssm).ne[0]);
+                let mut buf = vec![0u8; conv_row + ssm_row];
+                sys::ggml_backend_tensor_get(st.conv, buf.as_mut_ptr().cast(), cur.slot * conv_row, conv_row);
+                sys::ggml_backend_tensor_get(st.ssm, buf[conv_row..].as_mut_ptr().cast(), cur.slot * ssm_row, ssm_row);
+                data.push(buf);
+            }
+        }
+        let cps = self.checkpoints.entry(seq).or_default();
+        cps.retain(|c| c.len < cur.len);
+        cps.push(Checkpoint { len: cur.len, data });
+        if cps.len() > CHECKPOINTS_PER_SEQUENCE {
+            cps.remove(0);
+        }
+    }
+
+    /// Zeroes the recurrent state of `slot`: a sequence starting from position 0.
+    pub fn reset_state(&mut self, slot: usize) {
+        // SAFETY: the slot's rows of tensors this cache owns; nothing computes.
+        unsafe {
+            for st in self.layers.iter().filter_map(|l| l.state) {
+                for t in [st.conv, st.ssm] {
+                    let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
+                    sys::ggml_backend_tensor_memset(t, 0, slot * row, row);
+                }
+            }
         }
     }
 }

@@ -55,6 +55,17 @@ pub enum Arch {
     /// attention), leading dense layers, then routed experts (softmax or sigmoid with a
     /// selection bias, optionally limited to the best groups) plus shared experts.
     DeepSeek2,
+    /// Qwen3.5 (`qwen35`, dense 0.8B–27B) and its MoE form (`qwen35moe`, 35B-A3B,
+    /// 122B-A10B): three of every four layers are gated-delta-net linear attention — a
+    /// short causal convolution over the fused Q/K/V projection, then a recurrent state of
+    /// `head × head` per value head that each token decays and updates (`ggml_gated_delta_net`),
+    /// its output normalised and gated by a SiLU of its own projection — and the fourth is
+    /// full attention whose query projection carries a sigmoid output gate, with Q/K norms
+    /// and interleaved multi-section RoPE (text positions in three of its sections). The FFN
+    /// input is normalised by `post_attention_norm`. The MoE form adds a shared expert
+    /// scaled by the sigmoid of its own one-row router.
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -71,6 +82,8 @@ impl Arch {
             "llama4" => Ok(Arch::Llama4),
             "gemma4" => Ok(Arch::Gemma4),
             "deepseek2" => Ok(Arch::DeepSeek2),
+            "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -80,7 +93,10 @@ impl Arch {
     pub fn rope_mode(self) -> i32 {
         const ROPE_NORM: i32 = 0;
         const ROPE_NEOX: i32 = 2;
+        // Interleaved multi-section RoPE (`GGML_ROPE_TYPE_IMROPE`), through `ggml_rope_multi`.
+        const ROPE_IMROPE: i32 = 40;
         match self {
+            Arch::Qwen35 | Arch::Qwen35Moe => ROPE_IMROPE,
             Arch::Llama | Arch::Mistral | Arch::Llama4 | Arch::DeepSeek2 => ROPE_NORM,
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss | Arch::Glm4Moe | Arch::Gemma4 => ROPE_NEOX,
         }
@@ -96,7 +112,17 @@ impl Arch {
 
     /// Per-head RMSNorm on Q and K before RoPE.
     pub fn qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Gemma4 | Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    /// Qwen3.5's family: hybrid linear/full attention (see [`ModelSpec::recurrent`]).
+    pub fn qwen35(self) -> bool {
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
+    }
+
+    /// The FFN input is normalised by `post_attention_norm` (there is no `ffn_norm`).
+    pub fn ffn_norm_is_post_attention(self) -> bool {
+        matches!(self, Arch::GptOss | Arch::Glm4Moe | Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     /// Gemma's block: scaled embeddings, norms after attention and after the FFN, GELU.
@@ -131,6 +157,23 @@ pub struct Moe {
     /// scored by the sum of its best two selection scores, and only the experts of the
     /// best `.1` groups may be chosen. None: all experts compete.
     pub groups: Option<(usize, usize)>,
+    /// Hidden size of the shared experts' one FFN where the file names it
+    /// (`expert_shared_feed_forward_length`, Qwen3.5); 0: `n_shared * n_ff_exp`.
+    pub n_ff_shared: usize,
+    /// The shared experts' output is scaled by the sigmoid of its own one-row router
+    /// (`ffn_gate_inp_shexp`, Qwen3.5).
+    pub shared_gate: bool,
+}
+
+impl Moe {
+    /// Hidden size of the shared experts' FFN (0: none).
+    pub fn shared_ff(&self) -> usize {
+        if self.n_ff_shared > 0 {
+            self.n_ff_shared
+        } else {
+            self.n_shared * self.n_ff_exp
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,6 +282,58 @@ pub struct ModelSpec {
     /// row's first `kv_lora_rank` elements. `head_dim` is then the row's width and
     /// `n_head_kv` 1, what attention sees after the queries are absorbed.
     pub mla: Option<Mla>,
+    /// Linear-attention layers with a recurrent state (Qwen3.5's gated delta net).
+    pub recurrent: Option<Recurrent>,
+    /// Multi-section RoPE's sections (Qwen3.5): rotated through `ggml_rope_multi`, each
+    /// position given to the first three sections (text has no image rows or columns).
+    pub rope_sections: Option<[i32; 4]>,
+    /// The query projection is twice as wide, each head followed by its output gate, and
+    /// the attention output is multiplied by the gate's sigmoid (Qwen3.5's full layers).
+    pub gated_attention: bool,
+}
+
+/// Qwen3.5's gated delta net (llama.cpp's `ssm.*` keys): per layer, a causal
+/// convolution of `conv_kernel` taps over the Q/K/V channels, then a recurrent state of
+/// `head × head` per value head. Each sequence keeps, per recurrent layer, the last
+/// `conv_kernel - 1` inputs of the convolution and that state: a fixed size whatever its
+/// length, and the reason its past cannot be truncated (only restored from a copy).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recurrent {
+    pub conv_kernel: usize,
+    /// Key and value head size (`ssm.state_size`).
+    pub head: usize,
+    /// Key heads (`ssm.group_count`) and value heads (`ssm.time_step_rank`).
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    /// `layers[il]`: layer il is a recurrent (linear attention) layer.
+    pub layers: Vec<bool>,
+}
+
+impl Recurrent {
+    /// Channels the convolution runs over: Q and K (key heads) and V (value heads).
+    pub fn conv_channels(&self) -> usize {
+        self.head * (2 * self.n_k_heads + self.n_v_heads)
+    }
+
+    /// Values of the value projection (and of the layer's output before `ssm_out`).
+    pub fn value_dim(&self) -> usize {
+        self.head * self.n_v_heads
+    }
+
+    /// f32 values a sequence keeps per recurrent layer for the convolution.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_channels()
+    }
+
+    /// f32 values of a sequence's recurrent state per layer.
+    pub fn ssm_state_len(&self) -> usize {
+        self.head * self.head * self.n_v_heads
+    }
+
+    /// Bytes a sequence's state takes in one recurrent layer (both parts, f32 as llama.cpp keeps them).
+    pub fn bytes_per_layer(&self) -> usize {
+        4 * (self.conv_state_len() + self.ssm_state_len())
+    }
 }
 
 /// See [`ModelSpec::mla`].
@@ -284,6 +379,10 @@ impl ModelSpec {
 
     /// Width of layer `il`'s K (and V) cache rows.
     pub fn n_embd_kv_of(&self, il: usize) -> usize {
+        if self.is_recurrent(il) {
+            // A recurrent layer caches no K/V (its state is apart: `state_bytes`).
+            return 0;
+        }
         self.head_dim_of(il) * self.n_head_kv_of(il)
     }
 
@@ -324,6 +423,17 @@ impl ModelSpec {
     /// Head size averaged over the layers (attention FLOPs per cached token).
     pub fn mean_head_dim(&self) -> f64 {
         (0..self.n_layer).map(|il| self.head_dim_of(il) as f64).sum::<f64>() / self.n_layer.max(1) as f64
+    }
+
+    /// Whether layer `il` is a recurrent (linear attention) layer: no KV cache, a state
+    /// per sequence instead.
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.recurrent.as_ref().is_some_and(|r| r.layers.get(il).copied().unwrap_or(false))
+    }
+
+    /// Bytes of recurrent state one sequence takes in the layers `layers`.
+    pub fn state_bytes(&self, layers: std::ops::Range<usize>) -> usize {
+        self.recurrent.as_ref().map_or(0, |r| layers.filter(|&il| self.is_recurrent(il)).count() * r.bytes_per_layer())
     }
 
     /// Whether layer `il` routes experts (else its FFN is dense).
@@ -373,9 +483,13 @@ impl ModelSpec {
 
         // Multi-token-prediction blocks (GLM's `nextn`) come last and are not part of the
         // model's forward pass.
-        let n_layer = req_u("block_count")?.saturating_sub(if matches!(arch, Arch::Glm4Moe | Arch::DeepSeek2) { opt_u("nextn_predict_layers").unwrap_or(0) } else { 0 });
+        let n_layer = req_u("block_count")?.saturating_sub(if matches!(arch, Arch::Glm4Moe | Arch::DeepSeek2 | Arch::Qwen35 | Arch::Qwen35Moe) { opt_u("nextn_predict_layers").unwrap_or(0) } else { 0 });
         let n_embd = req_u("embedding_length")?;
-        let n_ff = req_u("feed_forward_length")?;
+        // Qwen3.5's MoE files may name only the experts' and the shared expert's sizes.
+        let n_ff = match (arch, opt_u("feed_forward_length")) {
+            (Arch::Qwen35Moe, None | Some(0)) => opt_u("expert_shared_feed_forward_length").or(opt_u("expert_feed_forward_length")).unwrap_or(0),
+            _ => req_u("feed_forward_length")?,
+        };
         let n_head = req_u("attention.head_count")?;
         // Gemma 4 writes the KV heads per layer (its full layers have fewer).
         let n_head_kv_layers: Vec<usize> = match meta.get(&key("attention.head_count_kv")).and_then(|v| v.as_array()) {
@@ -421,7 +535,7 @@ impl ModelSpec {
         }
         // GLM rotates part of each head (ggml's RoPE leaves the rest as is); the others
         // rotate all of it.
-        let partial_ok = arch == Arch::Glm4Moe && n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0;
+        let partial_ok = matches!(arch, Arch::Glm4Moe | Arch::Qwen35 | Arch::Qwen35Moe) && n_rot > 0 && n_rot <= head_dim && n_rot % 2 == 0;
         // Gemma 4's sliding-window layers: their own head size and rotated dims.
         let swa_head = if arch == Arch::Gemma4 {
             let hd = opt_u("attention.key_length_swa").unwrap_or(head_dim);
@@ -439,9 +553,25 @@ impl ModelSpec {
         if n_rot != head_dim && !partial_ok && mla.is_none() {
             return Err(missing(&key("rope.dimension_count"), &format!("equal to the head size {head_dim} (partial RoPE is not supported for {arch_name})")));
         }
-        if meta.get(&key("rope.dimension_sections")).and_then(|v| v.as_array()).is_some_and(|a| a.iter().take(2).all(|x| x.as_u64().unwrap_or(0) > 0)) {
-            return Err(missing(&key("rope.dimension_sections"), "absent (multimodal M-RoPE is not supported)"));
-        }
+        let rope_sections = if arch.qwen35() {
+            // Text positions go to the first three sections alike, so only the sections'
+            // sizes matter (they decide which dims each section's frequencies rotate).
+            let v: Vec<i64> = meta.get(&key("rope.dimension_sections")).and_then(|v| v.as_array()).map(|a| a.iter().map(|x| x.as_u64().map_or(-1, |x| x as i64)).collect()).unwrap_or_default();
+            if v.len() < 3 || v.len() > 4 || v.iter().any(|&x| !(0..=MAX_DIMENSION as i64).contains(&x)) {
+                return Err(missing(&key("rope.dimension_sections"), "3 or 4 section sizes (Qwen3.5's multi-section RoPE)"));
+            }
+            let mut sections = [0i32; 4];
+            for (d, x) in sections.iter_mut().zip(&v) {
+                *d = *x as i32;
+            }
+            Some(sections)
+        } else {
+            if meta.get(&key("rope.dimension_sections")).and_then(|v| v.as_array()).is_some_and(|a| a.iter().take(2).all(|x| x.as_u64().unwrap_or(0) > 0)) {
+                return Err(missing(&key("rope.dimension_sections"), "absent (multimodal M-RoPE is not supported)"));
+            }
+            None
+        };
+        let recurrent = if arch.qwen35() { Some(recurrent_params(meta, &arch_name, n_layer, n_embd)?) } else { None };
 
         let rope = rope_params(arch, &arch_name, meta, n_rot, n_ctx_train)?;
         let attn_temperature = match opt_f("attention.temperature_scale") {
@@ -472,7 +602,7 @@ impl ModelSpec {
         };
         let moe = match arch {
             Arch::Gemma4 if opt_u("expert_count").unwrap_or(0) == 0 => None,
-            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 | Arch::Gemma4 | Arch::DeepSeek2 => {
+            Arch::Qwen3Moe | Arch::GptOss | Arch::Glm4Moe | Arch::Llama4 | Arch::Gemma4 | Arch::DeepSeek2 | Arch::Qwen35Moe => {
                 let n_expert = req_u("expert_count")?;
                 let n_expert_used = req_u("expert_used_count")?;
                 if n_expert == 0 || n_expert > MAX_EXPERTS || n_expert_used == 0 || n_expert_used > n_expert {
@@ -521,9 +651,12 @@ impl ModelSpec {
                         _ => MoeActivation::Silu,
                     },
                     // Llama 4: one shared expert of the routed experts' size in every MoE layer.
-                    n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else if llama4 { 1 } else { 0 },
+                    n_shared: if glm { opt_u("expert_shared_count").unwrap_or(0) } else if llama4 || arch == Arch::Qwen35Moe { 1 } else { 0 },
                     dense_lead,
                     interleave: if llama4 { req_u("interleave_moe_layer_step")?.max(1) } else { 1 },
+                    // Qwen3.5: one shared expert of its own size in every layer, gated.
+                    n_ff_shared: if arch == Arch::Qwen35Moe { opt_u("expert_shared_feed_forward_length").filter(|&v| v > 0 && v <= MAX_DIMENSION).unwrap_or(n_ff) } else { 0 },
+                    shared_gate: arch == Arch::Qwen35Moe,
                     groups: match (opt_u("expert_group_count"), opt_u("expert_group_used_count")) {
                         (Some(g), Some(u)) if g > 1 => {
                             if n_expert % g != 0 || u == 0 || u > g || n_expert / g < 2 || u * (n_expert / g) < n_expert_used {
@@ -584,6 +717,9 @@ impl ModelSpec {
             n_head_kv_layers,
             v_norm: arch == Arch::Gemma4,
             mla,
+            recurrent,
+            rope_sections,
+            gated_attention: arch.qwen35(),
         };
         // Only sliding layers take the SWA head, so it is set once the pattern is known;
         // equal to the full layers' it changes nothing.
@@ -609,7 +745,24 @@ impl ModelSpec {
             let (q, kv, hd) = (self.n_embd_q_of(il) as u64, self.n_embd_kv_of(il) as u64, self.head_dim_of(il) as u64);
             let t = |n: &str| format!("blk.{il}.{n}.weight");
             expect_shape(file, &t("attn_norm"), &[e])?;
-            if let Some(m) = self.mla {
+            if let Some(r) = self.recurrent.as_ref().filter(|_| self.is_recurrent(il)) {
+                let (ch, vd, nv) = (r.conv_channels() as u64, r.value_dim() as u64, r.n_v_heads as u64);
+                expect_shape(file, &t("attn_qkv"), &[e, ch])?;
+                expect_shape(file, &t("attn_gate"), &[e, vd])?;
+                expect_shape(file, &t("ssm_conv1d"), &[r.conv_kernel as u64, ch])?;
+                expect_shape(file, &format!("blk.{il}.ssm_dt.bias"), &[nv])?;
+                expect_shape(file, &format!("blk.{il}.ssm_a"), &[nv])?;
+                expect_shape(file, &t("ssm_beta"), &[e, nv])?;
+                expect_shape(file, &t("ssm_alpha"), &[e, nv])?;
+                expect_shape(file, &t("ssm_norm"), &[r.head as u64])?;
+                expect_shape(file, &t("ssm_out"), &[vd, e])?;
+            } else if self.gated_attention {
+                // Each head's query followed by its gate.
+                expect_shape(file, &t("attn_q"), &[e, 2 * q])?;
+                expect_shape(file, &t("attn_k"), &[e, kv])?;
+                expect_shape(file, &t("attn_v"), &[e, kv])?;
+                expect_shape(file, &t("attn_output"), &[q, e])?;
+            } else if let Some(m) = self.mla {
                 let (n_head, head_k) = (self.n_head as u64, m.head_k as u64);
                 let (lora, rot) = (m.kv_lora_rank as u64, m.n_rot as u64);
                 if m.q_lora_rank > 0 {
@@ -641,10 +794,11 @@ impl ModelSpec {
                     expect_shape(file, &t("layer_output_scale"), &[1])?;
                 }
             }
-            match self.arch {
-                // gpt-oss and GLM normalise the FFN input with `post_attention_norm`.
-                Arch::GptOss | Arch::Glm4Moe => expect_shape(file, &t("post_attention_norm"), &[e])?,
-                _ => expect_shape(file, &t("ffn_norm"), &[e])?,
+            // gpt-oss, GLM and Qwen3.5 normalise the FFN input with `post_attention_norm`.
+            if self.arch.ffn_norm_is_post_attention() {
+                expect_shape(file, &t("post_attention_norm"), &[e])?;
+            } else {
+                expect_shape(file, &t("ffn_norm"), &[e])?;
             }
             match &self.moe {
                 Some(m) if self.is_moe_layer(il) => {
@@ -672,8 +826,11 @@ impl ModelSpec {
                             expect_shape(file, &ds, &[n_exp])?;
                         }
                     }
+                    if m.shared_gate {
+                        expect_shape(file, &t("ffn_gate_inp_shexp"), &[e])?;
+                    }
                     if m.n_shared > 0 {
-                        let sh = ffe * m.n_shared as u64;
+                        let sh = m.shared_ff() as u64;
                         expect_shape(file, &t("ffn_gate_shexp"), &[e, sh])?;
                         expect_shape(file, &t("ffn_up_shexp"), &[e, sh])?;
                         expect_shape(file, &t("ffn_down_shexp"), &[sh, e])?;
@@ -685,7 +842,7 @@ impl ModelSpec {
                     expect_shape(file, &t("ffn_down"), &[ff, e])?;
                 }
             }
-            if self.arch.qk_norm() {
+            if self.arch.qk_norm() && !self.is_recurrent(il) {
                 expect_shape(file, &t("attn_q_norm"), &[hd])?;
                 expect_shape(file, &t("attn_k_norm"), &[hd])?;
             }
@@ -728,6 +885,40 @@ fn mla_params(meta: &crate::gguf::GgufMeta, arch: &str, n_head: usize, n_head_kv
     }
     Ok(Mla { q_lora_rank, kv_lora_rank, head_k, head_v, n_rot })
 }
+
+/// Qwen3.5's gated delta net sizes and which layers are recurrent: the file's
+/// `attention.recurrent_layers` where given, else all but every `full_attention_interval`-th
+/// (default 4), as llama.cpp decides.
+fn recurrent_params(meta: &crate::gguf::GgufMeta, arch: &str, n_layer: usize, n_embd: usize) -> Result<Recurrent> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let get = |k: &str| -> Result<usize> {
+        meta.get_u64(&key(k)).and_then(|v| usize::try_from(v).ok()).filter(|&v| v > 0 && v <= MAX_DIMENSION).ok_or_else(|| missing(&key(k), &format!("a value in 1..={MAX_DIMENSION}")))
+    };
+    let (conv_kernel, inner, head, n_v_heads, n_k_heads) = (get("ssm.conv_kernel")?, get("ssm.inner_size")?, get("ssm.state_size")?, get("ssm.time_step_rank")?, get("ssm.group_count")?);
+    if conv_kernel < 2 || inner != head * n_v_heads || n_v_heads % n_k_heads != 0 || n_embd == 0 {
+        return Err(missing(
+            &key("ssm.inner_size"),
+            &format!("value heads x state size (found inner {inner}, {n_v_heads} value heads of {head}), value heads a multiple of key heads ({n_k_heads}), a kernel of 2 or more taps ({conv_kernel})"),
+        ));
+    }
+    let layers: Vec<bool> = match meta.get(&key("attention.recurrent_layers")).and_then(|v| v.as_array()) {
+        Some(items) => {
+            let v: Vec<bool> = items.iter().map(|x| x.as_bool().or_else(|| x.as_u64().map(|u| u != 0)).unwrap_or(false)).collect();
+            if v.len() < n_layer {
+                return Err(missing(&key("attention.recurrent_layers"), &format!("one flag per layer ({n_layer})")));
+            }
+            v[..n_layer].to_vec()
+        }
+        None => {
+            let every = meta.get_u64(&key("full_attention_interval")).map_or(QWEN35_FULL_ATTENTION_INTERVAL, |v| v as usize).max(1);
+            (0..n_layer).map(|il| (il + 1) % every != 0).collect()
+        }
+    };
+    Ok(Recurrent { conv_kernel, head, n_k_heads, n_v_heads, layers })
+}
+
+/// Qwen3.5: every fourth layer attends fully unless the file says otherwise (llama.cpp's default).
+const QWEN35_FULL_ATTENTION_INTERVAL: usize = 4;
 
 /// llama.cpp's `LLAMA_MAX_EXPERTS`.
 const MAX_EXPERTS: usize = 512;

@@ -76,8 +76,20 @@ impl LocalPipeline {
         self.stages.iter_mut().for_each(|s| s.clear_sequence(seq));
     }
 
-    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
-        self.stages.iter_mut().for_each(|s| s.truncate_sequence(seq, len));
+    /// Keeps positions [0, len) of `seq`; returns the length kept (less for a model with
+    /// recurrent layers, see `Stage::truncate_sequence`).
+    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize {
+        self.stages.iter_mut().map(|s| s.truncate_sequence(seq, len)).min().unwrap_or(0)
+    }
+
+    /// Whether the model keeps a recurrent state per sequence.
+    pub fn keeps_state(&self) -> bool {
+        self.stages.first().is_some_and(|s| s.spec().recurrent.is_some())
+    }
+
+    /// See `Stage::checkpoint_sequence`.
+    pub fn checkpoint_sequence(&mut self, seq: SeqId) {
+        self.stages.iter_mut().for_each(|s| s.checkpoint_sequence(seq));
     }
 
     /// Cached length of `seq` (the same in every window after a complete step).

@@ -41,7 +41,8 @@ pub struct RandomModel {
     /// Extra `{arch}.` metadata, e.g. Mistral's attention temperature.
     pub extra: Vec<(String, Value)>,
     /// Gemma 4: every this-many-th layer (and the last) attends fully, with heads twice the
-    /// sliding layers' size and V taken from K (the real models: 6).
+    /// sliding layers' size and V taken from K (the real models: 6). Qwen3.5: every
+    /// this-many-th layer attends fully, the others are recurrent (the real models: 4).
     pub full_every: u32,
     /// Gemma 4: the full layers' KV heads (default: half the sliding layers').
     pub full_kv_heads: Option<u32>,
@@ -65,7 +66,7 @@ pub fn write_vocabulary(from: &Path, out: &Path) -> Result<u64> {
 impl RandomModel {
     /// A model of `arch` with the given size and typical defaults for the rest.
     pub fn new(arch: &str, n_layer: u32, n_embd: u64, n_ff: u64, n_head: u32, n_head_kv: u32) -> RandomModel {
-        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "gemma4" | "deepseek2");
+        let moe = matches!(arch, "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "gemma4" | "deepseek2" | "qwen35moe");
         RandomModel {
             arch: arch.to_string(),
             n_layer,
@@ -73,7 +74,8 @@ impl RandomModel {
             n_ff,
             n_head,
             n_head_kv,
-            head_dim: None,
+            // Qwen3.5's heads are twice n_embd / n_head (16 of 256 at 2,048).
+            head_dim: if arch.starts_with("qwen35") { Some(2 * n_embd / n_head.max(1) as u64) } else { None },
             n_expert: if moe { 8 } else { 0 },
             // Llama 4 Scout and Maverick route each token to one expert.
             n_expert_used: if arch == "llama4" { 1 } else if moe { 2 } else { 0 },
@@ -100,7 +102,7 @@ impl RandomModel {
     /// fills whole blocks of the weight types.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidModel(m));
-        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "gpt-oss", "glm4moe", "llama4", "deepseek2", "bert", "nomic-bert"];
+        let known = ["llama", "mistral3", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "gpt-oss", "glm4moe", "llama4", "deepseek2", "qwen35", "qwen35moe", "bert", "nomic-bert"];
         if !known.contains(&self.arch.as_str()) {
             return bad(format!("architecture `{}`: use one of {}", self.arch, known.join(", ")));
         }
@@ -123,7 +125,7 @@ impl RandomModel {
     }
 
     fn is_moe(&self) -> bool {
-        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "deepseek2") || (self.arch == "gemma4" && self.n_expert > 0)
+        matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "deepseek2" | "qwen35moe") || (self.arch == "gemma4" && self.n_expert > 0)
     }
 
     /// Gemma 4's layer kinds: every [`GEMMA4_FULL_STEP`]-th layer attends fully (and the
@@ -264,6 +266,67 @@ impl RandomModel {
                 w.add_tensor_later(t("ffn_gate_shexp.weight"), ty, &[e, ffe])?;
                 w.add_tensor_later(t("ffn_up_shexp.weight"), ty, &[e, ffe])?;
                 w.add_tensor_later(t("ffn_down_shexp.weight"), ty, &[ffe, e])?;
+            } else {
+                w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_down.weight"), self.matrix_type("ffn_down.weight", il), &[self.n_ff, e])?;
+            }
+        }
+        Ok(w)
+    }
+
+    /// Qwen3.5's linear attention sizes from the head size `hd`: (state size = key and value
+    /// head, key heads, value heads), in the proportions of Qwen3.5-35B-A3B's (128, 16, 32)
+    /// to its 16 attention heads of 256: heads of `hd / 2`, as many key heads as attention
+    /// heads, twice as many value heads.
+    fn qwen35_linear(&self) -> (u64, u64, u64) {
+        let hd = self.head_dim();
+        (hd / 2, self.n_head as u64, 2 * self.n_head as u64)
+    }
+
+    /// Qwen3.5's recurrent layers: all but every `full_every`-th.
+    fn qwen35_recurrent(&self, il: u32) -> bool {
+        (il + 1) % self.full_every.max(1) != 0
+    }
+
+    /// Qwen3.5's blocks (dense or MoE), in the order its converter writes them.
+    fn qwen35_layers(&self, mut w: GgufWriter, e: u64, n_exp: u64, ffe: u64) -> Result<GgufWriter> {
+        let (ty, f32t) = (self.ty, GgmlType::F32);
+        let hd = self.head_dim();
+        let (q, kv) = (hd * self.n_head as u64, hd * self.n_head_kv as u64);
+        let (sh, nk, nv) = self.qwen35_linear();
+        let (ch, vd) = (sh * (2 * nk + nv), sh * nv);
+        for il in 0..self.n_layer {
+            let t = |n: &str| format!("blk.{il}.{n}");
+            w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
+            if self.qwen35_recurrent(il) {
+                w.add_tensor_later(t("attn_qkv.weight"), ty, &[e, ch])?;
+                w.add_tensor_later(t("attn_gate.weight"), ty, &[e, vd])?;
+                w.add_tensor_later(t("ssm_conv1d.weight"), f32t, &[QWEN35_CONV_KERNEL, ch])?;
+                w.add_tensor_later(t("ssm_dt.bias"), f32t, &[nv])?;
+                w.add_tensor_later(t("ssm_a"), f32t, &[nv])?;
+                w.add_tensor_later(t("ssm_beta.weight"), ty, &[e, nv])?;
+                w.add_tensor_later(t("ssm_alpha.weight"), ty, &[e, nv])?;
+                w.add_tensor_later(t("ssm_norm.weight"), f32t, &[sh])?;
+                w.add_tensor_later(t("ssm_out.weight"), ty, &[vd, e])?;
+            } else {
+                w.add_tensor_later(t("attn_q.weight"), ty, &[e, 2 * q])?;
+                w.add_tensor_later(t("attn_k.weight"), ty, &[e, kv])?;
+                w.add_tensor_later(t("attn_v.weight"), self.matrix_type("attn_v.weight", il), &[e, kv])?;
+                w.add_tensor_later(t("attn_output.weight"), ty, &[q, e])?;
+                w.add_tensor_later(t("attn_q_norm.weight"), f32t, &[hd])?;
+                w.add_tensor_later(t("attn_k_norm.weight"), f32t, &[hd])?;
+            }
+            w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
+            if self.is_moe() {
+                w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
+                w.add_tensor_later(t("ffn_gate_exps.weight"), ty, &[e, ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_up_exps.weight"), ty, &[e, ffe, n_exp])?;
+                w.add_tensor_later(t("ffn_down_exps.weight"), ty, &[ffe, e, n_exp])?;
+                w.add_tensor_later(t("ffn_gate_inp_shexp.weight"), f32t, &[e])?;
+                w.add_tensor_later(t("ffn_gate_shexp.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_up_shexp.weight"), ty, &[e, self.n_ff])?;
+                w.add_tensor_later(t("ffn_down_shexp.weight"), self.matrix_type("ffn_down.weight", il), &[self.n_ff, e])?;
             } else {
                 w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
                 w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
@@ -437,6 +500,26 @@ impl RandomModel {
             w.set(format!("{a}.expert_weights_norm"), Value::Bool(true))?;
             w.set(format!("{a}.expert_weights_scale"), Value::F32(2.5))?;
         }
+        if matches!(a, "qwen35" | "qwen35moe") {
+            let (sh, nk, nv) = self.qwen35_linear();
+            // A quarter of each attention head rotates, in sections of 11, 11 and 10 of its
+            // pairs as Qwen3.5's 64 rotated dims of 256 (scaled to the head).
+            let rot = hd / 4;
+            u32k(&mut w, "rope.dimension_count", rot)?;
+            let pairs = rot / 2;
+            let s0 = pairs * 11 / 32;
+            let sections = [s0, s0, pairs - 2 * s0, 0];
+            w.set(format!("{a}.rope.dimension_sections"), Value::Array { elem: crate::gguf::ValueType::I32, items: sections.iter().map(|&x| Value::I32(x as i32)).collect() })?;
+            u32k(&mut w, "ssm.conv_kernel", QWEN35_CONV_KERNEL)?;
+            u32k(&mut w, "ssm.state_size", sh)?;
+            u32k(&mut w, "ssm.group_count", nk)?;
+            u32k(&mut w, "ssm.time_step_rank", nv)?;
+            u32k(&mut w, "ssm.inner_size", sh * nv)?;
+            u32k(&mut w, "full_attention_interval", self.full_every.max(1) as u64)?;
+            if a == "qwen35moe" {
+                u32k(&mut w, "expert_shared_feed_forward_length", self.n_ff)?;
+            }
+        }
         for (k, v) in &self.extra {
             w.set(format!("{a}.{k}"), v.clone())?;
         }
@@ -457,6 +540,9 @@ impl RandomModel {
         }
         if a == "deepseek2" {
             return self.deepseek2_layers(w, e, n_exp, ffe);
+        }
+        if matches!(a, "qwen35" | "qwen35moe") {
+            return self.qwen35_layers(w, e, n_exp, ffe);
         }
         for il in 0..self.n_layer {
             let t = |n: &str| format!("blk.{il}.{n}");
@@ -642,6 +728,9 @@ const LLAMA4_MOE_STEP: u64 = 2;
 /// 6; tiny models need one within their 3 layers).
 const GEMMA4_FULL_STEP: u64 = 2;
 
+/// Qwen3.5's convolution taps (its `linear_conv_kernel_dim`).
+const QWEN35_CONV_KERNEL: u64 = 4;
+
 /// GLM random models: layers before this have a dense FFN.
 const GLM_DENSE_LEAD: u64 = 1;
 
@@ -654,6 +743,9 @@ fn spread(name: &str, dims: &[u64]) -> (f32, f32) {
         (1.0, 0.0)
     } else if name.ends_with("norm.weight") || name.ends_with(".scale") || name.ends_with("layer_output_scale.weight") {
         (0.2, 1.0)
+    } else if name.ends_with(".ssm_a") {
+        // Qwen3.5's decay rate, -exp(A_log): negative, so the state decays.
+        (0.3, -1.0)
     } else if name.ends_with(".bias") || name.ends_with("attn_sinks.weight") {
         (0.3, 0.0)
     } else if name.ends_with("ffn_gate_inp.weight") {

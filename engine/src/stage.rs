@@ -335,9 +335,24 @@ impl Stage {
     }
 
     /// Keeps positions [0, len) of `seq` in every window (speculative rollback, reuse of
-    /// a cached prompt prefix).
-    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
-        self.windows.iter_mut().for_each(|w| w.cache.truncate(seq, len));
+    /// a cached prompt prefix); returns the length kept: `len` or less, less for a model
+    /// with recurrent layers, whose state goes back only to a checkpoint (or to nothing).
+    pub fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize {
+        let kept = self.windows.iter_mut().map(|w| w.cache.truncate(seq, len)).min().unwrap_or(0);
+        // Every window keeps checkpoints at the same lengths, so they agree; a window that
+        // kept more is brought down to the rest (never below a checkpoint it restored).
+        for w in &mut self.windows {
+            w.cache.truncate(seq, kept);
+        }
+        kept
+    }
+
+    /// Copies `seq`'s recurrent state in every window at its current length, so that a
+    /// later truncation can come back here (see `truncate_sequence`); the ring's members
+    /// are told together, so all keep the same checkpoints. No effect without recurrent
+    /// layers.
+    pub fn checkpoint_sequence(&mut self, seq: SeqId) {
+        self.windows.iter_mut().for_each(|w| w.cache.checkpoint(seq));
     }
 
     /// Runs window `window` on `batch`. Each sequence's tokens must continue its cache:
@@ -377,6 +392,11 @@ impl Stage {
             return Ok(StageOutput::Logits(Logits { rows: Vec::new(), n_vocab: spec.n_vocab, data: Vec::new() }));
         }
 
+        // A sequence starting from nothing starts from a zero recurrent state (its slot may
+        // hold another's); harmless should the step fail, as its length stays 0.
+        for s in plan.seqs.iter().filter(|s| s.start == 0) {
+            self.windows[window].cache.reset_state(s.slot);
+        }
         let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.n_seqs, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(), n_out: out_rows.len() };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
         // tensor the graph references is owned by this stage; input sizes match the
@@ -496,7 +516,18 @@ unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spe
     }
     let pos: Vec<i32> = plan.order.iter().map(|&o| batch[o].pos as i32).collect();
     if let Some(p) = g.pos {
-        set(p, as_bytes(&pos));
+        if spec.rope_sections.is_some() {
+            // Multi-section RoPE reads four positions per token: a text token's position
+            // in the first three sections, 0 in the fourth (as llama.cpp gives text).
+            let mut four = Vec::with_capacity(4 * pos.len());
+            for _ in 0..3 {
+                four.extend_from_slice(&pos);
+            }
+            four.resize(4 * pos.len(), 0);
+            set(p, as_bytes(&four));
+        } else {
+            set(p, as_bytes(&pos));
+        }
     }
     if let Some(c) = g.cells {
         set(c, as_bytes(&plan.cells));
@@ -551,6 +582,8 @@ fn validate_windows(windows: &[Range<usize>], n_layer: usize) -> Result<()> {
 struct SeqPlan {
     seq: SeqId,
     slot: usize,
+    /// Its cached length before this batch.
+    start: usize,
     new_len: usize,
 }
 
@@ -671,7 +704,7 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<AttnWindow>, 
                 plan.cells.push((s_cell0 + pos) as i64);
             }
             plan.order.extend_from_slice(&s.rows);
-            plan.seqs.push(SeqPlan { seq: s.seq, slot: s.slot, new_len: s.new_len });
+            plan.seqs.push(SeqPlan { seq: s.seq, slot: s.slot, start: s.new_len - s.rows.len(), new_len: s.new_len });
         }
         if n_swa.is_some() {
             plan.swa_masks.push(swa);

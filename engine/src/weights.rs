@@ -25,6 +25,8 @@ pub struct LayerWeights {
     pub wk: Option<*mut sys::ggml_tensor>,
     /// Absent in Gemma 4's full layers that take V from K.
     pub wv: Option<*mut sys::ggml_tensor>,
+    /// The token mixer's output projection: attention's `attn_output`, or a recurrent
+    /// layer's `ssm_out`.
     pub wo: *mut sys::ggml_tensor,
     pub bq: Option<*mut sys::ggml_tensor>,
     pub bk: Option<*mut sys::ggml_tensor>,
@@ -46,6 +48,27 @@ pub struct LayerWeights {
     pub out_scale: Option<*mut sys::ggml_tensor>,
     /// DeepSeek's latent attention (then `wk` and `wv` are absent).
     pub mla: Option<MlaWeights>,
+    /// Qwen3.5's linear attention, in its recurrent layers (then `wq`, `wk` and `wv` are absent).
+    pub linear: Option<LinearAttnWeights>,
+}
+
+/// A gated-delta-net layer's tensors (see `ModelSpec::recurrent`); its output
+/// projection is the layer's `wo`.
+pub struct LinearAttnWeights {
+    /// Q, K and V of every head in one projection, `[n_embd, conv_channels]`.
+    pub qkv: *mut sys::ggml_tensor,
+    /// The output gate's projection, `[n_embd, value_dim]`.
+    pub gate: *mut sys::ggml_tensor,
+    /// The causal convolution's taps, `[conv_kernel, conv_channels]`.
+    pub conv: *mut sys::ggml_tensor,
+    /// Per value head: the decay's bias and its (negative) rate, and the update strength's
+    /// and decay's projections.
+    pub dt_bias: *mut sys::ggml_tensor,
+    pub a: *mut sys::ggml_tensor,
+    pub beta: *mut sys::ggml_tensor,
+    pub alpha: *mut sys::ggml_tensor,
+    /// RMS norm of each head's output, `[head]`.
+    pub norm: *mut sys::ggml_tensor,
 }
 
 /// Multi-head latent attention's projections (see `ModelSpec::mla`).
@@ -124,6 +147,8 @@ pub struct MoeWeights {
     pub selection_b: Option<*mut sys::ggml_tensor>,
     /// Shared experts, run on every token.
     pub shared: Option<DenseFfn>,
+    /// The shared experts' one-row router: their output times its sigmoid (Qwen3.5).
+    pub shared_gate: Option<*mut sys::ggml_tensor>,
 }
 
 #[derive(Clone, Copy)]
@@ -150,7 +175,9 @@ pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Ve
     if spec.arch == Arch::Gemma4 {
         return gemma4_block_tensor_names(spec, il);
     }
-    let (mut required, mut optional) = if spec.mla.is_some() {
+    let (mut required, mut optional) = if spec.is_recurrent(il) {
+        (vec!["attn_norm.weight", "attn_qkv.weight", "attn_gate.weight", "ssm_conv1d.weight", "ssm_dt.bias", "ssm_a", "ssm_beta.weight", "ssm_alpha.weight", "ssm_norm.weight", "ssm_out.weight"], Vec::new())
+    } else if spec.mla.is_some() {
         (
             vec!["attn_norm.weight", "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"],
             vec!["attn_q.weight", "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight"],
@@ -158,7 +185,7 @@ pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Ve
     } else {
         (vec!["attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight"], vec!["attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias"])
     };
-    required.push(if matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe) { "post_attention_norm.weight" } else { "ffn_norm.weight" });
+    required.push(if spec.arch.ffn_norm_is_post_attention() { "post_attention_norm.weight" } else { "ffn_norm.weight" });
     if spec.is_moe_layer(il) {
         // Gate and up apart or stacked (`bind` checks one of the two is there).
         required.extend(["ffn_gate_inp.weight", "ffn_down_exps.weight"]);
@@ -166,11 +193,14 @@ pub fn block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>, Ve
         if spec.moe.is_some_and(|m| m.n_shared > 0) {
             required.extend(["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"]);
         }
+        if spec.moe.is_some_and(|m| m.shared_gate) {
+            required.push("ffn_gate_inp_shexp.weight");
+        }
     } else {
         required.extend(["ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"]);
         optional.extend(["ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"]);
     }
-    if spec.arch.qk_norm() {
+    if spec.arch.qk_norm() && !spec.is_recurrent(il) {
         required.extend(["attn_q_norm.weight", "attn_k_norm.weight"]);
     } else if spec.arch == Arch::Glm4Moe {
         // Only GLM-4.5 355B has them.
@@ -247,7 +277,7 @@ pub struct WeightPlan {
 
 /// What the graph does with a weight, when a CPU extra buffer type could take it.
 fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
-    const MATRICES: [&str; 16] = [
+    const MATRICES: [&str; 22] = [
         "attn_q.weight",
         "attn_k.weight",
         "attn_v.weight",
@@ -264,6 +294,12 @@ fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
         "attn_kv_a_mqa.weight",
         "attn_k_b.weight",
         "attn_v_b.weight",
+        "attn_qkv.weight",
+        "attn_gate.weight",
+        "ssm_beta.weight",
+        "ssm_alpha.weight",
+        "ssm_out.weight",
+        "ffn_gate_inp_shexp.weight",
     ];
     if name.ends_with("_exps.weight") {
         return spec.moe.map(|m| WeightOp::MulMatId(m.n_expert_used));
@@ -479,6 +515,7 @@ impl Weights {
                         (Some(gate), Some(up), Some(down)) => Some(DenseFfn { gate, up, down, gate_b: None, up_b: None, down_b: None }),
                         _ => None,
                     },
+                    shared_gate: w("ffn_gate_inp_shexp.weight"),
                 })
             };
             let ffn = match (spec.is_moe_layer(il), spec.arch) {
@@ -493,16 +530,17 @@ impl Weights {
                 (true, _) => Ffn::Moe(experts()?),
                 (false, _) => Ffn::Dense(dense()?),
             };
-            // gpt-oss and GLM normalise the FFN input with `post_attention_norm`.
-            let post_attention_ffn_norm = matches!(spec.arch, Arch::GptOss | Arch::Glm4Moe);
+            // gpt-oss, GLM and Qwen3.5 normalise the FFN input with `post_attention_norm`.
+            let post_attention_ffn_norm = spec.arch.ffn_norm_is_post_attention();
+            let recurrent = spec.is_recurrent(il);
             weights.layers.insert(
                 il,
                 LayerWeights {
                     attn_norm: req("attn_norm.weight")?,
-                    wq: if spec.mla.is_some_and(|m| m.q_lora_rank > 0) { None } else { Some(req("attn_q.weight")?) },
-                    wk: if spec.mla.is_some() { None } else { Some(req("attn_k.weight")?) },
-                    wv: if spec.arch == Arch::Gemma4 || spec.mla.is_some() { w("attn_v.weight") } else { Some(req("attn_v.weight")?) },
-                    wo: req("attn_output.weight")?,
+                    wq: if spec.mla.is_some_and(|m| m.q_lora_rank > 0) || recurrent { None } else { Some(req("attn_q.weight")?) },
+                    wk: if spec.mla.is_some() || recurrent { None } else { Some(req("attn_k.weight")?) },
+                    wv: if spec.arch == Arch::Gemma4 || spec.mla.is_some() || recurrent { w("attn_v.weight") } else { Some(req("attn_v.weight")?) },
+                    wo: if recurrent { req("ssm_out.weight")? } else { req("attn_output.weight")? },
                     bq: w("attn_q.bias"),
                     bk: w("attn_k.bias"),
                     bv: w("attn_v.bias"),
@@ -528,6 +566,20 @@ impl Weights {
                             v_b: req("attn_v_b.weight")?,
                         }),
                         None => None,
+                    },
+                    linear: if recurrent {
+                        Some(LinearAttnWeights {
+                            qkv: req("attn_qkv.weight")?,
+                            gate: req("attn_gate.weight")?,
+                            conv: req("ssm_conv1d.weight")?,
+                            dt_bias: req("ssm_dt.bias")?,
+                            a: req("ssm_a")?,
+                            beta: req("ssm_beta.weight")?,
+                            alpha: req("ssm_alpha.weight")?,
+                            norm: req("ssm_norm.weight")?,
+                        })
+                    } else {
+                        None
                     },
                 },
             );

@@ -146,7 +146,7 @@ fn experts_in_ram_compute_what_llama_cpp_computes_with_n_cpu_moe() {
     let Some(info) = accelerator() else { return };
     let dir = std::env::temp_dir().join(format!("hearth-accel-moe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for arch in ["qwen3moe", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2"] {
+    for arch in ["qwen3moe", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2", "qwen35moe"] {
         let path = common::tiny::write(&common::tiny::model(arch), &dir);
         let file = Arc::new(ModelFile::open(&path).unwrap());
         let n = file.spec.n_layer;

@@ -660,3 +660,91 @@ fn a_prompt_in_chunks_matches_llama_cpp_in_micro_batches_of_that_size() {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+/// Qwen3.5 (`qwen35`): gated-delta-net linear attention in layers 0 and 2 (a causal
+/// convolution continuing each sequence's last inputs, then a recurrent state per value
+/// head, kept per sequence in place of a K/V cache), gated full attention with
+/// multi-section RoPE in layer 1; llama.cpp's logits at every position and its greedy
+/// tokens whole, in three windows (each recurrent layer alone in one) and in disjoint
+/// windows on two stages.
+#[test]
+fn tiny_qwen35_with_linear_attention_and_a_recurrent_state_matches_llama_cpp() {
+    tiny(common::tiny::model("qwen35"));
+}
+
+/// Qwen3.5's MoE form (35B-A3B, 122B-A10B): the experts beside a shared expert scaled by
+/// the sigmoid of its own router; weights in Q8_0, as real files mostly are.
+#[test]
+fn tiny_qwen35moe_with_a_gated_shared_expert_matches_llama_cpp() {
+    let mut m = common::tiny::model("qwen35moe");
+    m.ty = engine::gguf::GgmlType::Q8_0;
+    tiny(m);
+}
+
+/// Sequences of 20, ~90 and ~300 prompt tokens decoding together: each keeps its own
+/// recurrent state in its own slot, the decode steps share one gated-delta-net op per layer
+/// over consecutive slots, and every sequence's greedy tokens equal llama.cpp's streams.
+#[test]
+fn tiny_qwen35_sequences_decoding_together_match_llama_cpps_streams() {
+    tiny_together(common::tiny::model("qwen35moe"));
+}
+
+/// Qwen3.5 with a prompt of real text near its context limit (3,900 of 4,096 tokens), fed
+/// in chunks of 512 that each continue the recurrent state: llama.cpp's last logits whole
+/// and in three windows, with an F16 and a q8_0 cache for the attention layers.
+#[test]
+fn tiny_qwen35_near_its_context_limit_matches_llama_cpp() {
+    let mut m = common::tiny::model("qwen35");
+    m.context_length = 4096;
+    let q = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q8_0 };
+    let path = long_prompt_matches(&m, 3_900, &[engine::CacheTypes::default(), q], &[windows(&[0..3]), windows(&[0..1, 1..2, 2..3])], 512);
+    std::fs::remove_dir_all(path.parent().unwrap()).ok();
+}
+
+/// A recurrent state cannot be cut back like a K/V cache: truncating a Qwen3.5 sequence goes
+/// back to the last checkpoint at or before the length asked (or to nothing), and what is
+/// computed from there equals computing the same tokens from scratch, bit for bit — the
+/// prompt cache's reuse of a shared prefix. A sequence starting again in a slot another used
+/// starts from a zero state.
+#[test]
+fn qwen35_truncation_goes_back_to_a_checkpoint_and_continues_exactly() {
+    let dir = std::env::temp_dir().join(format!("hearth-qwen35-checkpoint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&common::tiny::model("qwen35"), &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let all = tok.tokenize(&text, false);
+    let (a, b) = (&all[..300], &all[300..600]);
+    // Two stages, as a ring's members would hold them.
+    let mut p = pipeline(&path, &windows(&[0..2, 2..3]), 2);
+    assert!(p.keeps_state());
+    // The same tokens from scratch, fed in the same pieces (the chunking alone may move
+    // the last bits of a prompt's logits).
+    let fresh = |pieces: &[&[i32]]| {
+        let mut q = pipeline(&path, &windows(&[0..3]), 1);
+        pieces.iter().map(|piece| q.prefill(9, piece, 128).unwrap()).last().unwrap()
+    };
+    // A 300-token prompt, checkpointed at 200 tokens; then other tokens on top.
+    p.prefill(1, &a[..200], 128).unwrap();
+    p.checkpoint_sequence(1);
+    p.prefill(1, &a[200..], 128).unwrap();
+    p.prefill(1, &b[..50], 128).unwrap();
+    assert_eq!(p.sequence_len(1), 350);
+    // Back to 250: the state goes back to 200, the length kept.
+    assert_eq!(p.truncate_sequence(1, 250), 200);
+    assert_eq!(p.sequence_len(1), 200);
+    let got = p.prefill(1, &b[..100], 128).unwrap();
+    assert_eq!(got, fresh(&[&a[..200], &b[..100]]), "continuing from the checkpoint differs from computing from scratch");
+    // Past the checkpoint nothing to go back to: a truncation then starts over.
+    assert_eq!(p.truncate_sequence(1, 150), 0);
+    assert_eq!(p.prefill(1, &b[..80], 128).unwrap(), fresh(&[&b[..80]]), "a sequence started over must start from a zero state");
+    // Sequence 2 in the slot sequence 1 used, after it is cleared: a zero state too.
+    p.clear_sequence(1);
+    assert_eq!(p.prefill(2, &a[..64], 64).unwrap(), fresh(&[&a[..64]]));
+    // Without recurrent layers a truncation keeps what it is asked to.
+    let mut plain = pipeline(&common::default_model(), &windows(&[0..30]), 1);
+    plain.prefill(3, &a[..100], 100).unwrap();
+    assert_eq!(plain.truncate_sequence(3, 60), 60);
+    assert!(!plain.keeps_state());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -563,6 +563,7 @@ pub(crate) mod tests {
             compute_buffer_cpu: 0.0,
             compute_buffer_gpu: 0.0,
             moe: None,
+            state_bytes: 0.0,
         }
     }
 

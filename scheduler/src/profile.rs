@@ -307,6 +307,11 @@ pub struct ModelProfile {
     /// Routed experts, for a Mixture-of-Experts model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moe: Option<MoeProfile>,
+    /// `s`: bytes of recurrent state one sequence keeps per layer, on average over the
+    /// layers (Qwen3.5's linear attention keeps a fixed state instead of a K/V cache that
+    /// grows): held and read like the KV cache, whatever the context.
+    #[serde(default)]
+    pub state_bytes: f64,
 }
 
 impl ModelProfile {
@@ -364,7 +369,7 @@ impl ModelProfile {
     /// `2(h_k e_k + h_v e_v) n_kv`: KV-cache bytes of one layer, with the cache types'
     /// bytes per element in place of F16's 2.
     pub fn kv_bytes_per_layer(&self) -> f64 {
-        (self.kv_element_bytes_k * (self.n_head_k * self.head_dim_k) as f64 + self.kv_element_bytes_v * (self.n_head_v * self.head_dim_v) as f64) * self.n_kv as f64
+        (self.kv_element_bytes_k * (self.n_head_k * self.head_dim_k) as f64 + self.kv_element_bytes_v * (self.n_head_v * self.head_dim_v) as f64) * self.n_kv as f64 + self.state_bytes
     }
 
     /// `b′ = b + 2(h_k e_k + h_v e_v) n_kv`: a layer's weights and its KV cache.

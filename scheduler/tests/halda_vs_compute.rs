@@ -57,6 +57,7 @@ fn cluster() -> (Vec<DeviceProfile>, ModelProfile) {
         compute_buffer_cpu: 2e8,
         compute_buffer_gpu: 2e8,
         moe: None,
+        state_bytes: 0.0,
     };
     (devices, m)
 }

@@ -32,6 +32,7 @@ fn smollm2() -> ModelProfile {
         compute_buffer_cpu: 5e7,
         compute_buffer_gpu: 0.0,
         moe: None,
+        state_bytes: 0.0,
     }
 }
 

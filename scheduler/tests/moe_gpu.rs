@@ -40,6 +40,7 @@ fn moe_model() -> ModelProfile {
         compute_buffer_cpu: 3e8,
         compute_buffer_gpu: 3e8,
         moe: Some(MoeProfile { expert_bytes: experts, read_share: share, disk_share: share, expert_flops: PerQuant { q4k: weights(experts * share), ..PerQuant::default() } }),
+        state_bytes: 0.0,
     }
 }
 

@@ -41,7 +41,7 @@ prop_compose! {
             n_head_k: 8, n_head_v: 8, head_dim_k: 128, head_dim_v: 128, n_kv, n_head: 8, kv_element_bytes_k: 2.0, kv_element_bytes_v: 2.0,
             layer_flops: PerQuant { q4k: 1.6 * b, q6k: 0.5 * b, f16: 4096.0 * n_kv as f64, f32: 10.0 * e as f64, ..PerQuant::default() },
             output_flops: PerQuant { q6k: 2.0 * 32000.0 * e as f64, ..PerQuant::default() },
-            compute_buffer_cpu: 2e8, compute_buffer_gpu: 2e8, moe: None,
+            compute_buffer_cpu: 2e8, compute_buffer_gpu: 2e8, moe: None, state_bytes: 0.0,
         }
     }
 }

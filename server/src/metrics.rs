@@ -24,6 +24,7 @@ const UNLABELLED_COUNTERS: &[&str] = &[
     "hearth_decode_sequence_steps_total",
     "hearth_spec_draft_tokens_total",
     "hearth_spec_accepted_tokens_total",
+    "hearth_state_checkpoints_total",
     "hearth_http_connections_refused_total",
     "hearth_http_connections_displaced_total",
     "hearth_embedding_inputs_total",
@@ -68,6 +69,7 @@ fn describe() {
     describe_counter!("hearth_prompt_cached_tokens_total", "Prompt tokens whose KV was reused from an earlier request");
     describe_counter!("hearth_generated_tokens_total", "Tokens generated");
     describe_counter!("hearth_cancelled_total", "Sequences cancelled because the client went away");
+    describe_counter!("hearth_state_checkpoints_total", "Copies of a sequence's recurrent state taken near its prompt's end (models with recurrent layers, Qwen3.5), which a later prompt sharing that prefix starts from");
     describe_gauge!("hearth_queue_size", "Sequences waiting for a slot");
     describe_gauge!("hearth_http_connections", "Open connections to the API port (--max-connections caps them)");
     describe_counter!("hearth_http_connections_refused_total", "Connections closed unanswered because every one of --max-connections had a request in progress");
@@ -259,6 +261,10 @@ pub fn prompt_tokens(cached: usize, computed: usize) {
 
 pub fn generated_token() {
     counter!("hearth_generated_tokens_total").increment(1);
+}
+
+pub fn state_checkpoint() {
+    counter!("hearth_state_checkpoints_total").increment(1);
 }
 
 pub fn cancelled() {

@@ -59,6 +59,7 @@ const KIND_AUTH_WELCOME: u8 = 19;
 
 const OP_CLEAR: u8 = 0;
 const OP_TRUNCATE: u8 = 1;
+const OP_CHECKPOINT: u8 = 2;
 
 /// How hidden states travel on the wire; in memory they are always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -146,10 +147,16 @@ pub enum KvOp {
     Clear {
         seq: u64,
     },
-    /// Keep positions `0..len` of the sequence, drop the rest.
+    /// Keep positions `0..len` of the sequence, drop the rest (a model with recurrent
+    /// layers keeps less: back to its last checkpoint at or before `len`).
     Truncate {
         seq: u64,
         len: u32,
+    },
+    /// Copy the sequence's recurrent state at its current length (models with recurrent
+    /// layers), for a later `Truncate` to return to.
+    Checkpoint {
+        seq: u64,
     },
 }
 
@@ -260,6 +267,7 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
                 let (code, seq, len) = match *op {
                     KvOp::Clear { seq } => (OP_CLEAR, seq, 0),
                     KvOp::Truncate { seq, len } => (OP_TRUNCATE, seq, len),
+                    KvOp::Checkpoint { seq } => (OP_CHECKPOINT, seq, 0),
                 };
                 buf.put_u8(code);
                 buf.put_u64_le(seq);
@@ -478,6 +486,7 @@ impl FrameDecoder {
                     ops.push(match code {
                         OP_CLEAR if len == 0 => KvOp::Clear { seq },
                         OP_TRUNCATE => KvOp::Truncate { seq, len },
+                        OP_CHECKPOINT if len == 0 => KvOp::Checkpoint { seq },
                         _ => return Err(r.bad(format!("bad op {code} (len {len})"))),
                     });
                 }
@@ -761,6 +770,7 @@ mod tests {
         let op = prop_oneof![
             any::<u64>().prop_map(|seq| KvOp::Clear { seq }),
             (any::<u64>(), any::<u32>()).prop_map(|(seq, len)| KvOp::Truncate { seq, len }),
+            any::<u64>().prop_map(|seq| KvOp::Checkpoint { seq }),
         ];
         let nonce = any::<[u8; 32]>();
         let share = proptest::collection::vec(any::<u8>(), KEY_SHARE_LEN).prop_map(|v| <KeyShare>::try_from(v).unwrap());

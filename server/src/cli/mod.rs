@@ -216,7 +216,7 @@ impl CacheTypeArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct MakeModelArgs {
-    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, glm4moe, llama4 or deepseek2 (and the embedders bert, nomic-bert).
+    /// Architecture: llama, mistral3, qwen2, qwen3, qwen3moe, gemma3, gemma4, gpt-oss, glm4moe, llama4, deepseek2, qwen35 or qwen35moe (and the embedders bert, nomic-bert).
     #[arg(long, default_value = "llama")]
     pub arch: String,
     #[arg(long)]
@@ -245,7 +245,9 @@ pub struct MakeModelArgs {
     #[arg(long, default_value_t = 128)]
     pub window: u32,
     /// gemma4: every this-many-th layer (and the last) attends fully, with heads of twice
-    /// --head-dim and V taken from K (Gemma 4's own models: 6).
+    /// --head-dim and V taken from K (Gemma 4's own models: 6). qwen35, qwen35moe: every
+    /// this-many-th layer attends fully, the others are linear attention with a recurrent
+    /// state (Qwen3.5's own models: 4).
     #[arg(long, default_value_t = 2)]
     pub full_every: u32,
     /// gemma4: KV heads of the full layers (default: half of --kv-heads).

@@ -164,6 +164,7 @@ impl Batcher {
         let shutting_down = Arc::new(AtomicBool::new(false));
         let degraded: Degraded = Arc::new(Mutex::new(None));
         let n_ctx = pipeline.n_ctx_seq();
+        let keeps_state = pipeline.keeps_state();
         let parallel = cfg.parallel;
         let mut lp = Loop {
             pipeline,
@@ -173,7 +174,16 @@ impl Batcher {
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
             max_batch: cfg.max_batch,
-            spec_tokens: if proposer.is_some() { cfg.spec_tokens } else { 0 },
+            spec_tokens: match (&proposer, keeps_state) {
+                (Some(_), true) if cfg.spec_tokens > 0 => {
+                    // A rejected draft would have advanced the recurrent state: not exact
+                    // until drafts are verified against a checkpoint (docs/api.md).
+                    tracing::warn!("speculative decoding is off: this model keeps a recurrent state per sequence");
+                    0
+                }
+                (Some(_), _) => cfg.spec_tokens,
+                (None, _) => 0,
+            },
             proposer,
             decode_step_s: 0.0,
             n_ctx,
@@ -280,7 +290,15 @@ struct Active {
     draft: Vec<i32>,
     /// Prompt tokens per micro-batch (the pipeline's chunk for this prompt).
     chunk: usize,
+    /// The cached length at which to checkpoint the recurrent state (models that keep
+    /// one): prompt tokens stop there until everything before has landed.
+    checkpoint_at: Option<usize>,
 }
+
+/// Tokens before a prompt's end where a recurrent model's state is checkpointed: the
+/// next turn of a chat re-renders this turn's generation prompt (Qwen3.5's template drops
+/// the thinking it opened), so the state at the very end would not be reusable.
+const CHECKPOINT_TAIL: usize = 16;
 
 struct Loop {
     pipeline: Box<dyn Pipeline>,
@@ -449,8 +467,13 @@ impl Loop {
             .expect("admit is called with a free slot");
         let keep = lcp.min(req.prompt.len().saturating_sub(1));
         let slot = &mut self.slots[idx];
-        self.pipeline.truncate_sequence(slot.seq, keep);
+        // A recurrent model keeps less: back to its last checkpoint at or before `keep`.
+        let keep = self.pipeline.truncate_sequence(slot.seq, keep).min(keep);
         slot.cached.truncate(keep);
+        // A recurrent model's state is copied a few tokens before the prompt's end, where
+        // the next turn of a conversation still agrees with this one (its template renders
+        // this turn's generation prompt differently once answered).
+        let checkpoint_at = (self.pipeline.keeps_state() && req.prompt.len() > keep + CHECKPOINT_TAIL).then(|| req.prompt.len() - CHECKPOINT_TAIL);
         let pending: VecDeque<i32> = req.prompt[keep..].iter().copied().collect();
         let chunk = self.pipeline.prompt_chunk(pending.len(), self.max_batch).clamp(1, self.max_batch);
         let stop = StopMatcher::new(req.stop.clone());
@@ -469,6 +492,7 @@ impl Loop {
             drafter: (self.spec_tokens > 0).then(|| Drafter::new(self.spec_tokens)),
             draft: Vec::new(),
             chunk,
+            checkpoint_at,
         });
         m::prompt_tokens(keep, self.slots[idx].active.as_ref().map_or(0, |a| a.pending.len()));
     }
@@ -545,6 +569,13 @@ impl Loop {
                 continue;
             }
             let mut take = a.pending.len().min(budget).min(a.chunk);
+            if let Some(at) = a.checkpoint_at {
+                // Up to the checkpoint, then nothing until it is taken (on landing).
+                take = take.min(at.saturating_sub(s.cached.len()));
+                if take == 0 {
+                    continue;
+                }
+            }
             // A piece cut short by the batch's room (decode rows took some) and not the
             // prompt's last: whole tiles of query rows, as a planned chunk is (ggml's
             // attention reads every cached cell for a part tile as for a whole one).
@@ -637,6 +668,17 @@ impl Loop {
             (Ok(_), Some(why)) => Err(crate::Error::ModelChanged(why)),
             (result, _) => result,
         };
+        if result.is_ok() {
+            for &i in &mb.slots {
+                let s = &mut self.slots[i];
+                let Some(a) = s.active.as_mut() else { continue };
+                if s.in_flight == 0 && a.checkpoint_at == Some(s.cached.len()) {
+                    a.checkpoint_at = None;
+                    self.pipeline.checkpoint_sequence(s.seq);
+                    m::state_checkpoint();
+                }
+            }
+        }
         match result {
             Ok(logits) => self.sample_landed(&mb, &logits),
             Err(e) => {
@@ -738,6 +780,8 @@ impl Loop {
         }
         let s = &mut self.slots[slot];
         if accepted < n {
+            // Speculation is off for models that keep a recurrent state (`start`), so
+            // this keeps every accepted token.
             self.pipeline.truncate_sequence(s.seq, s.cached.len());
         }
         if let Some(a) = s.active.as_mut() {
@@ -874,7 +918,9 @@ mod tests {
             Ok(engine::Logits { rows, n_vocab: self.n_vocab, data })
         }
         fn clear_sequence(&mut self, _: engine::SeqId) {}
-        fn truncate_sequence(&mut self, _: engine::SeqId, _: usize) {}
+        fn truncate_sequence(&mut self, _: engine::SeqId, len: usize) -> usize {
+            len
+        }
         fn n_ctx_seq(&self) -> usize {
             1 << 20
         }

@@ -45,8 +45,21 @@ pub trait Pipeline: Send {
     }
     /// Forgets a sequence everywhere.
     fn clear_sequence(&mut self, seq: SeqId);
-    /// Keeps positions [0, len) of a sequence everywhere.
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize);
+    /// Keeps positions [0, len) of a sequence everywhere; returns the length kept, which
+    /// is less for a model with recurrent layers (see `keeps_state`) unless a checkpoint
+    /// was taken at `len`.
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize;
+    /// Whether the model keeps a recurrent state per sequence (Qwen3.5): then a sequence
+    /// goes back only to a checkpoint (`checkpoint_sequence`), not to any length.
+    fn keeps_state(&self) -> bool {
+        false
+    }
+    /// Copies a sequence's recurrent state at its current length everywhere, for a later
+    /// `truncate_sequence` to return to. Only called when nothing of the sequence is in
+    /// flight. No effect without recurrent layers.
+    fn checkpoint_sequence(&mut self, seq: SeqId) {
+        let _ = seq;
+    }
     /// Context cells per sequence.
     fn n_ctx_seq(&self) -> usize;
     /// Tries to make a pipeline whole again after a step failed because a part of it
@@ -75,8 +88,16 @@ impl Pipeline for LocalPipeline {
         LocalPipeline::clear_sequence(self, seq)
     }
 
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize {
         LocalPipeline::truncate_sequence(self, seq, len)
+    }
+
+    fn keeps_state(&self) -> bool {
+        LocalPipeline::keeps_state(self)
+    }
+
+    fn checkpoint_sequence(&mut self, seq: SeqId) {
+        LocalPipeline::checkpoint_sequence(self, seq)
     }
 
     fn n_ctx_seq(&self) -> usize {

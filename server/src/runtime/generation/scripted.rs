@@ -204,7 +204,7 @@ impl Pipeline for Scripted {
         self.log.lock().unwrap().clears.push(seq);
     }
 
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize {
         self.touch(seq, "truncated");
         let cache = self.cache.entry(seq).or_default();
         if len > cache.len() {
@@ -213,6 +213,7 @@ impl Pipeline for Scripted {
         }
         self.cache.entry(seq).or_default().truncate(len);
         self.log.lock().unwrap().truncates.push((seq, len));
+        self.cache[&seq].len()
     }
 
     fn n_ctx_seq(&self) -> usize {

@@ -105,7 +105,16 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
     }
     // Attention against an F16 cache: QK^T and AV, each 2 FLOPs per head dim per cached
     // token; softmax, norms, RoPE and the FFN activation in F32.
-    lf.f16 += 2.0 * 2.0 * spec.n_head as f64 * spec.mean_head_dim() * n_kv as f64;
+    // Only layers that attend do (Qwen3.5's recurrent layers do not).
+    let attending = (0..spec.n_layer).filter(|&il| !spec.is_recurrent(il)).count() as f64 / n_layer as f64;
+    lf.f16 += 2.0 * 2.0 * spec.n_head as f64 * spec.mean_head_dim() * n_kv as f64 * attending;
+    // A recurrent layer's state, per token: decayed, read against the key, updated by an
+    // outer product and read against the query (~6 FLOPs per state value), and the
+    // convolution's taps over its channels; F32.
+    if let Some(r) = &spec.recurrent {
+        let recurrent = 1.0 - attending;
+        lf.f32 += recurrent * (6.0 * r.ssm_state_len() as f64 + 2.0 * (r.conv_kernel * r.conv_channels()) as f64);
+    }
     // The FFN's hidden width a token goes through: its experts' together under MoE.
     let n_ff = spec.moe.map_or(spec.n_ff, |m| m.n_ff_exp * m.n_expert_used);
     lf.f32 += (2 * spec.n_head * n_kv + 10 * e + 4 * n_ff) as f64;
@@ -145,6 +154,7 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
             disk_share: (expert_share * EXPERT_PAGE_AMPLIFICATION).min(1.0),
             expert_flops,
         }),
+        state_bytes: spec.state_bytes(0..spec.n_layer) as f64 / n_layer as f64,
     }
 }
 

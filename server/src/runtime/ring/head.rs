@@ -506,9 +506,21 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         flights.kv(&mut ring, [KvOp::Clear { seq }]);
     }
 
-    fn truncate_sequence(&mut self, seq: SeqId, len: usize) {
+    fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize {
         let (flights, mut ring) = self.ring();
         flights.kv(&mut ring, [KvOp::Truncate { seq, len: len as u32 }]);
+        // Every member applies the same rule to the same checkpoints: the head's own
+        // windows tell what all kept.
+        self.head.stage.sequence_len(0, seq)
+    }
+
+    fn keeps_state(&self) -> bool {
+        self.file.spec.recurrent.is_some()
+    }
+
+    fn checkpoint_sequence(&mut self, seq: SeqId) {
+        let (flights, mut ring) = self.ring();
+        flights.kv(&mut ring, [KvOp::Checkpoint { seq }]);
     }
 
     fn n_ctx_seq(&self) -> usize {

@@ -137,7 +137,10 @@ pub(crate) fn apply(stage: &mut engine::Stage, ops: &[transport::KvOp]) {
     for op in ops {
         match *op {
             transport::KvOp::Clear { seq } => stage.clear_sequence(seq),
-            transport::KvOp::Truncate { seq, len } => stage.truncate_sequence(seq, len as usize),
+            transport::KvOp::Truncate { seq, len } => {
+                stage.truncate_sequence(seq, len as usize);
+            }
+            transport::KvOp::Checkpoint { seq } => stage.checkpoint_sequence(seq),
         }
     }
 }
