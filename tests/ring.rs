@@ -46,7 +46,9 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
 /// experts), glm4moe (a dense first layer, a shared expert, partial RoPE) and llama4
 /// (a NoPE layer, experts every second layer with a shared expert) and gemma4 (its own head
 /// sizes and KV heads per layer kind, V from K, a dense FFN beside the experts) and
-/// deepseek2 (latent attention: one compressed cache row per token) of 6 layers
+/// deepseek2 (latent attention: one compressed cache row per token) and qwen35moe
+/// (linear-attention layers keeping a recurrent state per sequence, each member its own
+/// windows', restored from checkpoints when a prompt is reused) of 6 layers
 /// give the single node's greedy text for windows cut through every stage, with disjoint
 /// windows per member, and with a relaying head; one worker has no model file and fetches
 /// its windows from the head. Also a prompt of real text over 1,000 tokens, pipelined in

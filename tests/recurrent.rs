@@ -1,0 +1,98 @@
+//! Models that keep a recurrent state per sequence (Qwen3.5's linear attention), served
+//! as a user serves them: a conversation whose turns start from the state checkpointed
+//! near the previous prompt's end gives the answers computed from scratch, on the single
+//! node and through a ring of real processes (each member checkpointing its own windows'
+//! state), and speculation, which would advance the state with rejected drafts, is off.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::Served;
+use serde_json::{json, Value};
+
+/// Turns of the conversation: a few sentences each, and the answers sent back.
+const TURNS: usize = 5;
+const CTX: &str = "4096";
+
+/// A tiny Qwen3.5 MoE of 6 layers: recurrent layers 0, 2, 4, full attention 1, 3, 5.
+fn model(dir: &Path) -> PathBuf {
+    let mut m = engine::random_model::RandomModel::new("qwen35moe", 6, 64, 128, 4, 2);
+    m.n_ff_exp = 64;
+    m.seed = 11;
+    let path = dir.join("qwen35moe.gguf");
+    m.write(&common::default_model(), &path).unwrap();
+    path
+}
+
+fn post(addr: &str, path: &str, body: &Value) -> Value {
+    let r = common::http(addr, "POST", path, "", &body.to_string()).unwrap();
+    assert_eq!(r.status, 200, "{path}: {}", r.body);
+    serde_json::from_str(&r.body).unwrap()
+}
+
+/// `TURNS` user turns (paragraphs of the paper), each answered greedily and sent back.
+/// `cold`: before each turn another prompt takes the server's one slot, so every turn is
+/// computed from scratch. Returns the answers and each turn's cached prompt tokens.
+fn conversation(addr: &str, cold: bool) -> (Vec<String>, Vec<u64>) {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let paras: Vec<&str> = text.split("\n\n").map(str::trim).filter(|p| p.len() > 200).collect();
+    let mut messages = vec![json!({"role": "system", "content": format!("You review this paper. {}", paras[0])})];
+    let (mut answers, mut cached) = (Vec::new(), Vec::new());
+    for p in &paras[1..=TURNS] {
+        if cold {
+            post(addr, "/v1/completions", &json!({"model": "", "prompt": "Zebras graze on the plains.", "max_tokens": 2, "temperature": 0}));
+        }
+        let cut = p.char_indices().map(|(i, _)| i).take_while(|&i| i <= 400).last().unwrap_or(p.len());
+        messages.push(json!({"role": "user", "content": format!("What does this say? {}", &p[..cut])}));
+        // With each token's log-probability: a state a little off shows there first.
+        let v = post(addr, "/v1/chat/completions", &json!({"model": "", "messages": messages, "max_tokens": 16, "temperature": 0, "logprobs": true}));
+        let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0));
+        messages.push(json!({"role": "assistant", "content": answer}));
+        answers.push(format!("{answer} {}", v["choices"][0]["logprobs"]));
+    }
+    (answers, cached)
+}
+
+/// Batch-invariant kernels: a prompt continued from a checkpoint is cut into other
+/// batches than the same prompt computed cold, and with llama.cpp's own kernels a batch's
+/// size moves the last bits; with these, only a wrong state could change an answer.
+#[test]
+fn a_conversation_reusing_checkpointed_state_equals_computing_every_turn_cold_single_node_and_ring() {
+    let dir = std::env::temp_dir().join(format!("hearth-recurrent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = model(&dir);
+    let single = |extra: &[&str]| Served::start_model(&path, &[&["--threads", "1", "--parallel", "1", "--ctx-size", CTX, "--batch-invariant"][..], extra].concat());
+
+    let cold_node = single(&[]);
+    let (cold, none) = conversation(&cold_node.addr, true);
+    drop(cold_node);
+    assert!(none.iter().all(|&c| c == 0), "cold turns reused a cache: {none:?}");
+    assert!(cold.iter().any(|a| !a.is_empty()), "{cold:?}");
+
+    // Speculation asked for: off, since a rejected draft would advance the state.
+    let node = single(&["--spec-mode", "ngram"]);
+    let (warm, cached) = conversation(&node.addr, false);
+    assert_eq!(warm, cold, "answers from checkpointed state differ from answers computed cold");
+    assert!(cached[1..].iter().all(|&c| c > 0), "turns after the first reused nothing: {cached:?}");
+    let metrics = common::http(&node.addr, "GET", "/metrics", "", "").unwrap().body;
+    let checkpoints = metrics.lines().find(|l| l.starts_with("hearth_state_checkpoints_total")).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    assert!(checkpoints >= TURNS as f64, "{checkpoints} checkpoints for {TURNS} turns");
+    let drafted = metrics.lines().find(|l| l.starts_with("hearth_spec_draft_tokens_total")).and_then(|l| l.split_whitespace().last()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    assert_eq!(drafted, 0.0, "speculation ran on a model with a recurrent state");
+    drop(node);
+
+    // Through a ring: each member keeps and checkpoints its own windows' state; a
+    // relaying head, and one with layers.
+    let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+    let w2 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    for windows in ["2,2,2", "0,3,3"] {
+        let head = Served::start_model(&path, &["--threads", "1", "--parallel", "1", "--ctx-size", CTX, "--batch-invariant", "--workers", &workers, "--windows", windows]);
+        let (ring, cached) = conversation(&head.addr, false);
+        assert_eq!(ring, cold, "windows {windows}: the ring's answers differ from the single node's");
+        assert!(cached[1..].iter().all(|&c| c > 0), "windows {windows}: turns after the first reused nothing: {cached:?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
