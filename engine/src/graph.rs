@@ -49,6 +49,10 @@ pub struct GraphShape<'a> {
     pub logits: bool,
     pub n_tokens: usize,
     pub groups: &'a [GroupPlan],
+    /// The shares of the batch one recurrent (linear attention) op takes: sequences in
+    /// consecutive slots with as many rows each, on any device (each sequence's state is
+    /// computed alone inside the op, so sharing it changes no number).
+    pub recurrent_groups: &'a [GroupPlan],
     /// Rows whose logits are wanted; only read when the window ends the model.
     pub n_out: usize,
 }
@@ -213,7 +217,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let cur = norm(x, l.attn_norm);
         let is_model_last = last && il + 1 == spec.n_layer;
         let attn = if let (Some(lin), Some(st)) = (&l.linear, kv.state) {
-            let out = linear_attention(ctx, gf, spec, lin, st, cur, shape.groups, cache.slot_cells, &mut norm);
+            let out = linear_attention(ctx, gf, spec, lin, st, cur, shape.recurrent_groups, cache.slot_cells, &mut norm);
             if is_model_last && out_ids.is_none() {
                 // The state is written; nothing downstream wants this batch's output.
                 break;

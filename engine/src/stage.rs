@@ -164,6 +164,8 @@ struct ShapeKey {
     /// (rows per sequence, sequences, first cell, attended cells, and the same for sliding
     /// layers) per attention op.
     groups: Vec<(usize, usize, usize, usize, usize, usize)>,
+    /// (first row, rows per sequence, sequences, first cell) per recurrent op.
+    recurrent_groups: Vec<(usize, usize, usize, usize)>,
     n_out: usize,
 }
 
@@ -397,7 +399,14 @@ impl Stage {
         for s in plan.seqs.iter().filter(|s| s.start == 0) {
             self.windows[window].cache.reset_state(s.slot);
         }
-        let key = ShapeKey { window, embed, n_tokens: n, groups: plan.groups.iter().map(|g| (g.n_rows, g.n_seqs, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(), n_out: out_rows.len() };
+        let key = ShapeKey {
+            window,
+            embed,
+            n_tokens: n,
+            groups: plan.groups.iter().map(|g| (g.n_rows, g.n_seqs, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(),
+            recurrent_groups: plan.recurrent_groups.iter().map(|g| (g.row0, g.n_rows, g.n_seqs, g.cell0)).collect(),
+            n_out: out_rows.len(),
+        };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
         // tensor the graph references is owned by this stage; input sizes match the
         // tensors `graph::build` created for this shape.
@@ -409,7 +418,7 @@ impl Stage {
                 if ctx.is_null() {
                     return Err(Error::Ggml("ggml_init failed".into()));
                 }
-                let shape = GraphShape { layers: layers.clone(), embed, logits: last, n_tokens: n, groups: &plan.groups, n_out: out_rows.len() };
+                let shape = GraphShape { layers: layers.clone(), embed, logits: last, n_tokens: n, groups: &plan.groups, recurrent_groups: &plan.recurrent_groups, n_out: out_rows.len() };
                 let graph = graph::build(ctx, spec, &self.weights, &self.windows[window].cache, &shape, self.graph_size);
                 sys::ggml_backend_sched_reset(self.sched);
                 self.pin_layer_norms(&graph, n);
@@ -476,6 +485,7 @@ impl Stage {
             logits: self.owns_output && w.layers.end == spec.n_layer,
             n_tokens: self.max_batch,
             groups: &groups,
+            recurrent_groups: &groups,
             n_out: self.max_batch,
         };
         // SAFETY: as in `forward`; the graph is only measured, never computed.
@@ -594,6 +604,8 @@ struct BatchPlan {
     order: Vec<usize>,
     cells: Vec<i64>,
     groups: Vec<GroupPlan>,
+    /// See `GraphShape::recurrent_groups`.
+    recurrent_groups: Vec<GroupPlan>,
     masks: Vec<Vec<u16>>,
     /// Per sequence, the mask of sliding-window layers (when the window has any).
     swa_masks: Vec<Vec<u16>>,
@@ -669,7 +681,7 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<AttnWindow>, 
         // Neighbouring slots next to each other in the batch, so they can share an op.
         seqs.sort_by_key(|s| s.slot);
     }
-    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), masks: Vec::new(), swa_masks: Vec::new(), seqs: Vec::new() };
+    let mut plan = BatchPlan { order: Vec::with_capacity(batch.len()), cells: Vec::with_capacity(batch.len()), groups: Vec::new(), recurrent_groups: Vec::new(), masks: Vec::new(), swa_masks: Vec::new(), seqs: Vec::new() };
     let padded = |len: usize| cache.slot_cells.min(len.div_ceil(KV_PAD).max(1) * KV_PAD);
     // A sequence's first query sees nothing before `swa_start`.
     let swa_start = |s: &SeqRows, w: AttnWindow| w.first_visible(s.new_len - s.rows.len()) / KV_PAD * KV_PAD;
@@ -702,6 +714,14 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<AttnWindow>, 
                     swa[at + (first - lo)..at + (pos + 1 - lo)].fill(F16_ZERO);
                 }
                 plan.cells.push((s_cell0 + pos) as i64);
+            }
+            // Recurrent ops share across sequences in consecutive slots, adjacent in the
+            // batch, with as many rows, whatever the attention groups are.
+            let (r0, rows) = (plan.order.len(), s.rows.len());
+            match plan.recurrent_groups.last_mut() {
+                _ if !cache.recurrent => {}
+                Some(g) if g.n_rows == rows && g.row0 + g.n_rows * g.n_seqs == r0 && g.cell0 + g.n_seqs * cache.slot_cells == s.slot * cache.slot_cells => g.n_seqs += 1,
+                _ => plan.recurrent_groups.push(GroupPlan { row0: r0, n_rows: rows, n_seqs: 1, cell0: s.slot * cache.slot_cells, n_kv: 0, cell0_swa: 0, n_kv_swa: 0 }),
             }
             plan.order.extend_from_slice(&s.rows);
             plan.seqs.push(SeqPlan { seq: s.seq, slot: s.slot, start: s.new_len - s.rows.len(), new_len: s.new_len });

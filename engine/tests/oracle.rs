@@ -437,6 +437,22 @@ fn tiny_deepseek2_lite_with_a_plain_query_matches_llama_cpp() {
     tiny(m);
 }
 
+/// DeepSeek V3's context extension: YaRN with a factor of 40 over 4,096 original
+/// positions and its log multiplier (the file's 0.1, which llama.cpp divides by 0.1), which
+/// pre-scale the attention scores by YaRN's magnitude squared; the prompt runs past the
+/// model's original context so the extension's ramp matters.
+#[test]
+fn tiny_deepseek2_with_yarn_context_extension_matches_llama_cpp() {
+    let mut m = common::tiny::model("deepseek2");
+    m.extra = vec![
+        ("rope.scaling.type".into(), Value::String("yarn".into())),
+        ("rope.scaling.factor".into(), Value::F32(40.0)),
+        ("rope.scaling.original_context_length".into(), Value::U32(64)),
+        ("rope.scaling.yarn_log_multiplier".into(), Value::F32(0.1)),
+    ];
+    tiny(m);
+}
+
 /// DeepSeek V3's group-limited routing: 8 experts in 4 groups, the best 2 groups' experts
 /// compete.
 #[test]
