@@ -164,26 +164,33 @@ mod tests {
 
     /// What the memory model counts per cached token and layer is what llama.cpp caches:
     /// under DeepSeek's latent attention one row of the compressed K/V plus the rotated
-    /// part and no V; under Gemma 4 each layer kind's own K and V widths, averaged.
+    /// part and no V; under Gemma 4 each layer kind's own K and V widths, averaged; under
+    /// Qwen3.5 K and V of its attention layers only, plus each recurrent layer's state (a
+    /// fixed size per sequence: the convolution's last inputs and the delta net's state).
     #[test]
     fn kv_bytes_per_layer_follow_the_cache_each_architecture_keeps() {
         let vocab = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/smollm2-vocab.gguf"));
         let dir = std::env::temp_dir().join(format!("hearth-kv-bytes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let n_kv = 1000;
-        // (arch, F16 K+V elements per token summed over the 4 layers)
-        for (arch, elements) in [
+        // (arch, F16 K+V elements per token summed over the 4 layers, f32 state values per
+        // sequence summed over them)
+        for (arch, elements, state) in [
             // 4 x (kv_lora_rank 64 + rope 16); V none.
-            ("deepseek2", 4 * (64 + 16)),
+            ("deepseek2", 4 * (64 + 16), 0),
             // Sliding layers 0 and 2: 2 KV heads of 16; full layers 1 and 3: 1 of 32; K and V.
-            ("gemma4", 2 * (2 * 2 * 16 + 2 * 32)),
+            ("gemma4", 2 * (2 * 2 * 16 + 2 * 32), 0),
+            // Layers 1 and 3 attend: 2 KV heads of 32, K and V. Layers 0 and 2 recurrent:
+            // 3 taps x 256 channels (2 x 4 key heads + 8 value heads of 16), and 8 value
+            // heads of 16 x 16.
+            ("qwen35", 2 * (2 * 2 * 32), 2 * (3 * 256 + 8 * 16 * 16)),
         ] {
             let m = engine::random_model::RandomModel::new(arch, 4, 64, 128, 4, 2);
             let path = dir.join(format!("{arch}.gguf"));
             m.write(vocab, &path).unwrap();
             let file = ModelFile::open(&path).unwrap();
             let p = from_gguf(&file, arch, n_kv, engine::CacheTypes::default());
-            let want = 2.0 * elements as f64 / 4.0 * n_kv as f64;
+            let want = 2.0 * elements as f64 / 4.0 * n_kv as f64 + 4.0 * state as f64 / 4.0;
             assert!((p.kv_bytes_per_layer() - want).abs() < 1e-6 * want, "{arch}: {} bytes per layer, expected {want}", p.kv_bytes_per_layer());
         }
         std::fs::remove_dir_all(&dir).ok();
