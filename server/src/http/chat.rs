@@ -126,6 +126,11 @@ pub(super) fn prepare(state: &AppState, req: &ChatCompletionRequest, input: Inpu
         _ => (None, ""),
     };
     let has_grammar = grammar.is_some();
+    // A grammar holds the output from its first token (a required tool call, a JSON
+    // answer), so none of it is thinking, even where the template's generation prompt
+    // opened a think block (Qwen3.5's does): read as reasoning, the call or the JSON was
+    // lost to `reasoning_content`.
+    let opens_thinking = opens_thinking && !has_grammar;
     let sampling = generate::sampling_params(req.sampling(), grammar)?;
     // Build the sampler once here so a bad logit_bias or grammar is the client's 400, not
     // a failure inside the batching loop.
