@@ -28,6 +28,10 @@ pub struct GroupPlan {
     /// Rows of each sequence.
     pub n_rows: usize,
     pub n_seqs: usize,
+    /// Recurrent ops only: a sequence's rows before its draft tokens (its first row that
+    /// wants logits and those before), after which its state is copied to the snapshot
+    /// rows (`RecurrentState::snap_conv`); 0 when it has no drafts.
+    pub split: usize,
     /// First cell of the first sequence's slot.
     pub cell0: usize,
     /// Cells attended in each slot: the longest sequence's length after this batch, padded
@@ -105,8 +109,9 @@ pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
     let moe = spec.moe.map_or(0, |m| 32 + 2 * m.n_expert_used + if spec.arch == Arch::Gemma4 { 24 } else { 0 } + if m.groups.is_some() { 16 } else { 0 });
     // MLA's absorbed queries and decompressed outputs: ~20 more, 6 per attended group.
     let mla = if spec.mla.is_some() { 20 + 6 * n_groups } else { 0 };
-    // Qwen3.5's linear attention: ~20 projections and gates, ~24 per group it runs.
-    let recurrent = if spec.recurrent.is_some() { 24 + 24 * n_groups } else { 0 };
+    // Qwen3.5's linear attention: ~20 projections and gates, ~28 per piece it runs (two
+    // for a sequence with draft tokens).
+    let recurrent = if spec.recurrent.is_some() { 24 + 56 * n_groups } else { 0 };
     // 14 of a layer's: a pad and a view for each of its seven weight products; 12 for
     // the rotations around a quantized cache.
     n_layers * (74 + moe + mla + recurrent + 10 * n_groups) + 64
@@ -635,35 +640,55 @@ unsafe fn linear_attention(ctx: *mut sys::ggml_context, gf: *mut sys::ggml_cgrap
     // The decay: -exp(A_log) (stored as `ssm_a`) times softplus(alpha + dt_bias).
     let decay = sys::ggml_mul(ctx, sys::ggml_softplus(ctx, sys::ggml_add(ctx, alpha, lin.dt_bias)), lin.a);
     let (conv_len, ssm_len) = (r.conv_state_len() as i64, r.ssm_state_len() as i64);
-    let mut out: T = std::ptr::null_mut();
-    for g in groups {
-        let (rows, seqs) = (g.n_rows as i64, g.n_seqs as i64);
-        let slot0 = g.cell0 / slot_cells;
-        let states = |t: T, len: i64| sys::ggml_view_2d(ctx, t, len, seqs, (*t).nb[1], slot0 * (*t).nb[1]);
-        let x = sys::ggml_view_3d(ctx, qkv, ch, rows, seqs, (*qkv).nb[1], (*qkv).nb[1] * g.n_rows, (*qkv).nb[1] * g.row0);
+    // `seqs` sequences of `rows` rows each from `row0`, starting from the states in
+    // `conv_in`/`ssm_in` (`[len, seqs]` rows) and leaving theirs in `conv_dst`/`ssm_dst`;
+    // returns the output and the written states (the copies: reading them orders after).
+    let mut piece = |row0: usize, rows: usize, seqs: i64, conv_in: T, ssm_in: T, conv_dst: T, ssm_dst: T| -> (T, T, T) {
+        let n_rows = rows as i64;
+        let x = sys::ggml_view_3d(ctx, qkv, ch, n_rows, seqs, (*qkv).nb[1], (*qkv).nb[1] * rows, (*qkv).nb[1] * row0);
         // The convolution's input: the sequence's last `taps - 1` inputs, then the batch's.
-        let conv_states = sys::ggml_reshape_3d(ctx, states(st.conv, conv_len), taps - 1, ch, seqs);
+        let conv_states = sys::ggml_reshape_3d(ctx, conv_in, taps - 1, ch, seqs);
         let conv_input = sys::ggml_concat(ctx, conv_states, sys::ggml_transpose(ctx, x), 0);
-        let last = sys::ggml_view_3d(ctx, conv_input, taps - 1, ch, seqs, (*conv_input).nb[1], (*conv_input).nb[2], sys::ggml_row_size((*conv_input).type_, rows));
-        sys::ggml_build_forward_expand(gf, sys::ggml_cpy(ctx, last, states(st.conv, conv_len)));
+        let last = sys::ggml_view_3d(ctx, conv_input, taps - 1, ch, seqs, (*conv_input).nb[1], (*conv_input).nb[2], sys::ggml_row_size((*conv_input).type_, n_rows));
+        let conv_written = sys::ggml_cpy(ctx, last, conv_dst);
+        sys::ggml_build_forward_expand(gf, conv_written);
         let conv = sys::ggml_silu(ctx, sys::ggml_ssm_conv(ctx, conv_input, lin.conv));
         let nb1 = sys::ggml_row_size((*conv).type_, ch);
-        let part = |n_heads: i64, offset: i64| sys::ggml_view_4d(ctx, conv, hd, n_heads, rows, seqs, f32_row(hd), nb1, nb1 * g.n_rows, f32_row(offset));
+        let part = |n_heads: i64, offset: i64| sys::ggml_view_4d(ctx, conv, hd, n_heads, n_rows, seqs, f32_row(hd), nb1, nb1 * rows, f32_row(offset));
         // L2 norms as llama.cpp writes them: an RMS norm with eps / n, scaled by 1/sqrt(n).
         let l2 = |t: T| sys::ggml_scale(ctx, sys::ggml_rms_norm(ctx, t, spec.rms_eps / hd as f32), 1.0 / (hd as f32).sqrt());
         let q = l2(part(nk, 0));
         let k = l2(part(nk, hd * nk));
         let v = part(nv, 2 * hd * nk);
-        let per_head = |t: T| sys::ggml_view_4d(ctx, t, 1, nv, rows, seqs, f32_row(1), f32_row(nv), f32_row(nv * rows), f32_row(nv) * g.row0);
-        let state = sys::ggml_reshape_4d(ctx, states(st.ssm, ssm_len), hd, hd, nv, seqs);
+        let per_head = |t: T| sys::ggml_view_4d(ctx, t, 1, nv, n_rows, seqs, f32_row(1), f32_row(nv), f32_row(nv * n_rows), f32_row(nv) * row0);
+        let state = sys::ggml_reshape_4d(ctx, ssm_in, hd, hd, nv, seqs);
         let res = sys::ggml_gated_delta_net(ctx, q, k, v, per_head(decay), per_head(beta), state, 1);
-        let o = sys::ggml_view_4d(ctx, res, hd, nv, rows, seqs, f32_row(hd), f32_row(hd * nv), f32_row(hd * nv * rows), 0);
-        let new_state = sys::ggml_view_4d(ctx, res, hd, hd, nv, seqs, f32_row(hd), f32_row(hd * hd), f32_row(hd * hd * nv), f32_row(hd * nv * rows * seqs));
-        sys::ggml_build_forward_expand(gf, sys::ggml_cpy(ctx, new_state, states(st.ssm, ssm_len)));
-        let zg = sys::ggml_view_4d(ctx, z, hd, nv, rows, seqs, (*z).nb[0] * hd as usize, (*z).nb[1], (*z).nb[1] * g.n_rows, (*z).nb[1] * g.row0);
+        let o = sys::ggml_view_4d(ctx, res, hd, nv, n_rows, seqs, f32_row(hd), f32_row(hd * nv), f32_row(hd * nv * n_rows), 0);
+        let new_state = sys::ggml_view_4d(ctx, res, hd, hd, nv, seqs, f32_row(hd), f32_row(hd * hd), f32_row(hd * hd * nv), f32_row(hd * nv * n_rows * seqs));
+        let ssm_written = sys::ggml_cpy(ctx, new_state, ssm_dst);
+        sys::ggml_build_forward_expand(gf, ssm_written);
+        let zg = sys::ggml_view_4d(ctx, z, hd, nv, n_rows, seqs, (*z).nb[0] * hd as usize, (*z).nb[1], (*z).nb[1] * rows, (*z).nb[1] * row0);
         let gated = sys::ggml_mul(ctx, norm(o, lin.norm), sys::ggml_silu(ctx, zg));
-        let flat = sys::ggml_reshape_2d(ctx, gated, hd * nv, rows * seqs);
-        out = if out.is_null() { flat } else { sys::ggml_concat(ctx, out, flat, 1) };
+        (sys::ggml_reshape_2d(ctx, gated, hd * nv, n_rows * seqs), conv_written, ssm_written)
+    };
+    let mut out: T = std::ptr::null_mut();
+    let mut append = |flat: T| out = if out.is_null() { flat } else { sys::ggml_concat(ctx, out, flat, 1) };
+    for g in groups {
+        let seqs = g.n_seqs as i64;
+        let slot0 = g.cell0 / slot_cells;
+        let rows_of = |t: T, len: i64| sys::ggml_view_2d(ctx, t, len, seqs, (*t).nb[1], slot0 * (*t).nb[1]);
+        let (conv, ssm) = (rows_of(st.conv, conv_len), rows_of(st.ssm, ssm_len));
+        if g.split == 0 || g.split >= g.n_rows || !st.has_snapshots() {
+            append(piece(g.row0, g.n_rows, seqs, conv, ssm, conv, ssm).0);
+            continue;
+        }
+        // A sequence with draft tokens (one per group): its rows up to the drafts, whose
+        // state goes to the snapshot rows, then the drafts from there (the delta net runs
+        // token by token, so two ops compute what one would).
+        let (snap_conv, snap_ssm) = (rows_of(st.snap_conv, conv_len), rows_of(st.snap_ssm, ssm_len));
+        let (flat, conv_mid, ssm_mid) = piece(g.row0, g.split, seqs, conv, ssm, snap_conv, snap_ssm);
+        append(flat);
+        append(piece(g.row0 + g.split, g.n_rows - g.split, seqs, conv_mid, ssm_mid, conv, ssm).0);
     }
     out
 }

@@ -173,6 +173,22 @@ pub fn hadamard(n: usize) -> std::sync::Arc<[f32]> {
     m
 }
 
+/// Copies row `row` of `src` to the same row of `dst` (two tensors of one shape).
+///
+/// SAFETY: both are allocated tensors of the same shape with at least `row + 1` rows, and
+/// nothing computes on them.
+unsafe fn copy_row(src: *mut sys::ggml_tensor, dst: *mut sys::ggml_tensor, row: usize) {
+    let bytes = sys::ggml_row_size((*src).type_, (*src).ne[0]);
+    let offset = row * bytes;
+    if sys::ggml_backend_buffer_is_host((*src).buffer) && sys::ggml_backend_buffer_is_host((*dst).buffer) {
+        std::ptr::copy_nonoverlapping((*src).data.cast::<u8>().add(offset), (*dst).data.cast::<u8>().add(offset), bytes);
+    } else {
+        let mut buf = vec![0u8; bytes];
+        sys::ggml_backend_tensor_get(src, buf.as_mut_ptr().cast(), offset, bytes);
+        sys::ggml_backend_tensor_set(dst, buf.as_ptr().cast(), offset, bytes);
+    }
+}
+
 /// Per-layer K/V tensors of a window: null in a recurrent layer, which keeps `state`.
 pub struct LayerKv {
     pub k: *mut sys::ggml_tensor,
@@ -187,6 +203,17 @@ pub struct LayerKv {
 pub struct RecurrentState {
     pub conv: *mut sys::ggml_tensor,
     pub ssm: *mut sys::ggml_tensor,
+    /// With draft snapshots (`KvCache::new`'s `draft_snapshots`): the same rows again, where
+    /// each sequence's state stood before the draft tokens of its last batch with drafts
+    /// (see `KvCache::snapshot_len`); null otherwise.
+    pub snap_conv: *mut sys::ggml_tensor,
+    pub snap_ssm: *mut sys::ggml_tensor,
+}
+
+impl RecurrentState {
+    pub fn has_snapshots(&self) -> bool {
+        !self.snap_conv.is_null()
+    }
 }
 
 /// A copy of one sequence's recurrent state in every recurrent layer of a window, taken
@@ -218,6 +245,13 @@ pub struct KvCache {
     /// every ring member) keeps the same length.
     pub recurrent: bool,
     checkpoints: HashMap<SeqId, Vec<Checkpoint>>,
+    /// Whether recurrent states keep a snapshot where a batch's drafts begin
+    /// (`RecurrentState::snap_conv`); every window of a recurrent model records the
+    /// snapshot's length, with recurrent layers or not, so that all agree on truncation.
+    pub draft_snapshots: bool,
+    /// Per sequence, the length at which its snapshot rows hold its state (set by `commit`
+    /// for a batch with draft tokens; dropped when the sequence is cut below it).
+    snapshots: HashMap<SeqId, usize>,
     /// Everything this value allocated in ggml, freed when it drops.
     alloc: crate::ggml::Allocations,
 }
@@ -232,8 +266,10 @@ pub struct SeqState {
 
 impl KvCache {
     /// `layers[i]`: the model layer the window's i-th is and the device it runs on; its
-    /// cache goes there too, as wide as that layer's K/V rows.
-    pub fn new(spec: &ModelSpec, window: &[(usize, Device)], n_seq: usize, n_ctx_seq: usize, types: CacheTypes, accel: Option<&ggml::Accelerator>) -> Result<KvCache> {
+    /// cache goes there too, as wide as that layer's K/V rows. `draft_snapshots`: a
+    /// recurrent model's state is kept twice, so that draft tokens can be taken back (see
+    /// `StageConfig::draft_snapshots`).
+    pub fn new(spec: &ModelSpec, window: &[(usize, Device)], n_seq: usize, n_ctx_seq: usize, types: CacheTypes, accel: Option<&ggml::Accelerator>, draft_snapshots: bool) -> Result<KvCache> {
         if n_seq == 0 || n_ctx_seq == 0 {
             return Err(Error::InvalidWindow("the KV cache needs at least one sequence of at least one cell".into()));
         }
@@ -256,8 +292,10 @@ impl KvCache {
             .checked_mul(n_seq)
             .filter(|&t| t <= i32::MAX as usize)
             .ok_or_else(|| Error::InvalidWindow(format!("{n_seq} sequences of {n_ctx_seq} cells is too large a KV cache")))?;
-        let cpu_ctx = ggml::new_meta_context(devices.len() * 2 + 1)?;
-        let accel_ctx = if devices.contains(&Device::Accelerator) { Some(ggml::new_meta_context(devices.len() * 2 + 1)?) } else { None };
+        let cpu_ctx = ggml::new_meta_context(devices.len() * 4 + 1)?;
+        let accel_ctx = if devices.contains(&Device::Accelerator) { Some(ggml::new_meta_context(devices.len() * 4 + 1)?) } else { None };
+        let recurrent = (0..spec.n_layer).any(|il| spec.is_recurrent(il));
+        let draft_snapshots = draft_snapshots && recurrent;
         let v_in_k = spec.mla.map(|m| m.kv_lora_rank);
         let mut layers = Vec::with_capacity(devices.len());
         for &(il, dev) in window {
@@ -267,9 +305,10 @@ impl KvCache {
                 Device::Cpu => cpu_ctx,
             };
             if let Some(r) = spec.recurrent.as_ref().filter(|_| spec.is_recurrent(il)) {
-                let conv = ggml::new_tensor(ctx, sys::GGML_TYPE_F32, &[r.conv_state_len() as u64, n_seq as u64])?;
-                let ssm = ggml::new_tensor(ctx, sys::GGML_TYPE_F32, &[r.ssm_state_len() as u64, n_seq as u64])?;
-                layers.push(LayerKv { k: std::ptr::null_mut(), v: std::ptr::null_mut(), state: Some(RecurrentState { conv, ssm }) });
+                let rows = |len: usize| ggml::new_tensor(ctx, sys::GGML_TYPE_F32, &[len as u64, n_seq as u64]);
+                let (conv, ssm) = (rows(r.conv_state_len())?, rows(r.ssm_state_len())?);
+                let (snap_conv, snap_ssm) = if draft_snapshots { (rows(r.conv_state_len())?, rows(r.ssm_state_len())?) } else { (std::ptr::null_mut(), std::ptr::null_mut()) };
+                layers.push(LayerKv { k: std::ptr::null_mut(), v: std::ptr::null_mut(), state: Some(RecurrentState { conv, ssm, snap_conv, snap_ssm }) });
                 continue;
             }
             let k = ggml::new_tensor(ctx, types.k.ggml_type(), &[n_embd_kv, total as u64])?;
@@ -285,8 +324,10 @@ impl KvCache {
             capacity: n_ctx_seq,
             slots: vec![None; n_seq],
             seqs: HashMap::new(),
-            recurrent: (0..spec.n_layer).any(|il| spec.is_recurrent(il)),
+            recurrent,
             checkpoints: HashMap::new(),
+            draft_snapshots,
+            snapshots: HashMap::new(),
             alloc: crate::ggml::Allocations { contexts: [Some(cpu_ctx), accel_ctx].into_iter().flatten().collect(), buffers: Vec::new() },
         };
         // SAFETY: each context holds only this cache's tensors; the buffer types are the
@@ -342,9 +383,19 @@ impl KvCache {
             .ok_or(Error::CacheFull { slots: self.slots.len() })
     }
 
-    pub fn commit(&mut self, seq: SeqId, slot: usize, len: usize) {
+    /// Records a computed batch of `seq`: `len` positions now, and `snapshot`, the length
+    /// at which the batch wrote the snapshot rows (a batch with draft tokens).
+    pub fn commit(&mut self, seq: SeqId, slot: usize, len: usize, snapshot: Option<usize>) {
         self.slots[slot] = Some(seq);
         self.seqs.insert(seq, SeqState { slot, len });
+        if let Some(at) = snapshot {
+            self.snapshots.insert(seq, at);
+        }
+    }
+
+    /// The length at which `seq`'s snapshot rows hold its state, if they do.
+    pub fn snapshot_len(&self, seq: SeqId) -> Option<usize> {
+        self.snapshots.get(&seq).copied()
     }
 
     pub fn clear(&mut self, seq: SeqId) {
@@ -352,17 +403,20 @@ impl KvCache {
             self.slots[s.slot] = None;
         }
         self.checkpoints.remove(&seq);
+        self.snapshots.remove(&seq);
     }
 
     pub fn clear_all(&mut self) {
         self.seqs.clear();
         self.slots.iter_mut().for_each(|s| *s = None);
         self.checkpoints.clear();
+        self.snapshots.clear();
     }
 
     /// Keeps positions [0, len) of `seq`, later cells forgotten; returns the length kept.
     /// A recurrent window's state cannot be truncated: it goes back to the latest
-    /// checkpoint at or before `len` (the length kept then), or to nothing.
+    /// checkpoint or draft snapshot at or before `len` (the length kept then), or to
+    /// nothing.
     pub fn truncate(&mut self, seq: SeqId, len: usize) -> usize {
         let Some(cur) = self.seqs.get(&seq).copied() else { return 0 };
         if len >= cur.len || !self.recurrent {
@@ -374,6 +428,19 @@ impl KvCache {
             cps.retain(|c| c.len <= len);
             cps.last()
         });
+        let snapshot = self.snapshots.get(&seq).copied().filter(|&at| at <= len && at > back.map_or(0, |c| c.len));
+        if let Some(at) = snapshot {
+            // SAFETY: the slot's rows of tensors this cache owns; nothing computes.
+            unsafe {
+                for st in self.layers.iter().filter_map(|l| l.state) {
+                    copy_row(st.snap_conv, st.conv, cur.slot);
+                    copy_row(st.snap_ssm, st.ssm, cur.slot);
+                }
+            }
+            self.seqs.get_mut(&seq).expect("present").len = at;
+            return at;
+        }
+        self.snapshots.remove(&seq);
         let kept = back.map_or(0, |c| c.len);
         if let Some(c) = back {
             // SAFETY: the rows written are this sequence's slot of tensors this cache owns;

@@ -100,12 +100,17 @@ pub struct StageConfig {
     pub read_chosen_experts: bool,
     /// The KV cache's element types (llama.cpp's `--cache-type-k/-v`).
     pub kv: crate::kv_cache::CacheTypes,
+    /// A model with recurrent layers (Qwen3.5) keeps a second copy of each sequence's
+    /// state, written where a batch's draft tokens begin (a sequence's rows after its
+    /// first row that wants logits), so that `truncate_sequence` can take rejected drafts
+    /// back: what speculative decoding needs. No effect on other models.
+    pub draft_snapshots: bool,
 }
 
 impl StageConfig {
     /// The whole model as one window: a single-node engine.
     pub fn whole(spec: &ModelSpec) -> StageConfig {
-        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default() }
+        StageConfig { windows: std::iter::once(0..spec.n_layer).collect(), n_seq: 1, n_ctx_seq: 4096.min(spec.n_ctx_train), max_batch: 512, threads: default_threads(), accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default(), draft_snapshots: false }
     }
 }
 
@@ -122,7 +127,7 @@ impl Window {
     /// Records a computed batch's tokens in the cache.
     fn commit(&mut self, plan: &BatchPlan) {
         for s in &plan.seqs {
-            self.cache.commit(s.seq, s.slot, s.new_len);
+            self.cache.commit(s.seq, s.slot, s.new_len, s.snapshot);
         }
     }
 }
@@ -164,8 +169,9 @@ struct ShapeKey {
     /// (rows per sequence, sequences, first cell, attended cells, and the same for sliding
     /// layers) per attention op.
     groups: Vec<(usize, usize, usize, usize, usize, usize)>,
-    /// (first row, rows per sequence, sequences, first cell) per recurrent op.
-    recurrent_groups: Vec<(usize, usize, usize, usize)>,
+    /// (first row, rows per sequence, sequences, first cell, rows before drafts) per
+    /// recurrent op.
+    recurrent_groups: Vec<(usize, usize, usize, usize, usize)>,
     n_out: usize,
 }
 
@@ -217,7 +223,7 @@ impl Stage {
             .iter()
             .map(|w| {
                 let layers: Vec<(usize, Device)> = w.clone().map(|il| (il, device_of(w, il))).collect();
-                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &layers, cfg.n_seq, n_ctx_seq, cfg.kv, accel.as_ref())? })
+                Ok(Window { layers: w.clone(), cache: KvCache::new(&spec, &layers, cfg.n_seq, n_ctx_seq, cfg.kv, accel.as_ref(), cfg.draft_snapshots)? })
             })
             .collect::<Result<Vec<_>>>()?;
 
@@ -404,7 +410,7 @@ impl Stage {
             embed,
             n_tokens: n,
             groups: plan.groups.iter().map(|g| (g.n_rows, g.n_seqs, g.cell0, g.n_kv, g.cell0_swa, g.n_kv_swa)).collect(),
-            recurrent_groups: plan.recurrent_groups.iter().map(|g| (g.row0, g.n_rows, g.n_seqs, g.cell0)).collect(),
+            recurrent_groups: plan.recurrent_groups.iter().map(|g| (g.row0, g.n_rows, g.n_seqs, g.cell0, g.split)).collect(),
             n_out: out_rows.len(),
         };
         // SAFETY: `meta` backs the one live no-alloc context (the cached graph's); every
@@ -478,7 +484,7 @@ impl Stage {
         let spec = self.file.spec.clone();
         let Some(widx) = (0..self.windows.len()).max_by_key(|&i| self.windows[i].layers.len()) else { return Ok(()) };
         let w = &self.windows[widx];
-        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, n_seqs: 1, cell0: 0, n_kv: w.cache.slot_cells, cell0_swa: 0, n_kv_swa: w.cache.slot_cells }];
+        let groups = [GroupPlan { row0: 0, n_rows: self.max_batch, n_seqs: 1, split: 0, cell0: 0, n_kv: w.cache.slot_cells, cell0_swa: 0, n_kv_swa: w.cache.slot_cells }];
         let shape = GraphShape {
             layers: w.layers.clone(),
             embed: w.layers.start == 0,
@@ -595,6 +601,9 @@ struct SeqPlan {
     /// Its cached length before this batch.
     start: usize,
     new_len: usize,
+    /// The length at which this batch leaves the sequence's draft snapshot (see
+    /// `GroupPlan::split`).
+    snapshot: Option<usize>,
 }
 
 /// How a batch maps onto the cache: the reordering that makes each sequence's tokens
@@ -716,20 +725,25 @@ fn plan_batch(cache: &KvCache, batch: &[BatchToken], n_swa: Option<AttnWindow>, 
                 plan.cells.push((s_cell0 + pos) as i64);
             }
             // Recurrent ops share across sequences in consecutive slots, adjacent in the
-            // batch, with as many rows, whatever the attention groups are.
+            // batch, with as many rows, whatever the attention groups are. A sequence with
+            // draft tokens (rows after its first that wants logits) has its own, which
+            // leaves a snapshot of its state where the drafts begin.
             let (r0, rows) = (plan.order.len(), s.rows.len());
+            let drafts_from = s.rows.iter().position(|&r| batch[r].logits).map(|j| j + 1).filter(|&c| cache.draft_snapshots && c < rows);
+            let split = drafts_from.unwrap_or(0);
             match plan.recurrent_groups.last_mut() {
                 _ if !cache.recurrent => {}
-                Some(g) if g.n_rows == rows && g.row0 + g.n_rows * g.n_seqs == r0 && g.cell0 + g.n_seqs * cache.slot_cells == s.slot * cache.slot_cells => g.n_seqs += 1,
-                _ => plan.recurrent_groups.push(GroupPlan { row0: r0, n_rows: rows, n_seqs: 1, cell0: s.slot * cache.slot_cells, n_kv: 0, cell0_swa: 0, n_kv_swa: 0 }),
+                Some(g) if split == 0 && g.split == 0 && g.n_rows == rows && g.row0 + g.n_rows * g.n_seqs == r0 && g.cell0 + g.n_seqs * cache.slot_cells == s.slot * cache.slot_cells => g.n_seqs += 1,
+                _ => plan.recurrent_groups.push(GroupPlan { row0: r0, n_rows: rows, n_seqs: 1, split, cell0: s.slot * cache.slot_cells, n_kv: 0, cell0_swa: 0, n_kv_swa: 0 }),
             }
             plan.order.extend_from_slice(&s.rows);
-            plan.seqs.push(SeqPlan { seq: s.seq, slot: s.slot, start: s.new_len - s.rows.len(), new_len: s.new_len });
+            let start = s.new_len - s.rows.len();
+            plan.seqs.push(SeqPlan { seq: s.seq, slot: s.slot, start, new_len: s.new_len, snapshot: (split > 0).then_some(start + split) });
         }
         if n_swa.is_some() {
             plan.swa_masks.push(swa);
         }
-        plan.groups.push(GroupPlan { row0, n_rows, n_seqs: run.len(), cell0, n_kv, cell0_swa: cell0 + lo.unwrap_or(0), n_kv_swa });
+        plan.groups.push(GroupPlan { row0, n_rows, n_seqs: run.len(), split: 0, cell0, n_kv, cell0_swa: cell0 + lo.unwrap_or(0), n_kv_swa });
         plan.masks.push(mask);
         i = end;
     }

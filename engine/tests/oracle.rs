@@ -765,6 +765,72 @@ fn qwen35_truncation_goes_back_to_a_checkpoint_and_continues_exactly() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Speculative decoding on Qwen3.5: a batch with draft tokens leaves a snapshot of the
+/// recurrent state where its drafts begin, a rejection takes the state back there (the
+/// drafts it accepted are computed again in the next batch, before its next token), and
+/// every logit on the way equals decoding the accepted tokens one at a time — bit for bit,
+/// with batch-invariant kernels, on two stages as a ring's members hold them.
+#[test]
+fn qwen35_rejected_drafts_go_back_to_their_snapshot_and_decoding_continues_exactly() {
+    let dir = std::env::temp_dir().join(format!("hearth-qwen35-drafts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&common::tiny::model("qwen35"), &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let all = tok.tokenize(&text, false);
+    let file = std::sync::Arc::new(engine::ModelFile::open(&path).unwrap());
+    let make = |ws: &[Range<usize>], draft_snapshots: bool| {
+        let stages = ws.iter().map(|w| engine::Stage::new(file.clone(), engine::StageConfig { batch_invariant: true, draft_snapshots, ..common::stage_config(vec![w.clone()], 2) }).unwrap()).collect();
+        engine::LocalPipeline::new(stages).unwrap()
+    };
+    let mut spec = make(&[0..2, 2..3], true);
+    let mut plain = make(&[0..3], false);
+    let prompt = &all[..120];
+    spec.prefill(1, prompt, 64).unwrap();
+    plain.prefill(1, prompt, 64).unwrap();
+    // The truth: each token decoded alone.
+    let mut decode = |t: i32| {
+        let pos = plain.sequence_len(1) as u32;
+        plain.forward(&[BatchToken { seq: 1, pos, logits: true }], &[t]).unwrap().row(0).to_vec()
+    };
+    // `before` (no logits), the decode token `t`, then `drafts`, all with logits.
+    let verify = |p: &mut engine::LocalPipeline, before: &[i32], t: i32, drafts: &[i32]| {
+        let base = p.sequence_len(1);
+        let ids: Vec<i32> = before.iter().copied().chain(std::iter::once(t)).chain(drafts.iter().copied()).collect();
+        let batch: Vec<BatchToken> = (0..ids.len()).map(|j| BatchToken { seq: 1, pos: (base + j) as u32, logits: j >= before.len() }).collect();
+        let l = p.forward(&batch, &ids).unwrap();
+        (0..=drafts.len()).map(|r| l.row(r).to_vec()).collect::<Vec<_>>()
+    };
+    let d = &all[200..208];
+    // Step 1: t then 4 drafts; 2 accepted, the third rejected.
+    let rows = verify(&mut spec, &[], d[0], &d[1..5]);
+    for (j, &t) in d[..3].iter().enumerate() {
+        assert_eq!(rows[j], decode(t), "row {j} of a batch with drafts differs from decoding its token alone");
+    }
+    let len = spec.sequence_len(1);
+    assert_eq!(spec.truncate_sequence(1, len - 2), len - 4, "the state goes back to its snapshot, after the decode token");
+    // Step 2: the two accepted drafts again, then the next token and 3 drafts; none
+    // accepted: the snapshot is exactly where the drafts begin.
+    let next = d[5];
+    let rows = verify(&mut spec, &d[1..3], next, &d[6..8]);
+    assert_eq!(rows[0], decode(next), "the token after replayed drafts differs from decoding it alone");
+    let len = spec.sequence_len(1);
+    assert_eq!(spec.truncate_sequence(1, len - 2), len - 2, "a draft rejected at once keeps the decode token");
+    // Step 3: no drafts; then step 4: every draft accepted, the snapshot never used.
+    for &t in &all[300..303] {
+        let rows = verify(&mut spec, &[], t, &[]);
+        assert_eq!(rows[0], decode(t), "decoding after a rejected draft differs");
+    }
+    let rows = verify(&mut spec, &[], all[303], &all[304..307]);
+    for (j, &t) in all[303..307].iter().enumerate() {
+        assert_eq!(rows[j], decode(t), "row {j} of a wholly accepted draft differs");
+    }
+    assert_eq!(spec.sequence_len(1), plain.sequence_len(1));
+    // A cut below the snapshot has nothing to go back to but the start.
+    assert_eq!(spec.truncate_sequence(1, 100), 0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// Eight sequences of one Qwen3.5 MoE (Q4_K_M) decoding together, their recurrent layers in
 /// one op over eight slots: each sequence's 128 greedy tokens equal the tokens it gets
 /// decoded alone, in hearth and in llama.cpp. Not yet understood: llama.cpp's own

@@ -35,7 +35,7 @@ fn stage(file: &Arc<ModelFile>, windows: &[std::ops::Range<usize>]) -> Stage {
 
 /// A worker-style stage (no output layer, weights in the mapping) for two sequences.
 fn stage_with(file: &Arc<ModelFile>, windows: &[std::ops::Range<usize>], read_chosen_experts: bool) -> Stage {
-    let cfg = StageConfig { windows: windows.to_vec(), n_seq: 2, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, experts_in_ram: 0, owns_output: false, batch_invariant: false, repack: false, read_chosen_experts, kv: Default::default() };
+    let cfg = StageConfig { windows: windows.to_vec(), n_seq: 2, n_ctx_seq: 64, max_batch: 8, threads: 1, accel_layers: 0, experts_in_ram: 0, owns_output: false, batch_invariant: false, repack: false, read_chosen_experts, kv: Default::default(), draft_snapshots: false };
     Stage::new(file.clone(), cfg).unwrap()
 }
 

@@ -33,7 +33,7 @@ pub fn chat_prompt(tok: &Tokenizer, user: &str) -> Vec<i32> {
 }
 
 pub fn stage_config(windows: Vec<std::ops::Range<usize>>, n_seq: usize) -> StageConfig {
-    StageConfig { windows, n_seq, n_ctx_seq: 1024, max_batch: 256, threads: THREADS, accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default() }
+    StageConfig { windows, n_seq, n_ctx_seq: 1024, max_batch: 256, threads: THREADS, accel_layers: 0, experts_in_ram: 0, owns_output: true, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default(), draft_snapshots: false }
 }
 
 /// One stage per window group, chained in layer order.

@@ -76,6 +76,8 @@ impl Head {
         let max_batch = cfg.max_batch.max(parallel);
         // Speculation stays exact only if a verified draft computes as it would alone.
         let batch_invariant = cfg.batch_invariant || cfg.speculation.is_some();
+        // ... and a recurrent model's rejected drafts are taken back to a snapshot.
+        let draft_snapshots = cfg.speculation.is_some() && cfg.spec_tokens > 0;
         // The engine holds no more cells per sequence than the model was trained for; every
         // part of the server (admission, the ring's plan, the workers' caches) must count
         // the same cells, or a prompt that fits --ctx-size fails mid-answer in the ring.
@@ -83,7 +85,7 @@ impl Head {
         if n_ctx_seq < cfg.n_ctx_seq {
             tracing::warn!(asked = cfg.n_ctx_seq, model = spec.n_ctx_train, "--ctx-size is past the model's trained context: each sequence gets {n_ctx_seq} cells");
         }
-        let stage = StageConfig { n_seq: parallel, n_ctx_seq, max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, ..StageConfig::whole(&spec) };
+        let stage = StageConfig { n_seq: parallel, n_ctx_seq, max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, draft_snapshots, ..StageConfig::whole(&spec) };
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
                 let mut pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
@@ -99,11 +101,15 @@ impl Head {
                 }
                 // A plan the user pinned stays unless they ask for another.
                 let setup = RingSetup { replan_idle: if pinned.is_some() { None } else { ring.replan_idle }, ..ring.clone() };
-                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, repack: stage.repack, kv: stage.kv, gpu_layers: cfg.gpu_layers };
+                let ring_cfg = RingConfig { setup, pinned, n_seq: stage.n_seq, n_ctx_seq: stage.n_ctx_seq, max_batch: stage.max_batch, threads: stage.threads, batch_invariant, draft_snapshots, repack: stage.repack, kv: stage.kv, gpu_layers: cfg.gpu_layers };
                 // Device selection weighs the streams served at once only where their
                 // micro-batches may fly together.
                 let streams = if ring.micro_batches == Some(1) { 1 } else { stage.n_seq };
-                let planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, stage.kv, ring.strategy, streams);
+                let mut planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, stage.kv, ring.strategy, streams);
+                if draft_snapshots {
+                    // A recurrent state kept twice per sequence (`StageConfig::draft_snapshots`).
+                    planner.model.state_bytes *= 2.0;
+                }
                 let board = Arc::new(PlanBoard::ring());
                 (Box::new(super::ring::RingPipeline::connect(file, ring_cfg, planner, board.clone())?), board)
             }

@@ -164,7 +164,6 @@ impl Batcher {
         let shutting_down = Arc::new(AtomicBool::new(false));
         let degraded: Degraded = Arc::new(Mutex::new(None));
         let n_ctx = pipeline.n_ctx_seq();
-        let keeps_state = pipeline.keeps_state();
         let parallel = cfg.parallel;
         let mut lp = Loop {
             pipeline,
@@ -174,16 +173,7 @@ impl Batcher {
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
             max_batch: cfg.max_batch,
-            spec_tokens: match (&proposer, keeps_state) {
-                (Some(_), true) if cfg.spec_tokens > 0 => {
-                    // A rejected draft would have advanced the recurrent state: not exact
-                    // until drafts are verified against a checkpoint (docs/api.md).
-                    tracing::warn!("speculative decoding is off: this model keeps a recurrent state per sequence");
-                    0
-                }
-                (Some(_), _) => cfg.spec_tokens,
-                (None, _) => 0,
-            },
+            spec_tokens: if proposer.is_some() { cfg.spec_tokens } else { 0 },
             proposer,
             decode_step_s: 0.0,
             n_ctx,
@@ -288,6 +278,9 @@ struct Active {
     /// Speculation (`None`: off), and the draft tokens in this step's batch.
     drafter: Option<Drafter>,
     draft: Vec<i32>,
+    /// Accepted draft tokens a recurrent model computes again, before `next`: its state
+    /// went back to where the drafts began (see `verify`).
+    replay: Vec<i32>,
     /// Prompt tokens per micro-batch (the pipeline's chunk for this prompt).
     chunk: usize,
     /// The cached length at which to checkpoint the recurrent state (models that keep
@@ -491,6 +484,7 @@ impl Loop {
             last_token: None,
             drafter: (self.spec_tokens > 0).then(|| Drafter::new(self.spec_tokens)),
             draft: Vec::new(),
+            replay: Vec::new(),
             chunk,
             checkpoint_at,
         });
@@ -539,6 +533,12 @@ impl Loop {
             let s = &mut self.slots[i];
             let Some(a) = s.active.as_mut() else { continue };
             let Some(t) = a.next.take() else { continue };
+            for r in a.replay.drain(..) {
+                mb.batch.push(BatchToken { seq: s.seq, pos: s.cached.len() as u32, logits: false });
+                mb.ids.push(r);
+                mb.rows.push(Row { slot: i, wants_logits: false, drafts: 0, is_draft: false });
+                s.cached.push(r);
+            }
             let base = s.cached.len();
             mb.batch.push(BatchToken { seq: s.seq, pos: base as u32, logits: true });
             mb.ids.push(t);
@@ -730,21 +730,24 @@ impl Loop {
     fn propose_drafts(&mut self, decoding: &[usize]) {
         let Some(proposer) = self.proposer.as_mut() else { return };
         let cost = proposer.cost(self.decode_step_s);
-        let mut room = self.max_batch.saturating_sub(decoding.len());
+        let replays: usize = decoding.iter().filter_map(|&i| self.slots[i].active.as_ref()).map(|a| a.replay.len()).sum();
+        let mut room = self.max_batch.saturating_sub(decoding.len() + replays);
         let mut requests = Vec::new();
         for &i in decoding {
             let s = &mut self.slots[i];
             let Some(a) = s.active.as_mut() else { continue };
             a.draft.clear();
             let (Some(t), Some(d)) = (a.next, a.drafter.as_mut()) else { continue };
-            let limit = room.min(self.n_ctx.saturating_sub(s.cached.len() + 2)).min(a.req.max_tokens.saturating_sub(a.generated + 1));
+            let fed = s.cached.len() + a.replay.len();
+            let limit = room.min(self.n_ctx.saturating_sub(fed + 2)).min(a.req.max_tokens.saturating_sub(a.generated + 1));
             let k = d.want(limit, cost);
             if k == 0 {
                 continue;
             }
             room -= k;
-            let mut history = Vec::with_capacity(s.cached.len() + 1);
+            let mut history = Vec::with_capacity(fed + 1);
             history.extend_from_slice(&s.cached);
+            history.extend_from_slice(&a.replay);
             history.push(t);
             requests.push(DraftRequest { slot: i, history, k });
         }
@@ -780,9 +783,13 @@ impl Loop {
         }
         let s = &mut self.slots[slot];
         if accepted < n {
-            // Speculation is off for models that keep a recurrent state (`start`), so
-            // this keeps every accepted token.
-            self.pipeline.truncate_sequence(s.seq, s.cached.len());
+            // A recurrent model's state goes back to where this step's drafts began (its
+            // snapshot): the drafts it accepted are computed again before the next token.
+            let kept = self.pipeline.truncate_sequence(s.seq, s.cached.len()).min(s.cached.len());
+            let again = s.cached.split_off(kept);
+            if let Some(a) = s.active.as_mut() {
+                a.replay = again;
+            }
         }
         if let Some(a) = s.active.as_mut() {
             if let Some(d) = a.drafter.as_mut() {

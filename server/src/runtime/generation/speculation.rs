@@ -227,9 +227,10 @@ impl DraftModel {
             }
             let seq = r.slot as engine::SeqId;
             let cached = &mut self.cached[r.slot];
-            // Refeed at least the last token: its logits give the first draft.
+            // Refeed at least the last token: its logits give the first draft. A draft
+            // model with recurrent layers goes back only to its checkpoint (taken below).
             let keep = common_prefix(cached, &r.history).min(r.history.len() - 1);
-            self.stage.truncate_sequence(seq, keep);
+            let keep = self.stage.truncate_sequence(seq, keep).min(keep);
             cached.truncate(keep);
             let todo = &r.history[keep..];
             for (c, chunk) in todo.chunks(self.max_batch).enumerate() {
@@ -243,6 +244,11 @@ impl DraftModel {
                         out[i].push(engine::reference::argmax(l.row(0)));
                     }
                 }
+            }
+            if self.stage.spec().recurrent.is_some() {
+                // The sequence's state before its drafts: where the next step comes back to
+                // (a recurrent state cannot be cut back to the tokens the target kept).
+                self.stage.checkpoint_sequence(seq);
             }
         }
         // Then one batch per further draft token, every sequence that wants more in it.

@@ -221,7 +221,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let n_ctx = (CALIBRATION_WARMUP + CALIBRATION_TOKENS + 1).max(CALIBRATION_PROMPT);
     // A model small enough is timed whole, output layer included, as the head runs it.
     let whole = layers == n_layer;
-    let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default() };
+    let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default(), draft_snapshots: false };
     let mut stage = Stage::new(file.clone(), cfg.clone())?;
     let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
     for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {

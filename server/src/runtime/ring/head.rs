@@ -80,6 +80,8 @@ pub struct RingConfig {
     pub threads: usize,
     /// Every member computes with batch-invariant kernels (speculation is on).
     pub batch_invariant: bool,
+    /// Every member keeps draft snapshots of a recurrent model's state (speculation is on).
+    pub draft_snapshots: bool,
     /// The head's own windows may be repacked (`--no-repack` off; paged windows never are).
     pub repack: bool,
     /// Every member's KV cache types.
@@ -142,6 +144,7 @@ impl HeadStage {
             repack: cfg.repack,
             read_chosen_experts: false,
             kv: cfg.kv,
+            draft_snapshots: cfg.draft_snapshots,
         };
         let paged = super::paging::pages_from_disk(&file, &own_windows, cfg.setup.release, &config);
         config.repack = cfg.repack && !paged;

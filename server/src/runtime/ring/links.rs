@@ -227,6 +227,7 @@ pub fn form(f: Formation<'_>) -> Result<TcpRing> {
                 max_batch: cfg.max_batch,
                 release: cfg.setup.release,
                 batch_invariant: cfg.batch_invariant,
+                draft_snapshots: cfg.draft_snapshots,
                 kv: cfg.kv,
                 head: head_id.to_string(),
             };

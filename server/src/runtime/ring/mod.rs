@@ -97,6 +97,10 @@ pub struct WorkerPlan {
     /// `engine::StageConfig::batch_invariant`).
     #[serde(default)]
     pub batch_invariant: bool,
+    /// Keep draft snapshots of a recurrent model's state (the head speculates: see
+    /// `engine::StageConfig::draft_snapshots`).
+    #[serde(default)]
+    pub draft_snapshots: bool,
     /// The KV cache types every member uses (the head's `--cache-type-k/-v`); F16 from a
     /// head that does not say.
     #[serde(default)]

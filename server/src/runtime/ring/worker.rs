@@ -360,6 +360,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 repack: state.repack,
                 read_chosen_experts: false,
                 kv: plan.kv,
+                draft_snapshots: plan.draft_snapshots,
             };
             let paged = super::paging::pages_from_disk(&file, &cfg.windows, plan.release, &cfg);
             cfg.repack = state.repack && !paged;
