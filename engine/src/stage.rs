@@ -216,6 +216,13 @@ impl Stage {
         let output_device = if accel.is_some() && output && cfg.accel_layers > max_window { Device::Accelerator } else { Device::Cpu };
         let plan = WeightPlan { layers: cfg.windows.iter().flat_map(|w| w.clone().map(move |il| placement(w, il))).collect(), embedding: cfg.windows.iter().any(|w| w.start == 0), output, output_device };
         // ggml's reference kernels (batch-invariant mode) know only the plain layouts.
+        if !cfg.read_chosen_experts {
+            // Windows held in memory (those paged from disk read their chosen experts
+            // instead): mapped now, as llama.cpp maps its file, not fault by fault.
+            for w in &cfg.windows {
+                file.populate(&file.layer_byte_ranges(w.clone()));
+            }
+        }
         let weights = Weights::bind(file.clone(), &plan, accel.as_ref(), cfg.repack && !cfg.batch_invariant)?;
         let n_ctx_seq = cfg.n_ctx_seq.min(spec.n_ctx_train.max(1));
         let windows = cfg

@@ -20,8 +20,18 @@ use crate::{Error, Result};
 
 /// Where each part starts in the model's byte space: a multiple of every page size a
 /// device may have (4 KiB on x86-64, 16 or 64 KiB on some ARM machines), so a head and a
-/// worker of another kind place the parts, and so every tensor, at the same offsets.
-const PART_ALIGNMENT: u64 = 64 * 1024;
+/// worker of another kind place the parts, and so every tensor, at the same offsets; and
+/// of a huge page (`HUGE_PAGE`), so each part can be mapped by huge pages.
+const PART_ALIGNMENT: u64 = HUGE_PAGE as u64;
+
+/// A PMD-sized huge page (x86-64, and ARM64 with 4 KiB pages). The page cache keeps a
+/// large model file in folios of this size (ext4, xfs), and the kernel maps such a folio
+/// with one page-table entry only where the virtual address and the file offset agree
+/// modulo its size: llama.cpp's plain `mmap` of the file gets that (13.6 of 14.2 GB
+/// mapped by huge pages, measured), hearth's reservation at an address aligned to 4 KiB
+/// got none, and every weight read then missed the TLB about 512 times as often — a 15 GB
+/// MoE decoded at 0.84x llama.cpp.
+const HUGE_PAGE: usize = 2 << 20;
 
 /// One file of the model and where it lies in the model's byte space.
 #[derive(Debug)]
@@ -221,17 +231,28 @@ impl GgufFile {
             end = base + o.opened.0;
         }
         let len = usize::try_from(end).map_err(|_| Error::InvalidModel("the model is larger than this machine's address space".into()))?;
-        let reserved = len.div_ceil(page as usize) * page as usize;
+        let reserved = (len.div_ceil(page as usize) * page as usize).max(page as usize);
         // SAFETY: a fresh private reservation, read-only and never written: it holds the
         // addresses the parts are mapped at, and the space between parts reads as zero
         // pages (a read there, a range that spans two parts, faults nothing). The whole
-        // of it is unmapped on drop.
-        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), reserved.max(1), libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
+        // of it is unmapped on drop. A huge page more than needed is reserved, then cut so
+        // that it starts on a huge-page boundary.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), reserved + HUGE_PAGE, libc::PROT_READ, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1, 0) };
         if ptr == libc::MAP_FAILED {
             let e = std::io::Error::last_os_error();
             return Err(Error::Io { path: opened[0].path.clone(), source: e });
         }
-        let region = Region { ptr: ptr.cast(), reserved: reserved.max(1), len };
+        let head = (HUGE_PAGE - ptr as usize % HUGE_PAGE) % HUGE_PAGE;
+        // SAFETY: both ranges lie inside the reservation just made and are not used.
+        let ptr = unsafe {
+            if head > 0 {
+                libc::munmap(ptr, head);
+            }
+            let ptr = ptr.cast::<u8>().add(head);
+            libc::munmap(ptr.add(reserved).cast(), HUGE_PAGE - head);
+            ptr
+        };
+        let region = Region { ptr, reserved, len };
         let data0 = opened[0].meta.data_offset();
         let mut tensors: Vec<TensorInfo> = Vec::new();
         let mut parts = Vec::with_capacity(opened.len());
