@@ -205,7 +205,7 @@ pub struct RecurrentState {
     pub ssm: *mut sys::ggml_tensor,
     /// With draft snapshots (`KvCache::new`'s `draft_snapshots`): the same rows again, where
     /// each sequence's state stood before the draft tokens of its last batch with drafts
-    /// (see `KvCache::snapshot_len`); null otherwise.
+    /// (`KvCache::snapshots` holds that length); null otherwise.
     pub snap_conv: *mut sys::ggml_tensor,
     pub snap_ssm: *mut sys::ggml_tensor,
 }
@@ -391,11 +391,6 @@ impl KvCache {
         if let Some(at) = snapshot {
             self.snapshots.insert(seq, at);
         }
-    }
-
-    /// The length at which `seq`'s snapshot rows hold its state, if they do.
-    pub fn snapshot_len(&self, seq: SeqId) -> Option<usize> {
-        self.snapshots.get(&seq).copied()
     }
 
     pub fn clear(&mut self, seq: SeqId) {

@@ -86,8 +86,10 @@ impl ModelFile {
     /// pages map as they are first touched). What llama.cpp's default `MAP_POPULATE` does
     /// for the whole file, for a stage's windows held in memory: otherwise a MoE model's
     /// decode pays a page fault the first time each expert's pages are read, through its
-    /// first thousands of tokens (measured: a 15 GB qwen3moe decoded at 0.86x llama.cpp
-    /// lazily mapped). Never for windows paged from disk, which must not all be in memory.
+    /// first thousands of tokens. (Most of the gap a 15 GB qwen3moe had to llama.cpp was
+    /// the mapping's alignment, `gguf::file::HUGE_PAGE`; this added a few percent in the
+    /// first rounds: docs/benchmarks.md.) Never for windows paged from disk, which must
+    /// not all be in memory.
     pub fn populate(&self, ranges: &[Range<usize>]) {
         let base = self.gguf.bytes().as_ptr();
         for r in ranges {
