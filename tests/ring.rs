@@ -46,6 +46,7 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
 /// experts), glm4moe (a dense first layer, a shared expert, partial RoPE) and llama4
 /// (a NoPE layer, experts every second layer with a shared expert) and gemma4 (its own head
 /// sizes and KV heads per layer kind, V from K, a dense FFN beside the experts) and
+/// gemma4-e (E2B/E4B's per-layer inputs and layers sharing earlier layers' K/V) and
 /// deepseek2 (latent attention: one compressed cache row per token) and qwen35moe
 /// (linear-attention layers keeping a recurrent state per sequence, each member its own
 /// windows', restored from checkpoints when a prompt is reused) of 6 layers
@@ -63,11 +64,17 @@ fn moe_and_sliding_window_models_give_the_single_node_output_through_the_ring() 
     const CHUNK: &str = "50";
     let dir = std::env::temp_dir().join(format!("hearth-ring-archs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "gemma4", "deepseek2", "qwen35moe"] {
-        let mut m = engine::random_model::RandomModel::new(arch, 6, 64, 128, 4, 2);
+    for arch in ["qwen3moe", "gemma3", "gpt-oss", "glm4moe", "llama4", "gemma4", "gemma4-e", "deepseek2", "qwen35moe"] {
+        let mut m = engine::random_model::RandomModel::new(arch.trim_end_matches("-e"), 6, 64, 128, 4, 2);
         m.n_ff_exp = 64;
         m.n_swa = 8;
         m.seed = 7;
+        if arch == "gemma4-e" {
+            // E2B/E4B's block: per-layer inputs, and layers 3-5 attending with layer 1's
+            // and 2's K/V, which members holding 3-5 but not 1-2 receive with the hidden
+            // states.
+            (m.n_expert, m.n_expert_used, m.full_every, m.per_layer_embd, m.shared_kv_layers) = (0, 0, 3, 32, 3);
+        }
         let path = dir.join(format!("{arch}.gguf"));
         m.write(&common::default_model(), &path).unwrap();
         let single = Served::start_model(&path, &["--threads", "1", "--ctx-size", "2048", "--max-batch", CHUNK]);

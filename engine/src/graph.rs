@@ -112,9 +112,12 @@ pub fn max_nodes(spec: &ModelSpec, n_layers: usize, n_groups: usize) -> usize {
     // Qwen3.5's linear attention: ~20 projections and gates, ~28 per piece it runs (two
     // for a sequence with draft tokens).
     let recurrent = if spec.recurrent.is_some() { 24 + 56 * n_groups } else { 0 };
+    // Gemma 4 E2B/E4B: a layer's per-layer input ~10, the inputs made and the K/V
+    // carried ~40 once.
+    let per_layer = if spec.per_layer_embd > 0 || spec.shared_kv_from.is_some() { 12 } else { 0 };
     // 14 of a layer's: a pad and a view for each of its seven weight products; 12 for
     // the rotations around a quantized cache.
-    n_layers * (74 + moe + mla + recurrent + 10 * n_groups) + 64
+    n_layers * (74 + moe + mla + recurrent + per_layer + 10 * n_groups) + 64 + 4 * per_layer
 }
 
 /// Builds the graph in `ctx` (a no-alloc context sized for `max_nodes`).
@@ -145,6 +148,9 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
     let pos_t = shape.layers.clone().any(|il| spec.ropes(il) && attends(il)).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_pos)));
     let cells_t = shape.layers.clone().any(attends).then(|| input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I64, n_tok)));
     let (pos, cells) = (pos_t.unwrap_or(std::ptr::null_mut()), cells_t.unwrap_or(std::ptr::null_mut()));
+    let width = spec.hidden_width() as i64;
+    let n_pl = spec.per_layer_embd as i64;
+    let f32_size = std::mem::size_of::<f32>();
     let (tokens, embd, mut x) = if first {
         let ids = input(sys::ggml_new_tensor_1d(ctx, sys::GGML_TYPE_I32, n_tok));
         let tok_embd = w.tok_embd.expect("the first window binds the embeddings");
@@ -154,9 +160,47 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         }
         (Some(ids), None, x)
     } else {
-        let e = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, spec.n_embd as i64, n_tok));
-        (None, Some(e), e)
+        let e = input(sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, width, n_tok));
+        // The residual stream leads each row; what follows it (per-layer inputs, carried
+        // K/V) is read through views below.
+        let x = if width == spec.n_embd as i64 { e } else { sys::ggml_cont(ctx, sys::ggml_view_2d(ctx, e, spec.n_embd as i64, n_tok, (*e).nb[1], 0)) };
+        (None, Some(e), x)
     };
+    // Gemma 4 E2B/E4B's per-layer inputs, `[n_pl * n_layer, n_tok]`: made by the window
+    // that embeds as llama.cpp makes them (the lookup scaled by sqrt(n_pl), plus the
+    // normalised projection of the scaled embedding, over sqrt(2)), else read from the
+    // input. llama.cpp lays them out layer-major; the values are the same.
+    let per_layer_inputs: Option<T> = (n_pl > 0).then(|| match embd {
+        Some(e) => sys::ggml_view_2d(ctx, e, n_pl * spec.n_layer as i64, n_tok, (*e).nb[1], spec.n_embd * f32_size),
+        None => {
+            let pw = w.per_layer_inputs.as_ref().expect("the first window binds the per-layer inputs");
+            let ids = tokens.expect("the first window takes token ids");
+            let looked_up = sys::ggml_get_rows(ctx, pw.tok_embd, ids);
+            let looked_up = sys::ggml_scale(ctx, sys::ggml_reshape_3d(ctx, looked_up, n_pl, spec.n_layer as i64, n_tok), (n_pl as f32).sqrt());
+            sys::ggml_build_forward_expand(gf, looked_up);
+            let proj = sys::ggml_scale(ctx, sys::ggml_mul_mat(ctx, pw.model_proj, x), 1.0 / (spec.n_embd as f32).sqrt());
+            let proj = sys::ggml_reshape_3d(ctx, proj, n_pl, spec.n_layer as i64, n_tok);
+            let proj = sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, proj, eps), pw.proj_norm);
+            let sum = sys::ggml_scale(ctx, sys::ggml_add(ctx, proj, looked_up), 1.0 / 2f32.sqrt());
+            sys::ggml_reshape_2d(ctx, sum, n_pl * spec.n_layer as i64, n_tok)
+        }
+    });
+    // Copies of donor caches this window attends with but does not compute: written first
+    // from the K/V the input carries (see `ModelSpec::hidden_width`).
+    let carried_in = |donor: usize, part: usize| -> Option<T> {
+        let e = embd?;
+        let off = spec.carried_kv_offset(donor)?;
+        let n = spec.n_embd_kv_of(donor);
+        Some(sys::ggml_view_2d(ctx, e, n as i64, n_tok, (*e).nb[1], (off + part * n) * f32_size))
+    };
+    for (donor, sh) in &cache.shadows {
+        if let (Some(k), Some(v)) = (carried_in(*donor, 0), carried_in(*donor, 1)) {
+            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, sh.k, sys::ggml_cont(ctx, k), cells));
+            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, sh.v, sys::ggml_cont(ctx, v), cells));
+        }
+    }
+    // The K and V each donor layer of this window computed, for the hidden states.
+    let mut carried_out: Vec<(usize, T, T)> = Vec::new();
     // Inputs no node reads are left unallocated by ggml (and setting one aborts), so a
     // mask exists only for a kind of layer (full or sliding) that attends in this graph:
     // the model's last layer attends only when some output is wanted.
@@ -213,6 +257,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         let (k_rot, v_rot) = layer_rotations[i];
         let (hd, n_head_kv) = (spec.head_dim_of(il) as i64, spec.n_head_kv_of(il) as i64);
         let n_embd_kv = hd * n_head_kv;
+        let shared = spec.kv_donor(il).is_some();
         let inp_sa = x;
         let mut norm = |t: T, weight: T| {
             let n = sys::ggml_rms_norm(ctx, t, eps);
@@ -299,6 +344,17 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
                 let k = sys::ggml_concat(ctx, kv_cmpr, k_pe, 0);
                 (q, k, None, lora, Some((m.v_b, kv_cmpr)))
             }
+            // A layer attending with its donor's cache computes only its queries.
+            _ if shared => {
+                let mut q = sys::ggml_reshape_3d(ctx, add_opt(mul_mat_acc(ctx, l.wq.expect("bound for heads attention"), cur, false), l.bq), hd, n_head, n_tok);
+                if let Some(qn) = l.q_norm {
+                    q = norm(q, qn);
+                }
+                if spec.ropes(il) {
+                    q = rope_it(q);
+                }
+                (q, std::ptr::null_mut(), None, hd, None)
+            }
             _ => {
                 let mut q = add_opt(mul_mat_acc(ctx, l.wq.expect("bound for heads attention"), cur, false), l.bq);
                 let mut k = add_opt(mul_mat_acc(ctx, l.wk.expect("bound for heads attention"), cur, false), l.bk);
@@ -350,7 +406,9 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         // A quantized cache holds rotated K and V (llama.cpp's `build_attn`).
         if let Some(r) = k_rot {
             q = rotate(ctx, q, r);
-            k = rotate(ctx, k, r);
+            if !shared {
+                k = rotate(ctx, k, r);
+            }
         }
         let v = match (v, v_rot) {
             (Some(v), Some(r)) => Some(rotate(ctx, v, r)),
@@ -359,13 +417,18 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
         // Same expansion order as llama.cpp, so the node order (and thus any fusion the
         // CPU backend applies) is the same.
         sys::ggml_build_forward_expand(gf, q);
-        sys::ggml_build_forward_expand(gf, v.or(v_up.map(|(_, c)| c)).unwrap_or(k));
-        sys::ggml_build_forward_expand(gf, k);
-        let k2 = sys::ggml_view_2d(ctx, k, n_embd_kv, n_tok, (*k).nb[2], 0);
-        sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.k, k2, cells));
-        if let Some(v) = v {
-            let v2 = sys::ggml_view_2d(ctx, v, n_embd_kv, n_tok, (*v).nb[2], 0);
-            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.v, v2, cells));
+        if !shared {
+            sys::ggml_build_forward_expand(gf, v.or(v_up.map(|(_, c)| c)).unwrap_or(k));
+            sys::ggml_build_forward_expand(gf, k);
+            let k2 = sys::ggml_view_2d(ctx, k, n_embd_kv, n_tok, (*k).nb[2], 0);
+            sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.k, k2, cells));
+            if let Some(v) = v {
+                let v2 = sys::ggml_view_2d(ctx, v, n_embd_kv, n_tok, (*v).nb[2], 0);
+                sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.v, v2, cells));
+                if spec.kv_donors().contains(&il) && !last {
+                    carried_out.push((il, k2, v2));
+                }
+            }
         }
 
         if is_model_last && out_ids.is_none() {
@@ -457,6 +520,13 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             cur = if spec.arch == Arch::Gemma4 { sys::ggml_mul(ctx, sys::ggml_rms_norm(ctx, cur, eps), n) } else { norm(cur, n) };
         }
         x = sys::ggml_add(ctx, cur, ffn_inp);
+        if let (Some(p), Some(inputs)) = (&l.per_layer, per_layer_inputs) {
+            // Gemma 4 E2B/E4B: the layer's own input, gated by the residual stream.
+            let gate = sys::ggml_gelu(ctx, sys::ggml_mul_mat(ctx, p.inp_gate, x));
+            let mine = sys::ggml_cont(ctx, sys::ggml_view_2d(ctx, inputs, n_pl, n_tok, (*inputs).nb[1], il * n_pl as usize * f32_size));
+            let cur = norm(sys::ggml_mul_mat(ctx, p.proj, sys::ggml_mul(ctx, gate, mine)), p.post_norm);
+            x = sys::ggml_add(ctx, x, cur);
+        }
         if let Some(s) = l.out_scale {
             x = sys::ggml_mul(ctx, x, s);
         }
@@ -476,8 +546,27 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             }
             logits
         })
-    } else {
+    } else if width == spec.n_embd as i64 {
         Some(x)
+    } else {
+        // The residual stream, then what later windows read: the per-layer inputs and
+        // the donors' K/V (computed here, passed on from the input, or zeros before the
+        // donor is reached).
+        let mut out = x;
+        if let Some(p) = per_layer_inputs {
+            out = sys::ggml_concat(ctx, out, p, 0);
+        }
+        for d in spec.kv_donors() {
+            for part in 0..2 {
+                let t = match (carried_out.iter().find(|c| c.0 == d), carried_in(d, part)) {
+                    (Some(&(_, k, v)), _) => sys::ggml_cont(ctx, if part == 0 { k } else { v }),
+                    (None, Some(t)) => t,
+                    (None, None) => sys::ggml_fill(ctx, sys::ggml_new_tensor_2d(ctx, sys::GGML_TYPE_F32, spec.n_embd_kv_of(d) as i64, n_tok), 0.0),
+                };
+                out = sys::ggml_concat(ctx, out, t, 0);
+            }
+        }
+        Some(out)
     };
     if let Some(o) = output {
         sys::ggml_set_output(o);

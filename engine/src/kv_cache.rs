@@ -229,8 +229,13 @@ struct Checkpoint {
 const CHECKPOINTS_PER_SEQUENCE: usize = 4;
 
 pub struct KvCache {
-    /// Per layer; under MLA each layer's `v` is its `k` (see `v_in_k`).
+    /// Per layer; under MLA each layer's `v` is its `k` (see `v_in_k`). A layer that
+    /// attends with a donor's cache (`ModelSpec::kv_donor`) holds the donor's tensors, or
+    /// its shadow's.
     pub layers: Vec<LayerKv>,
+    /// Copies of donor layers' caches this window attends with but does not compute
+    /// (donor layer, tensors): each batch writes them from the K/V its input carries.
+    pub shadows: Vec<(usize, LayerKv)>,
     /// MLA: V is the first this-many elements of each K row, not a cache of its own.
     pub v_in_k: Option<usize>,
     pub types: CacheTypes,
@@ -297,13 +302,33 @@ impl KvCache {
         let recurrent = (0..spec.n_layer).any(|il| spec.is_recurrent(il));
         let draft_snapshots = draft_snapshots && recurrent;
         let v_in_k = spec.mla.map(|m| m.kv_lora_rank);
-        let mut layers = Vec::with_capacity(devices.len());
+        let mut layers: Vec<LayerKv> = Vec::with_capacity(devices.len());
+        let mut shadows: Vec<(usize, LayerKv)> = Vec::new();
         for &(il, dev) in window {
             let n_embd_kv = spec.n_embd_kv_of(il) as u64;
             let ctx = match dev {
                 Device::Accelerator => accel_ctx.expect("created when a layer is offloaded"),
                 Device::Cpu => cpu_ctx,
             };
+            if let Some(d) = spec.kv_donor(il) {
+                // The donor's own cache when it is in this window, else this window's copy
+                // of it, written from the K/V the hidden states carry.
+                let (k, v) = match window.iter().position(|&(l, _)| l == d) {
+                    Some(i) => (layers[i].k, layers[i].v),
+                    None => match shadows.iter().find(|(l, _)| *l == d) {
+                        Some((_, s)) => (s.k, s.v),
+                        None => {
+                            let w = spec.n_embd_kv_of(d) as u64;
+                            let k = ggml::new_tensor(ctx, types.k.ggml_type(), &[w, total as u64])?;
+                            let v = ggml::new_tensor(ctx, types.v.ggml_type(), &[w, total as u64])?;
+                            shadows.push((d, LayerKv { k, v, state: None }));
+                            (k, v)
+                        }
+                    },
+                };
+                layers.push(LayerKv { k, v, state: None });
+                continue;
+            }
             if let Some(r) = spec.recurrent.as_ref().filter(|_| spec.is_recurrent(il)) {
                 let rows = |len: usize| ggml::new_tensor(ctx, sys::GGML_TYPE_F32, &[len as u64, n_seq as u64]);
                 let (conv, ssm) = (rows(r.conv_state_len())?, rows(r.ssm_state_len())?);
@@ -318,6 +343,7 @@ impl KvCache {
         }
         let mut cache = KvCache {
             layers,
+            shadows,
             v_in_k,
             types,
             slot_cells,

@@ -290,6 +290,16 @@ pub struct ModelSpec {
     /// The query projection is twice as wide, each head followed by its output gate, and
     /// the attention output is multiplied by the gate's sigmoid (Qwen3.5's full layers).
     pub gated_attention: bool,
+    /// Gemma 4 E2B/E4B: every layer also takes an input of its own, this many values per
+    /// token (`embedding_length_per_layer_input`), made once from the token ids and the
+    /// embedding (see [`ModelSpec::hidden_width`]); 0: none.
+    pub per_layer_embd: usize,
+    /// Gemma 4 E2B/E4B: the layers from this one on keep no K/V of their own and attend
+    /// with an earlier layer's ([`ModelSpec::kv_donor`]); None: every layer keeps its own.
+    pub shared_kv_from: Option<usize>,
+    /// FFN width per layer where the file gives an array (Gemma 4 E2B/E4B's shared-K/V
+    /// layers are twice as wide); empty: `n_ff` in every layer.
+    pub n_ff_layers: Vec<usize>,
 }
 
 /// Qwen3.5's gated delta net (llama.cpp's `ssm.*` keys): per layer, a causal
@@ -379,8 +389,9 @@ impl ModelSpec {
 
     /// Width of layer `il`'s K (and V) cache rows.
     pub fn n_embd_kv_of(&self, il: usize) -> usize {
-        if self.is_recurrent(il) {
-            // A recurrent layer caches no K/V (its state is apart: `state_bytes`).
+        if self.is_recurrent(il) || self.kv_donor(il).is_some() {
+            // A recurrent layer caches no K/V (its state is apart: `state_bytes`), nor
+            // does a layer that attends with another's.
             return 0;
         }
         self.head_dim_of(il) * self.n_head_kv_of(il)
@@ -393,6 +404,45 @@ impl ModelSpec {
         } else {
             self.n_embd_kv_of(il)
         }
+    }
+
+    /// The earlier layer whose K/V cache layer `il` attends with (Gemma 4 E2B/E4B's last
+    /// layers): the last layer of the same kind (sliding or full) that keeps its own, as
+    /// llama.cpp picks it.
+    pub fn kv_donor(&self, il: usize) -> Option<usize> {
+        self.shared_kv_from.filter(|&from| il >= from).map(|from| from - if self.is_swa(il) { 2 } else { 1 })
+    }
+
+    /// The layers other layers attend with, in order (none, or one sliding and one full).
+    pub fn kv_donors(&self) -> Vec<usize> {
+        self.shared_kv_from.map_or_else(Vec::new, |from| vec![from - 2, from - 1])
+    }
+
+    /// FFN width of layer `il`.
+    pub fn n_ff_of(&self, il: usize) -> usize {
+        self.n_ff_layers.get(il).copied().unwrap_or(self.n_ff)
+    }
+
+    /// Values per token of the hidden states one window hands the next: the residual
+    /// stream (`n_embd`), then, for Gemma 4 E2B/E4B, every layer's per-layer input and the
+    /// K and V the donor layers computed for the batch (so that a window holding shared
+    /// layers but not their donor writes them into its own copy of the donor's cache, and
+    /// any cut between layers is allowed).
+    pub fn hidden_width(&self) -> usize {
+        self.n_embd + self.per_layer_embd * self.n_layer + self.kv_donors().iter().map(|&d| 2 * self.head_dim_of(d) * self.n_head_kv_of(d)).sum::<usize>()
+    }
+
+    /// Where donor layer `donor`'s K (then, `n_embd_kv` further, its V) lies in a hidden
+    /// state row (see [`ModelSpec::hidden_width`]).
+    pub fn carried_kv_offset(&self, donor: usize) -> Option<usize> {
+        let mut off = self.n_embd + self.per_layer_embd * self.n_layer;
+        for d in self.kv_donors() {
+            if d == donor {
+                return Some(off);
+            }
+            off += 2 * self.head_dim_of(d) * self.n_head_kv_of(d);
+        }
+        None
     }
 
     pub fn n_embd_q_of(&self, il: usize) -> usize {
@@ -485,8 +535,21 @@ impl ModelSpec {
         // model's forward pass.
         let n_layer = req_u("block_count")?.saturating_sub(if matches!(arch, Arch::Glm4Moe | Arch::DeepSeek2 | Arch::Qwen35 | Arch::Qwen35Moe) { opt_u("nextn_predict_layers").unwrap_or(0) } else { 0 });
         let n_embd = req_u("embedding_length")?;
+        // Gemma 4 E2B/E4B write the FFN width per layer (their shared-K/V layers' is twice
+        // the others').
+        let n_ff_layers: Vec<usize> = match meta.get(&key("feed_forward_length")).and_then(|v| v.as_array()) {
+            Some(items) => {
+                let v: Vec<usize> = items.iter().take(n_layer).map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()).unwrap_or(0)).collect();
+                if v.len() != n_layer || v.iter().any(|&f| f == 0 || f > MAX_DIMENSION) {
+                    return Err(missing(&key("feed_forward_length"), &format!("one width in 1..={MAX_DIMENSION} per layer ({n_layer})")));
+                }
+                v
+            }
+            None => Vec::new(),
+        };
         // Qwen3.5's MoE files may name only the experts' and the shared expert's sizes.
         let n_ff = match (arch, opt_u("feed_forward_length")) {
+            _ if !n_ff_layers.is_empty() => n_ff_layers[0],
             (Arch::Qwen35Moe, None | Some(0)) => opt_u("expert_shared_feed_forward_length").or(opt_u("expert_feed_forward_length")).unwrap_or(0),
             _ => req_u("feed_forward_length")?,
         };
@@ -503,14 +566,16 @@ impl ModelSpec {
             None => Vec::new(),
         };
         let n_head_kv = n_head_kv_layers.first().copied().unwrap_or_else(|| opt_u("attention.head_count_kv").unwrap_or(n_head));
-        if arch == Arch::Gemma4 {
-            // E2B / E4B: per-layer token embeddings feed every layer from the first window,
-            // and their last layers attend with earlier layers' K/V (a cut there would need
-            // another device's cache).
-            if opt_u("attention.shared_kv_layers").unwrap_or(0) > 0 || opt_u("embedding_length_per_layer_input").unwrap_or(0) > 0 {
-                return Err(missing(&key("attention.shared_kv_layers"), "0 and no per-layer embeddings (Gemma 4 E2B/E4B, which share K/V between layers and embed per layer, are not supported yet; the 26B-A4B and 31B are)"));
-            }
+        // Gemma 4 E2B/E4B: per-layer inputs, and last layers that attend with earlier
+        // layers' K/V (llama.cpp reads both for Gemma 4 only).
+        let (per_layer_embd, shared_kv_layers) = if arch == Arch::Gemma4 { (opt_u("embedding_length_per_layer_input").unwrap_or(0), opt_u("attention.shared_kv_layers").unwrap_or(0)) } else { (0, 0) };
+        if per_layer_embd > MAX_DIMENSION || per_layer_embd.saturating_mul(n_layer) > MAX_DIMENSION * 16 {
+            return Err(missing(&key("embedding_length_per_layer_input"), &format!("at most {MAX_DIMENSION} (and {} over all layers)", MAX_DIMENSION * 16)));
         }
+        if shared_kv_layers > 0 && shared_kv_layers + 2 > n_layer {
+            return Err(missing(&key("attention.shared_kv_layers"), &format!("fewer than the {n_layer} layers less the two it shares from")));
+        }
+        let shared_kv_from = (shared_kv_layers > 0).then(|| n_layer - shared_kv_layers);
         let n_ctx_train = req_u("context_length")?;
         let rms_eps = opt_f("attention.layer_norm_rms_epsilon")
             .ok_or_else(|| missing(&key("attention.layer_norm_rms_epsilon"), "a float"))?;
@@ -720,12 +785,34 @@ impl ModelSpec {
             recurrent,
             rope_sections,
             gated_attention: arch.qwen35(),
+            per_layer_embd,
+            shared_kv_from,
+            n_ff_layers,
         };
         // Only sliding layers take the SWA head, so it is set once the pattern is known;
         // equal to the full layers' it changes nothing.
         let spec = ModelSpec { swa_head: swa_head.filter(|h| spec.swa.is_some() && (h.head_dim != spec.head_dim || h.n_rot != n_rot)), ..spec };
+        spec.check_shared_kv()?;
         spec.check_tensors(file)?;
         Ok(spec)
+    }
+
+    /// A layer attending with a donor's cache needs the donor to be the kind it is
+    /// (llama.cpp takes the layer two before the first shared one as the sliding donor,
+    /// the one before as the full one) and its head sizes.
+    fn check_shared_kv(&self) -> Result<()> {
+        let Some(from) = self.shared_kv_from else { return Ok(()) };
+        let key = format!("{}.attention.shared_kv_layers", self.arch_name);
+        if self.swa.is_none() || !self.is_swa(from - 2) || self.is_swa(from - 1) {
+            return Err(missing(&key, &format!("a count that leaves a sliding layer ({}) then a full one ({}) before the shared layers", from - 2, from - 1)));
+        }
+        for il in from..self.n_layer {
+            let d = self.kv_donor(il).expect("a shared layer");
+            if self.head_dim_of(il) != self.head_dim_of(d) || self.n_head_kv_of(il) != self.n_head_kv_of(d) {
+                return Err(missing(&key, &format!("shared layers with their donor's head size and KV heads (layer {il} differs from layer {d})")));
+            }
+        }
+        Ok(())
     }
 
     /// Every tensor the graphs will touch must exist with the shape the metadata implies.
@@ -736,15 +823,29 @@ impl ModelSpec {
         if !self.tied_output {
             expect_shape(file, "output.weight", &[e, self.n_vocab as u64])?;
         }
-        let ff = self.n_ff as u64;
         let gemma4 = self.arch == Arch::Gemma4;
         if gemma4 && file.meta().tensor("rope_freqs.weight").is_some() {
             expect_shape(file, "rope_freqs.weight", &[self.head_dim as u64 / 2])?;
         }
+        let pl = self.per_layer_embd as u64;
+        if pl > 0 {
+            let all = pl * self.n_layer as u64;
+            expect_shape(file, "per_layer_token_embd.weight", &[all, self.n_vocab as u64])?;
+            expect_shape(file, "per_layer_model_proj.weight", &[e, all])?;
+            expect_shape(file, "per_layer_proj_norm.weight", &[pl])?;
+        }
         for il in 0..self.n_layer {
-            let (q, kv, hd) = (self.n_embd_q_of(il) as u64, self.n_embd_kv_of(il) as u64, self.head_dim_of(il) as u64);
+            let ff = self.n_ff_of(il) as u64;
+            // A shared-K/V layer's K projection, where the file keeps it, is its donor's width.
+            let (q, kv, hd) = (self.n_embd_q_of(il) as u64, (self.head_dim_of(il) * self.n_head_kv_of(il)) as u64, self.head_dim_of(il) as u64);
+            let shared = self.kv_donor(il).is_some();
             let t = |n: &str| format!("blk.{il}.{n}.weight");
             expect_shape(file, &t("attn_norm"), &[e])?;
+            if pl > 0 {
+                expect_shape(file, &t("inp_gate"), &[e, pl])?;
+                expect_shape(file, &t("proj"), &[pl, e])?;
+                expect_shape(file, &t("post_norm"), &[e])?;
+            }
             if let Some(r) = self.recurrent.as_ref().filter(|_| self.is_recurrent(il)) {
                 let (ch, vd, nv) = (r.conv_channels() as u64, r.value_dim() as u64, r.n_v_heads as u64);
                 expect_shape(file, &t("attn_qkv"), &[e, ch])?;
@@ -780,7 +881,9 @@ impl ModelSpec {
                 expect_shape(file, &t("attn_output"), &[n_head * m.head_v as u64, e])?;
             } else {
                 expect_shape(file, &t("attn_q"), &[e, q])?;
-                expect_shape(file, &t("attn_k"), &[e, kv])?;
+                if !shared || file.meta().tensor(&t("attn_k")).is_some() {
+                    expect_shape(file, &t("attn_k"), &[e, kv])?;
+                }
                 // Gemma 4's full layers may have no V projection: V is K.
                 if !gemma4 || file.meta().tensor(&t("attn_v")).is_some() {
                     expect_shape(file, &t("attn_v"), &[e, kv])?;
@@ -844,7 +947,9 @@ impl ModelSpec {
             }
             if self.arch.qk_norm() && !self.is_recurrent(il) {
                 expect_shape(file, &t("attn_q_norm"), &[hd])?;
-                expect_shape(file, &t("attn_k_norm"), &[hd])?;
+                if !shared || file.meta().tensor(&t("attn_k_norm")).is_some() {
+                    expect_shape(file, &t("attn_k_norm"), &[hd])?;
+                }
             }
             if self.arch == Arch::Gemma3 {
                 expect_shape(file, &t("post_attention_norm"), &[e])?;

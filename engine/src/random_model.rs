@@ -49,6 +49,12 @@ pub struct RandomModel {
     /// DeepSeek 2: a plain `attn_q` instead of the low-rank query (the Lite models; llama.cpp
     /// tells them by 26 or 27 layers).
     pub mla_lite: bool,
+    /// Gemma 4 E2B/E4B: values per token of each layer's own input (the real models: 256);
+    /// 0: none.
+    pub per_layer_embd: u64,
+    /// Gemma 4 E2B/E4B: the last this-many layers attend with earlier layers' K/V and have
+    /// twice the FFN width (the real models: 20 of 35, 18 of 42); 0: none.
+    pub shared_kv_layers: u32,
     pub seed: u64,
 }
 
@@ -90,6 +96,8 @@ impl RandomModel {
             full_every: GEMMA4_FULL_STEP as u32,
             full_kv_heads: None,
             mla_lite: false,
+            per_layer_embd: 0,
+            shared_kv_layers: 0,
             seed: 1,
         }
     }
@@ -121,11 +129,34 @@ impl RandomModel {
         if self.is_moe() && (self.n_expert == 0 || self.n_expert_used == 0 || self.n_expert_used > self.n_expert) {
             return bad("a MoE model needs experts, and no more used per token than there are".into());
         }
+        if (self.per_layer_embd > 0 || self.shared_kv_layers > 0) && self.arch != "gemma4" {
+            return bad("per-layer inputs and shared K/V are Gemma 4's (E2B/E4B)".into());
+        }
+        if self.per_layer_embd % block != 0 {
+            return bad(format!("per-layer inputs of {} must be a multiple of {block} (the block of {})", self.per_layer_embd, self.ty));
+        }
+        if let Some(from) = self.shared_kv_from() {
+            // llama.cpp takes the layer two before the first shared one as the sliding
+            // donor and the one before as the full one.
+            if from < 2 || self.gemma4_full(from - 2) || !self.gemma4_full(from - 1) {
+                return bad(format!("{} shared layers of {} leave no sliding then full layer before them (full layers every {})", self.shared_kv_layers, self.n_layer, self.full_every));
+            }
+        }
         Ok(())
     }
 
     fn is_moe(&self) -> bool {
         matches!(self.arch.as_str(), "qwen3moe" | "gpt-oss" | "glm4moe" | "llama4" | "deepseek2" | "qwen35moe") || (self.arch == "gemma4" && self.n_expert > 0)
+    }
+
+    /// Gemma 4 E2B/E4B: the first layer attending with an earlier layer's K/V.
+    fn shared_kv_from(&self) -> Option<u32> {
+        (self.shared_kv_layers > 0).then(|| self.n_layer.saturating_sub(self.shared_kv_layers))
+    }
+
+    /// FFN width of layer `il`: Gemma 4 E2B/E4B's shared-K/V layers are twice as wide.
+    fn n_ff_of(&self, il: u32) -> u64 {
+        if self.shared_kv_from().is_some_and(|from| il >= from) { 2 * self.n_ff } else { self.n_ff }
     }
 
     /// Gemma 4's layer kinds: every [`GEMMA4_FULL_STEP`]-th layer attends fully (and the
@@ -344,20 +375,33 @@ impl RandomModel {
             let (hd, n_kv) = self.attn_shape(il);
             let (q, kv) = (hd * self.n_head as u64, hd * n_kv);
             w.add_tensor_later(t("attn_norm.weight"), f32t, &[e])?;
+            // A layer attending with an earlier layer's K/V has no K or V of its own.
+            let own_kv = self.shared_kv_from().is_none_or(|from| il < from);
             w.add_tensor_later(t("attn_q.weight"), ty, &[e, q])?;
-            w.add_tensor_later(t("attn_k.weight"), ty, &[e, kv])?;
-            if !self.gemma4_full(il) {
+            if own_kv {
+                w.add_tensor_later(t("attn_k.weight"), ty, &[e, kv])?;
+            }
+            if own_kv && !self.gemma4_full(il) {
                 w.add_tensor_later(t("attn_v.weight"), self.matrix_type("attn_v.weight", il), &[e, kv])?;
             }
             w.add_tensor_later(t("attn_output.weight"), Self::fitted(ty, q), &[q, e])?;
             w.add_tensor_later(t("attn_q_norm.weight"), f32t, &[hd])?;
-            w.add_tensor_later(t("attn_k_norm.weight"), f32t, &[hd])?;
+            if own_kv {
+                w.add_tensor_later(t("attn_k_norm.weight"), f32t, &[hd])?;
+            }
             w.add_tensor_later(t("post_attention_norm.weight"), f32t, &[e])?;
             w.add_tensor_later(t("ffn_norm.weight"), f32t, &[e])?;
-            w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, self.n_ff])?;
-            w.add_tensor_later(t("ffn_up.weight"), ty, &[e, self.n_ff])?;
-            w.add_tensor_later(t("ffn_down.weight"), Self::fitted(self.matrix_type("ffn_down.weight", il), self.n_ff), &[self.n_ff, e])?;
+            let ff = self.n_ff_of(il);
+            w.add_tensor_later(t("ffn_gate.weight"), ty, &[e, ff])?;
+            w.add_tensor_later(t("ffn_up.weight"), ty, &[e, ff])?;
+            w.add_tensor_later(t("ffn_down.weight"), Self::fitted(self.matrix_type("ffn_down.weight", il), ff), &[ff, e])?;
             w.add_tensor_later(t("post_ffw_norm.weight"), f32t, &[e])?;
+            if self.per_layer_embd > 0 {
+                let pl = self.per_layer_embd;
+                w.add_tensor_later(t("inp_gate.weight"), ty, &[e, pl])?;
+                w.add_tensor_later(t("proj.weight"), Self::fitted(ty, pl), &[pl, e])?;
+                w.add_tensor_later(t("post_norm.weight"), f32t, &[e])?;
+            }
             if self.is_moe() {
                 w.add_tensor_later(t("ffn_gate_inp.weight"), f32t, &[e, n_exp])?;
                 w.add_tensor_later(t("ffn_gate_inp.scale"), f32t, &[e])?;
@@ -478,8 +522,11 @@ impl RandomModel {
             u32k(&mut w, "rope.dimension_count_swa", hd)?;
             w.set(format!("{a}.rope.freq_base_swa"), Value::F32(10_000.0))?;
             w.set(format!("{a}.final_logit_softcapping"), Value::F32(30.0))?;
-            u32k(&mut w, "attention.shared_kv_layers", 0)?;
-            u32k(&mut w, "embedding_length_per_layer_input", 0)?;
+            u32k(&mut w, "attention.shared_kv_layers", self.shared_kv_layers as u64)?;
+            u32k(&mut w, "embedding_length_per_layer_input", self.per_layer_embd)?;
+            if self.shared_kv_layers > 0 {
+                w.set(format!("{a}.feed_forward_length"), u32s((0..self.n_layer).map(|il| self.n_ff_of(il)).collect()))?;
+            }
         }
         if a == "deepseek2" {
             // One cached row per token: the compressed K/V, then the rotated key part.
@@ -536,6 +583,12 @@ impl RandomModel {
         if a == "gemma4" {
             // "Proportional" RoPE of the full layers: frequency factors (see `filler`).
             w.add_tensor_later("rope_freqs.weight", f32t, &[hd])?;
+            if self.per_layer_embd > 0 {
+                let all = self.per_layer_embd * self.n_layer as u64;
+                w.add_tensor_later("per_layer_token_embd.weight", ty, &[all, n_vocab])?;
+                w.add_tensor_later("per_layer_model_proj.weight", ty, &[e, all])?;
+                w.add_tensor_later("per_layer_proj_norm.weight", f32t, &[self.per_layer_embd])?;
+            }
             return self.gemma4_layers(w, e, n_exp, ffe);
         }
         if a == "deepseek2" {

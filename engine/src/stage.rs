@@ -27,7 +27,8 @@ pub struct BatchToken {
 }
 
 /// A window's input: token ids for the window that starts the model, otherwise the
-/// previous window's hidden states, row-major `[n_tokens][n_embd]`.
+/// previous window's hidden states, row-major `[n_tokens][hidden_width]`
+/// (`ModelSpec::hidden_width`: `n_embd` but for Gemma 4 E2B/E4B).
 #[derive(Debug, Clone, Copy)]
 pub enum StageInput<'a> {
     Tokens(&'a [i32]),
@@ -36,7 +37,7 @@ pub enum StageInput<'a> {
 
 #[derive(Debug, Clone)]
 pub enum StageOutput {
-    /// Row-major `[n_tokens][n_embd]`, in batch order.
+    /// Row-major `[n_tokens][hidden_width]`, in batch order.
     Hidden(Vec<f32>),
     Logits(Logits),
 }
@@ -390,9 +391,9 @@ impl Stage {
                 }
                 true
             }
-            (_, StageInput::Hidden(h)) if h.len() == n * spec.n_embd && layers != (0..0) => false,
+            (_, StageInput::Hidden(h)) if h.len() == n * spec.hidden_width() && layers != (0..0) => false,
             (true, StageInput::Tokens(_)) => return Err(Error::InvalidBatch(format!("window {layers:?} starts the model and takes {n} token ids"))),
-            _ => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.n_embd))),
+            _ => return Err(Error::InvalidBatch(format!("window {layers:?} takes {n}x{} hidden-state values", spec.hidden_width()))),
         };
         let n_swa = spec.swa.as_ref().filter(|_| layers.clone().any(|il| spec.is_swa(il))).map(|s| AttnWindow { n: s.n_swa, chunked: s.chunked });
         let plan = plan_batch(&win.cache, batch, n_swa, self.accel.is_none())?;
@@ -468,7 +469,7 @@ impl Stage {
                 StageOutput::Logits(Logits { rows: idx.iter().map(|p| p.0).collect(), n_vocab: nv, data })
             }
             Some(data) => {
-                let e = spec.n_embd;
+                let e = spec.hidden_width();
                 let mut hidden = vec![0f32; data.len()];
                 for (r, &orig) in plan.order.iter().enumerate() {
                     hidden[orig * e..(orig + 1) * e].copy_from_slice(&data[r * e..(r + 1) * e]);
@@ -523,7 +524,7 @@ impl Stage {
 /// SAFETY: `g` is allocated in `sched`; the input slices match the graph's shape.
 unsafe fn run_graph(sched: sys::ggml_backend_sched_t, g: &graph::BuiltGraph, spec: &ModelSpec, batch: &[BatchToken], input: StageInput, plan: &BatchPlan, out_rows: &[usize]) -> Result<Option<Vec<f32>>> {
     let set = |t: *mut sys::ggml_tensor, bytes: &[u8]| sys::ggml_backend_tensor_set(t, bytes.as_ptr().cast(), 0, bytes.len());
-    let e = spec.n_embd;
+    let e = spec.hidden_width();
     match input {
         StageInput::Tokens(ids) => {
             let v: Vec<i32> = plan.order.iter().map(|&o| ids[o]).collect();

@@ -50,6 +50,26 @@ pub struct LayerWeights {
     pub mla: Option<MlaWeights>,
     /// Qwen3.5's linear attention, in its recurrent layers (then `wq`, `wk` and `wv` are absent).
     pub linear: Option<LinearAttnWeights>,
+    /// Gemma 4 E2B/E4B: how the layer adds its per-layer input (`ModelSpec::per_layer_embd`).
+    pub per_layer: Option<PerLayerWeights>,
+}
+
+/// A layer's use of its per-layer input: `x += post_norm(proj · (gelu(inp_gate · x) * input))`.
+pub struct PerLayerWeights {
+    /// `[n_embd, per_layer_embd]`.
+    pub inp_gate: *mut sys::ggml_tensor,
+    /// `[per_layer_embd, n_embd]`.
+    pub proj: *mut sys::ggml_tensor,
+    pub post_norm: *mut sys::ggml_tensor,
+}
+
+/// What makes the per-layer inputs (Gemma 4 E2B/E4B), bound with the embedding.
+pub struct PerLayerInputWeights {
+    /// Every layer's input per token, `[per_layer_embd * n_layer, n_vocab]`.
+    pub tok_embd: *mut sys::ggml_tensor,
+    /// From the scaled embedding, `[n_embd, per_layer_embd * n_layer]`.
+    pub model_proj: *mut sys::ggml_tensor,
+    pub proj_norm: *mut sys::ggml_tensor,
 }
 
 /// A gated-delta-net layer's tensors (see `ModelSpec::recurrent`); its output
@@ -231,6 +251,15 @@ fn gemma4_block_tensor_names(spec: &ModelSpec, il: usize) -> (Vec<&'static str>,
         "post_ffw_norm.weight",
     ];
     let mut optional = vec!["attn_v.weight", "layer_output_scale.weight"];
+    if spec.kv_donor(il).is_some() {
+        // It attends with its donor's cache: its own K (and V) projections, where the file
+        // keeps them, are never used.
+        required.retain(|n| !matches!(*n, "attn_k.weight" | "attn_k_norm.weight"));
+        optional.retain(|n| *n != "attn_v.weight");
+    }
+    if spec.per_layer_embd > 0 {
+        required.extend(["inp_gate.weight", "proj.weight", "post_norm.weight"]);
+    }
     if spec.is_moe_layer(il) {
         required.extend(["ffn_gate_inp.weight", "ffn_gate_inp.scale", "pre_ffw_norm_2.weight", "post_ffw_norm_1.weight", "post_ffw_norm_2.weight", "ffn_down_exps.weight"]);
         optional.extend(["ffn_gate_up_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.scale"]);
@@ -247,6 +276,8 @@ pub struct Weights {
     pub output_norm: Option<*mut sys::ggml_tensor>,
     pub output: Option<*mut sys::ggml_tensor>,
     pub output_b: Option<*mut sys::ggml_tensor>,
+    /// With the embedding, for a model with per-layer inputs.
+    pub per_layer_inputs: Option<PerLayerInputWeights>,
     pub layers: BTreeMap<usize, LayerWeights>,
     /// Everything this value allocated in ggml, freed when it drops.
     alloc: crate::ggml::Allocations,
@@ -277,7 +308,7 @@ pub struct WeightPlan {
 
 /// What the graph does with a weight, when a CPU extra buffer type could take it.
 fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
-    const MATRICES: [&str; 22] = [
+    const MATRICES: [&str; 24] = [
         "attn_q.weight",
         "attn_k.weight",
         "attn_v.weight",
@@ -300,6 +331,10 @@ fn weight_op(name: &str, spec: &ModelSpec) -> Option<WeightOp> {
         "ssm_alpha.weight",
         "ssm_out.weight",
         "ffn_gate_inp_shexp.weight",
+        // Gemma 4 E2B/E4B's per-layer inputs: `blk.N.inp_gate`, `blk.N.proj` and
+        // `per_layer_model_proj`.
+        "inp_gate.weight",
+        "proj.weight",
     ];
     if name.ends_with("_exps.weight") {
         return spec.moe.map(|m| WeightOp::MulMatId(m.n_expert_used));
@@ -321,6 +356,14 @@ impl Weights {
         let mut names: Vec<(String, Device, bool)> = Vec::new();
         if plan.embedding || (plan.output && spec.tied_output) {
             names.push(("token_embd.weight".into(), Device::Cpu, true));
+        }
+        if plan.embedding && spec.per_layer_embd > 0 {
+            // llama.cpp: the lookup table with the input layer (CPU), the projection and
+            // its norm with layer 0.
+            let dev = plan.layers.iter().find(|p| p.layer == 0).map_or(Device::Cpu, |p| p.device);
+            names.push(("per_layer_token_embd.weight".into(), Device::Cpu, true));
+            names.push(("per_layer_model_proj.weight".into(), dev, true));
+            names.push(("per_layer_proj_norm.weight".into(), dev, true));
         }
         if plan.output {
             names.push(("output_norm.weight".into(), plan.output_device, true));
@@ -351,6 +394,7 @@ impl Weights {
             output_norm: None,
             output: None,
             output_b: None,
+            per_layer_inputs: None,
             layers: BTreeMap::new(),
             alloc: crate::ggml::Allocations::default(),
         };
@@ -489,6 +533,9 @@ impl Weights {
             weights.output = get("output.weight").or(get(TIED_OUTPUT)).or(weights.tok_embd);
             weights.output_b = get("output.bias");
         }
+        if let (Some(tok_embd), Some(model_proj), Some(proj_norm)) = (get("per_layer_token_embd.weight"), get("per_layer_model_proj.weight"), get("per_layer_proj_norm.weight")) {
+            weights.per_layer_inputs = Some(PerLayerInputWeights { tok_embd, model_proj, proj_norm });
+        }
         let rope_freqs = get("rope_freqs.weight");
         for il in plan.layers.iter().map(|p| p.layer) {
             let w = |n: &str| get(&format!("blk.{il}.{n}"));
@@ -538,7 +585,7 @@ impl Weights {
                 LayerWeights {
                     attn_norm: req("attn_norm.weight")?,
                     wq: if spec.mla.is_some_and(|m| m.q_lora_rank > 0) || recurrent { None } else { Some(req("attn_q.weight")?) },
-                    wk: if spec.mla.is_some() || recurrent { None } else { Some(req("attn_k.weight")?) },
+                    wk: if spec.mla.is_some() || recurrent || spec.kv_donor(il).is_some() { None } else { Some(req("attn_k.weight")?) },
                     wv: if spec.arch == Arch::Gemma4 || spec.mla.is_some() || recurrent { w("attn_v.weight") } else { Some(req("attn_v.weight")?) },
                     wo: if recurrent { req("ssm_out.weight")? } else { req("attn_output.weight")? },
                     bq: w("attn_q.bias"),
@@ -581,6 +628,7 @@ impl Weights {
                     } else {
                         None
                     },
+                    per_layer: if spec.per_layer_embd > 0 { Some(PerLayerWeights { inp_gate: req("inp_gate.weight")?, proj: req("proj.weight")?, post_norm: req("post_norm.weight")? }) } else { None },
                 },
             );
         }

@@ -170,6 +170,40 @@ fn experts_in_ram_compute_what_llama_cpp_computes_with_n_cpu_moe() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Gemma 4 E2B/E4B's block (per-layer inputs; the last three of six layers attending with
+/// layer 1's and 2's K/V) on the device: every layer there, half of them (the donors on
+/// the device, the layers sharing their cache on the CPU, as llama.cpp then places them
+/// too), and the output layer too: llama.cpp's logits to the bit and its greedy text.
+#[test]
+fn gemma4_e_on_the_accelerator_computes_what_llama_cpp_computes() {
+    let Some(info) = accelerator() else { return };
+    let dir = std::env::temp_dir().join(format!("hearth-accel-gemma4-e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut m = common::tiny::model("gemma4");
+    (m.n_layer, m.full_every, m.per_layer_embd, m.shared_kv_layers) = (6, 3, 32, 3);
+    (m.n_expert, m.n_expert_used, m.n_swa) = (0, 0, 8);
+    let path = common::tiny::write(&m, &dir);
+    let file = Arc::new(ModelFile::open(&path).unwrap());
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompt = tok.tokenize("The small model reads a sentence of about forty tokens, long enough for attention to mix several positions, and for its layers to share what they cached.", false);
+    for gpu_layers in [6, 3, 7] {
+        let reference = engine::reference::Reference::load_offloaded(&path, common::THREADS, gpu_layers).unwrap();
+        let expected = reference.greedy(&prompt, ORACLE_TOKENS).unwrap();
+        let logits = reference.prompt_logits(&prompt).unwrap();
+        let cfg = StageConfig { accel_layers: gpu_layers, ..stage_config(vec![0..6], 1) };
+        let mut hearth = LocalPipeline::new(vec![Stage::new(file.clone(), cfg).unwrap()]).unwrap();
+        let batch: Vec<BatchToken> = (0..prompt.len()).map(|i| BatchToken { seq: 0, pos: i as u32, logits: true }).collect();
+        let ours = hearth.forward(&batch, &prompt).unwrap();
+        let worst = (0..prompt.len()).map(|i| rel_rms(ours.row(i), &logits[i])).fold(0.0, f64::max);
+        hearth.clear_sequence(0);
+        let got = hearth.greedy(0, &prompt, ORACLE_TOKENS, 512).unwrap();
+        eprintln!("gemma4 E: {gpu_layers} GPU layers on {}: prompt logits rel. RMS {worst:.2e}; greedy equal for {} of {ORACLE_TOKENS}", info.name, got.iter().zip(&expected).take_while(|(a, b)| a == b).count());
+        assert_eq!(got, expected, "gemma4 E, {gpu_layers} GPU layers");
+        assert_eq!(worst, 0.0, "gemma4 E, {gpu_layers} GPU layers: llama.cpp and hearth must compute the same numbers");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn the_accelerator_is_profiled() {
     let Some(info) = accelerator() else { return };

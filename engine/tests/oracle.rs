@@ -246,7 +246,7 @@ fn sequences_decoding_together_match_llama_cpps_streams() {
 fn tiny_together(mut m: RandomModel) {
     let arch = m.arch.clone();
     m.n_swa = 8;
-    let dir = std::env::temp_dir().join(format!("hearth-tiny-together-{}-{arch}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-together-{}-{arch}-{}", std::process::id(), m.seed));
     std::fs::create_dir_all(&dir).unwrap();
     let path = common::tiny::write(&m, &dir);
     let tok = Tokenizer::load(&path).unwrap();
@@ -257,7 +257,7 @@ fn tiny_together(mut m: RandomModel) {
     let (expected, _) = Reference::load(&path, THREADS).unwrap().decode_together(&prompts, 32, true).unwrap();
     let file = std::sync::Arc::new(engine::ModelFile::open(&path).unwrap());
     // Each prompt in one batch, as llama.cpp feeds it.
-    let cfg = engine::StageConfig { max_batch: 512, ..common::stage_config(vec![0..3], prompts.len()) };
+    let cfg = engine::StageConfig { max_batch: 512, ..common::stage_config(vec![0..m.n_layer as usize], prompts.len()) };
     let mut p = engine::LocalPipeline::new(vec![engine::Stage::new(file, cfg).unwrap()]).unwrap();
     let (got, _) = p.decode_together(&prompts, 32, 512).unwrap();
     for (s, (g, e)) in got.iter().zip(&expected).enumerate() {
@@ -418,6 +418,69 @@ fn tiny_gemma4_near_its_context_limit_and_with_quantized_caches_matches_llama_cp
     std::fs::remove_dir_all(path.parent().unwrap()).ok();
 }
 
+/// Gemma 4 E2B/E4B's block, in six layers (full every third): every layer adds its own
+/// input (a lookup per token plus a projection of the embedding, gated by the residual
+/// stream), and the last three keep no K/V, attending with layer 1's (sliding) and layer
+/// 2's (full) cache, with FFNs twice as wide.
+fn tiny_gemma4_e() -> RandomModel {
+    let mut m = common::tiny::model("gemma4");
+    (m.n_layer, m.full_every, m.per_layer_embd, m.shared_kv_layers) = (6, 3, 32, 3);
+    (m.n_expert, m.n_expert_used, m.n_swa) = (0, 0, 8);
+    // Its own files beside the other Gemma 4 tests' (paths are named by the seed).
+    m.seed = 44;
+    m
+}
+
+/// Logits and greedy tokens as llama.cpp's, whole and cut into windows anywhere: between a
+/// donor and the layers that share its cache (a window then keeps its own copy of the
+/// donor's cache, written from the K/V the hidden states carry), between shared layers,
+/// in disjoint windows on two stages, and from an embedding-only window.
+#[test]
+fn tiny_gemma4_e_with_per_layer_inputs_and_shared_kv_matches_llama_cpp() {
+    let m = tiny_gemma4_e();
+    tiny(m.clone());
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-gemma4-e-cuts-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&m, &dir);
+    let tok = Tokenizer::load(&path).unwrap();
+    let prompt = tok.tokenize("A phone, a laptop and a desktop share one model: each keeps the layers it was given, and the hidden states travel between them.", false);
+    let expected = Reference::load(&path, THREADS).unwrap().greedy(&prompt, TINY_GEN).unwrap();
+    let shapes: Vec<Vec<Vec<Range<usize>>>> = vec![
+        windows(&[0..3, 3..4, 4..6]),
+        windows(&[0..1, 1..5, 5..6]),
+        windows(&[0..0, 0..2, 2..6]),
+        vec![vec![0..2, 4..6], vec![2..4]],
+        vec![vec![0..1, 3..6], vec![1..3]],
+    ];
+    let want = Reference::load(&path, THREADS).unwrap().last_logits(&prompt, 512).unwrap();
+    for stages in &shapes {
+        let got = pipeline(&path, stages, 1).prefill(1, &prompt, 512).unwrap();
+        let err = common::rel_rms(&got, &want);
+        assert!(err < 1e-6, "gemma4 E: {stages:?}: the last logits' relative RMS error is {err}");
+        let mut p = pipeline(&path, stages, 1);
+        assert_eq!(p.greedy(1, &prompt, TINY_GEN, 512).unwrap(), expected, "gemma4 E: {stages:?} differs from llama.cpp");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn tiny_gemma4_e_sequences_decoding_together_match_llama_cpps_streams() {
+    tiny_together(tiny_gemma4_e());
+}
+
+/// Gemma 4 E near its context limit (3,900 tokens of real text, the window 8), with the
+/// default cache and a q8_0/q4_0 one (the carried K/V are the rotated values the donor
+/// writes), whole and cut between the donors and the shared layers.
+#[test]
+fn tiny_gemma4_e_near_its_context_limit_and_with_quantized_caches_matches_llama_cpp() {
+    let mut m = tiny_gemma4_e();
+    m.head_dim = Some(64);
+    m.context_length = 4096;
+    let q = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
+    let path = long_prompt_matches(&m, 3_900, &[engine::CacheTypes::default(), q], &[windows(&[0..6]), windows(&[0..2, 2..4, 4..6])], 512);
+    std::fs::remove_dir_all(path.parent().unwrap()).ok();
+}
+
 /// DeepSeek 2's block (V3, R1, GLM-4.7-Flash): latent attention with a low-rank query,
 /// the queries absorbed into the compressed space and one cached row per token, a dense
 /// first layer, sigmoid-routed experts with a selection bias, normalised and scaled
@@ -503,7 +566,7 @@ fn tiny_llama4_past_its_first_attention_chunk_matches_llama_cpp() {
 /// same argmax, relative RMS below 1e-3) cut into each of `stages`, with each cache type of
 /// `kvs`, hearth prefilling in chunks of `chunk`. The model's path (in a folder of its own).
 fn long_prompt_matches(m: &RandomModel, n: usize, kvs: &[engine::CacheTypes], stages: &[Vec<Vec<Range<usize>>>], chunk: usize) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-long-{}", m.arch, std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-{}-{}-long-{}", m.arch, m.seed, std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = common::tiny::write(m, &dir);
     let tok = Tokenizer::load(&path).unwrap();

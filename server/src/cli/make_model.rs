@@ -33,6 +33,8 @@ pub fn run(args: MakeModelArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
     m.full_every = args.full_every;
     m.full_kv_heads = args.full_kv_heads;
+    m.per_layer_embd = args.per_layer_embd;
+    m.shared_kv_layers = args.shared_kv_layers;
     let tokenizer: PathBuf = args.tokenizer_from.resolve()?;
     let what = format!("{} {} layers, e={}, ff={}, {}", args.arch, args.layers, args.embd, args.ff, args.r#type);
     match &args.split_max_size {

@@ -253,6 +253,14 @@ pub struct MakeModelArgs {
     /// gemma4: KV heads of the full layers (default: half of --kv-heads).
     #[arg(long)]
     pub full_kv_heads: Option<u32>,
+    /// gemma4: values per token of each layer's own input, as Gemma 4 E2B/E4B have (256).
+    #[arg(long, default_value_t = 0)]
+    pub per_layer_embd: u64,
+    /// gemma4: the last this-many layers attend with the K/V of the last sliding and full
+    /// layers before them and have twice the FFN width, as Gemma 4 E2B (20 of 35) and E4B
+    /// (18 of 42) do.
+    #[arg(long, default_value_t = 0)]
+    pub shared_kv_layers: u32,
     /// Weight type of the matrices: q8_0, q4_0, f16, or q4_k_m (llama.cpp's mix of Q4_K
     /// and Q6_K); gpt-oss experts are always mxfp4.
     #[arg(long, default_value = "q8_0")]

@@ -526,7 +526,25 @@ impl Loop {
         let depth = self.pipeline.depth().max(1);
         let generating = self.slots.iter().filter(|s| s.active.as_ref().is_some_and(|a| a.pending.is_empty())).count();
         let share = generating.div_ceil(depth).max(1);
-        let ready: Vec<usize> = self.slots.iter().enumerate().filter(|(_, s)| s.active.as_ref().is_some_and(|a| a.next.is_some())).map(|(i, _)| i).take(share).collect();
+        // A sequence's decode token comes after the drafts it accepted last step when its
+        // state went back to where they began (`Active::replay`): those rows count too.
+        // Each sequence's rows fit (its drafts were bounded by a batch's room), but with
+        // micro-batches in flight a share may gather sequences whose drafts came from
+        // different batches: a sequence that would overflow waits for the next one.
+        let mut rows = 0;
+        let ready: Vec<usize> = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.active.as_ref().filter(|a| a.next.is_some()).map(|a| (i, 1 + a.replay.len())))
+            .filter(|&(_, need)| {
+                let fits = rows + need <= self.max_batch;
+                rows += if fits { need } else { 0 };
+                fits
+            })
+            .map(|(i, _)| i)
+            .take(share)
+            .collect();
         self.propose_drafts(&ready);
         let mut mb = MicroBatch { batch: Vec::new(), ids: Vec::new(), rows: Vec::new(), n_decode: 0, slots: Vec::new(), started: Instant::now() };
         for &i in &ready {

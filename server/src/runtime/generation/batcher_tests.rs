@@ -463,6 +463,42 @@ fn speculation_with_micro_batches_in_flight_gives_the_same_answers() {
     assert!(!log.truncates.is_empty(), "rejected drafts left the cache");
 }
 
+/// A model keeping a recurrent state (Qwen3.5) takes rejected drafts back only to where
+/// they began, and computes the accepted ones again ahead of the next decode token. With
+/// micro-batches in flight and a small batch, every batch stays within `--max-batch`
+/// (the batcher admits a sequence to a micro-batch only with room for its replayed rows;
+/// a share could otherwise gather sequences whose drafts came from different batches),
+/// and every answer is the one decoding without speculation gives.
+#[test]
+fn replayed_drafts_of_a_model_with_state_fit_the_batch_with_micro_batches_in_flight() {
+    const SMALL_BATCH: usize = 6;
+    // Answers ending at different steps, so the shares regroup.
+    let requests: Vec<(Vec<i32>, usize)> = (0..5).map(|i| (prompt(&format!("Count {i}:")), 10 + (i * 7) % 23)).collect();
+    let run = |depth: usize, proposer: Option<Proposer>| {
+        let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(depth).with_draft_snapshots().with_max_batch(SMALL_BATCH);
+        let rig = Rig::start(pipeline, requests.len(), 8, SMALL_BATCH, proposer);
+        let rxs: Vec<_> = requests.iter().map(|(p, n)| rig.submit(p, *n, &[])).collect();
+        let answers: Vec<Answer> = rxs.into_iter().map(answer).map(without_cache_hits).collect();
+        (answers, rig.log.clone())
+    };
+    let (plain, _) = run(1, None);
+    for depth in [2, 3] {
+        let (deep, log) = run(depth, Some(Proposer::Ngram));
+        assert_eq!(deep, plain, "depth {depth}");
+        let log = log.lock().unwrap();
+        assert_eq!(log.violations, Vec::<String>::new(), "depth {depth}");
+        // Drafts were rejected and accepted ones computed again: some batch holds a row
+        // without logits at a position its sequence already had in an earlier batch.
+        let mut seen: std::collections::HashSet<(u64, u32)> = Default::default();
+        let mut replayed = 0;
+        for b in &log.batches {
+            replayed += b.iter().filter(|t| !t.2 && seen.contains(&(t.0, t.1))).count();
+            seen.extend(b.iter().map(|t| (t.0, t.1)));
+        }
+        assert!(replayed > 0, "depth {depth}: no accepted draft was computed again");
+    }
+}
+
 #[test]
 fn a_failure_in_flight_clears_sequences_only_after_their_chunks_land() {
     let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_depth(3);

@@ -68,6 +68,12 @@ pub struct Scripted {
     failed: std::collections::HashSet<SeqId>,
     /// Micro-batches in flight: ticket, their sequences, and their result.
     flying: VecDeque<(u64, Vec<SeqId>, Result<Logits>)>,
+    /// Like a model with a recurrent state under speculation (Qwen3.5): per sequence, the
+    /// length after the first row wanting logits of its last batch with drafts, the only
+    /// point a truncation can go back to (else to nothing). None: truncation is exact.
+    snapshots: Option<HashMap<SeqId, usize>>,
+    /// Batches past this many rows are violations.
+    max_batch: Option<usize>,
     pub log: Arc<Mutex<Log>>,
     pub controls: Arc<Mutex<Controls>>,
 }
@@ -79,7 +85,20 @@ const SCRIPTED_LOGIT: f32 = 10.0;
 
 impl Scripted {
     pub fn new(n_vocab: usize, n_ctx: usize, script: Script) -> Scripted {
-        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), log: Arc::default(), controls: Arc::default() }
+        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, log: Arc::default(), controls: Arc::default() }
+    }
+
+    /// Truncates as a model keeping a recurrent state does under speculation: only back
+    /// to where the last batch's drafts began (see `snapshots`).
+    pub fn with_draft_snapshots(mut self) -> Scripted {
+        self.snapshots = Some(HashMap::new());
+        self
+    }
+
+    /// Records a batch of more than `rows` rows as a violation.
+    pub fn with_max_batch(mut self, rows: usize) -> Scripted {
+        self.max_batch = Some(rows);
+        self
     }
 
     /// Holds up to `depth` micro-batches in flight.
@@ -119,6 +138,19 @@ impl Pipeline for Scripted {
         self.log.lock().unwrap().batches.push(batch.iter().zip(tokens).map(|(t, &id)| (t.seq, t.pos, t.logits, id)).collect());
         if batch.len() != tokens.len() {
             self.violation(format!("{} batch rows for {} tokens", batch.len(), tokens.len()));
+        }
+        if let Some(max) = self.max_batch.filter(|&m| batch.len() > m) {
+            self.violation(format!("a batch of {} rows past the most, {max}", batch.len()));
+        }
+        if let Some(snaps) = self.snapshots.as_mut() {
+            let mut seqs: Vec<SeqId> = batch.iter().map(|t| t.seq).collect();
+            seqs.dedup();
+            for seq in seqs {
+                let wanting: Vec<u32> = batch.iter().filter(|t| t.seq == seq && t.logits).map(|t| t.pos).collect();
+                if wanting.len() > 1 {
+                    snaps.insert(seq, wanting[0] as usize + 1);
+                }
+            }
         }
         if self.broken {
             return Err(Error::RingBroken("the ring is broken".into()));
@@ -201,6 +233,9 @@ impl Pipeline for Scripted {
         self.touch(seq, "cleared");
         self.failed.remove(&seq);
         self.cache.remove(&seq);
+        if let Some(snaps) = self.snapshots.as_mut() {
+            snaps.remove(&seq);
+        }
         self.log.lock().unwrap().clears.push(seq);
     }
 
@@ -211,7 +246,18 @@ impl Pipeline for Scripted {
             let v = format!("sequence {seq} truncated to {len} but holds {} tokens", cache.len());
             self.violation(v);
         }
-        self.cache.entry(seq).or_default().truncate(len);
+        let held = self.cache.get(&seq).map_or(0, Vec::len);
+        let kept = match self.snapshots.as_mut() {
+            Some(snaps) if len < held => {
+                let at = snaps.get(&seq).copied().filter(|&at| at <= len).unwrap_or(0);
+                if at == 0 {
+                    snaps.remove(&seq);
+                }
+                at
+            }
+            _ => len,
+        };
+        self.cache.entry(seq).or_default().truncate(kept);
         self.log.lock().unwrap().truncates.push((seq, len));
         self.cache[&seq].len()
     }
@@ -233,6 +279,9 @@ impl Pipeline for Scripted {
         // A ring formed again starts from empty caches everywhere.
         self.broken = false;
         self.cache.clear();
+        if let Some(snaps) = self.snapshots.as_mut() {
+            snaps.clear();
+        }
         Ok(true)
     }
 

@@ -150,7 +150,7 @@ fn gpu_profile(model: Option<(&std::path::Path, &engine::ModelFile)>, kv_bytes: 
         return Ok(None);
     };
     let acc = engine::Accelerator::open(info.index).map_err(|e| Error::Profile(format!("accelerator {}: {e}", info.name)))?;
-    let hidden_bytes = 4 * model.map_or(TYPICAL_EMBD, |(_, f)| f.spec.n_embd);
+    let hidden_bytes = 4 * model.map_or(TYPICAL_EMBD, |(_, f)| f.spec.hidden_width());
     let r = profiler::accelerator_rates(&acc, &formats(model.map(|(_, f)| f)), hidden_bytes, kv_bytes, KERNEL_TIME).map_err(|e| Error::Profile(format!("accelerator {}: {e}", info.name)))?;
     Ok(Some(GpuProfile {
         backend,
@@ -254,7 +254,7 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     drop(layers_stage);
     p.output_row_steps = if whole {
         // Hidden states of a plausible size (the output norm scales them anyway).
-        let n_embd = file.spec.n_embd;
+        let n_embd = file.spec.hidden_width();
         let hidden: Vec<f32> = (0..CALIBRATION_ROWS * n_embd).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect();
         let mut output_stage = Stage::new(file.clone(), rows_cfg(vec![n_layer..n_layer], true))?;
         row_steps(&mut output_stage, |b| StageInput::Hidden(&hidden[..b * n_embd]), true)?

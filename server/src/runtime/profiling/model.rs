@@ -87,6 +87,9 @@ pub fn from_gguf(file: &ModelFile, name: &str, n_kv: usize, kv: engine::CacheTyp
         } else if t.name == "token_embd.weight" {
             input_bytes += t.n_bytes;
             embd_ty = t.ty;
+        } else if t.name.starts_with("per_layer_") {
+            // Gemma 4 E2B/E4B's per-layer inputs are made where the embedding is.
+            input_bytes += t.n_bytes;
         } else if t.name.starts_with("output") {
             output_bytes += t.n_bytes;
             *format_slot(&mut output_flops, t.ty) += matrix_flops;

@@ -263,7 +263,7 @@ impl RingPipeline {
         let workers = super::planning::addresses(&devices, &members);
         let strategy = (source != "windows").then_some(planner.options.strategy);
         let dtype = if cfg.setup.f16 { Dtype::F16 } else { Dtype::F32 };
-        let flights = Flights::new(file.spec.n_embd, dtype, cfg.setup.step_timeout);
+        let flights = Flights::new(file.spec.hidden_width(), dtype, cfg.setup.step_timeout);
         let meter = RingMeter::new(HEAD_NAME, &workers);
         let mut ring = RingPipeline {
             rt,
