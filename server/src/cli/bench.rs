@@ -40,6 +40,7 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
     let (accel_layers, experts_in_ram) = (n.min(spec.n_layer + 1), e.min(spec.n_layer));
     let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens + 1).min(spec.n_ctx_train), max_batch: prompt.len(), threads: args.threads, accel_layers, experts_in_ram, repack: !args.no_repack, ..StageConfig::whole(&spec) };
     let mut hearth = LocalPipeline::new(vec![Stage::new(file.clone(), cfg.clone())?])?;
+    let (file_for_drafts, cfg_for_drafts) = (file.clone(), cfg.clone());
     // The batched test: its own pipeline with a KV slot per sequence, sized as llama.cpp's streams.
     let n_seq = args.sequences;
     let short = &prompt[..prompt.len().min(BATCHED_PROMPT_TOKENS)];
@@ -115,6 +116,10 @@ pub fn run(args: BenchArgs) -> Result<(), Box<dyn std::error::Error>> {
         reference.decode_together_with(&prompts, args.gen_tokens + 1, false, Some(&mut r))?;
         p.decode_together_with(&prompts, args.gen_tokens + 1, short.len(), Some(&mut h))?;
         print_ops(n_seq, args.gen_tokens, &r, &h);
+    }
+    if args.draft_state > 0 && spec.recurrent.is_some() {
+        let cfg = StageConfig { n_ctx_seq: (prompt.len() + args.gen_tokens * (args.draft_state + 2) + 2).min(spec.n_ctx_train), max_batch: prompt.len().max(2 * args.draft_state + 2), batch_invariant: true, ..cfg_for_drafts };
+        bench_draft_state(&file_for_drafts, &cfg, &prompt, args.draft_state, args.gen_tokens, args.reps.max(1))?;
     }
     let (r, h) = (best_ref.expect("one round"), best_hearth.expect("one round"));
     println!();
@@ -202,4 +207,81 @@ fn bench_hearth(p: &mut LocalPipeline, prompt: &[i32], n_gen: usize) -> Result<T
         tok = argmax(l.row(0));
     }
     Ok(Timing { prompt_tokens: prompt.len(), prompt_secs, gen_tokens: n_gen, gen_secs: t1.elapsed().as_secs_f64() })
+}
+
+/// Speculative verification on a model keeping a recurrent state, two ways to take back
+/// rejected drafts: hearth's snapshot (the graph copies each sequence's state where its
+/// drafts begin; a rejection restores that copy) against a host checkpoint of the state
+/// before every verification step (a rejection restores it). Both then compute the
+/// accepted drafts again: the snapshot ahead of the next step's token in its batch, the
+/// checkpoint (with the step's first token) in a step of their own, as the next
+/// checkpoint must come after them. `k` drafts per step, half accepted; speculation's
+/// batch-invariant kernels on both.
+fn bench_draft_state(file: &Arc<ModelFile>, cfg: &StageConfig, prompt: &[i32], k: usize, steps: usize, reps: usize) -> Result<(), Box<dyn std::error::Error>> {
+    const SEQ: u64 = 0;
+    let accepted = k / 2;
+    let run = |snapshots: bool| -> Result<(f64, f64, usize), Box<dyn std::error::Error>> {
+        let mut p = LocalPipeline::new(vec![Stage::new(file.clone(), StageConfig { draft_snapshots: snapshots, ..cfg.clone() })?])?;
+        p.prefill(SEQ, prompt, prompt.len())?;
+        let mut tok = prompt[0];
+        // Tokens computed again before the next step's token (the accepted drafts, and
+        // for the checkpoint the step's first token too).
+        let mut again: Vec<i32> = Vec::new();
+        let (mut state_secs, mut advanced) = (0.0, 0);
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            if !snapshots {
+                // The checkpoint must hold the state after the tokens computed again, so
+                // they go first, in a step of their own.
+                if !again.is_empty() {
+                    let len = p.sequence_len(SEQ);
+                    let batch: Vec<BatchToken> = (0..again.len()).map(|i| BatchToken { seq: SEQ, pos: (len + i) as u32, logits: false }).collect();
+                    p.forward(&batch, &again)?;
+                    again.clear();
+                }
+                let t = Instant::now();
+                p.checkpoint_sequence(SEQ);
+                state_secs += t.elapsed().as_secs_f64();
+            }
+            let len = p.sequence_len(SEQ);
+            let mut ids = again.clone();
+            ids.push(tok);
+            ids.extend(prompt.iter().cycle().skip(len % prompt.len()).take(k));
+            let first = again.len();
+            let batch: Vec<BatchToken> = (0..ids.len()).map(|i| BatchToken { seq: SEQ, pos: (len + i) as u32, logits: i >= first }).collect();
+            let logits = p.forward(&batch, &ids)?;
+            tok = argmax(logits.row(logits.rows.len() - 1));
+            // The token and half the drafts are kept; the rest is rejected.
+            let keep = len + first + 1 + accepted;
+            let t = Instant::now();
+            let kept = p.truncate_sequence(SEQ, keep);
+            state_secs += t.elapsed().as_secs_f64();
+            again = ids[kept - len..keep - len].to_vec();
+            advanced += 1 + accepted;
+        }
+        Ok((t0.elapsed().as_secs_f64(), state_secs, advanced))
+    };
+    println!();
+    println!("speculative verification on a model keeping a state, {k} drafts per step, {accepted} accepted, {steps} steps:");
+    println!("| rejected drafts taken back by | tokens/s | of it, saving and restoring the state (ms per step) |");
+    println!("|-------------------------------|----------|-----------------------------------------------------|");
+    let (mut snap_best, mut ckpt_best) = (f64::MAX, f64::MAX);
+    let (mut snap_state, mut ckpt_state, mut advanced) = (0.0, 0.0, 0);
+    for round in 0..reps {
+        let order = if round % 2 == 0 { [true, false] } else { [false, true] };
+        for snapshots in order {
+            let (secs, state, adv) = run(snapshots)?;
+            advanced = adv;
+            if snapshots && secs < snap_best {
+                (snap_best, snap_state) = (secs, state);
+            } else if !snapshots && secs < ckpt_best {
+                (ckpt_best, ckpt_state) = (secs, state);
+            }
+        }
+    }
+    let per_step = |s: f64| s * 1e3 / steps as f64;
+    println!("| in-graph snapshot (hearth)    | {:>8.1} | {:>51.3} |", advanced as f64 / snap_best, per_step(snap_state));
+    println!("| host checkpoint before a step | {:>8.1} | {:>51.3} |", advanced as f64 / ckpt_best, per_step(ckpt_state));
+    println!("snapshot / checkpoint: {:.3}x", ckpt_best / snap_best);
+    Ok(())
 }

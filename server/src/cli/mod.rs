@@ -725,6 +725,12 @@ pub struct BenchArgs {
     /// 15 GB Gemma-4-26B-shaped file repacked three times does not fit 24 GiB).
     #[arg(long)]
     pub no_repack: bool,
+    /// A model keeping a recurrent state (Qwen3.5): after the rounds, time speculative
+    /// verification with this many draft tokens per step, half of them accepted, the
+    /// state taken back by hearth's in-graph snapshot against a host checkpoint taken
+    /// before each step (both then compute the accepted drafts again). 0 leaves it out.
+    #[arg(long, default_value_t = 0)]
+    pub draft_state: usize,
 }
 
 #[derive(Args, Debug, Clone)]
