@@ -463,6 +463,29 @@ fn tiny_gemma4_e_with_per_layer_inputs_and_shared_kv_matches_llama_cpp() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A Gemma 4 file whose shared-K/V count or per-layer FFN widths do not fit its layers is
+/// refused at load with what is wrong, never computed.
+#[test]
+fn gemma4_e_files_that_do_not_fit_their_layers_are_refused() {
+    let dir = std::env::temp_dir().join(format!("hearth-tiny-gemma4-e-refused-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: [(&str, Value, &str); 3] = [
+        // Layers 4 and 5 would share: two before them, layer 2, is a full layer.
+        ("attention.shared_kv_layers", Value::U32(2), "sliding layer (2) then a full one (3)"),
+        ("attention.shared_kv_layers", Value::U32(5), "fewer than the 6 layers"),
+        ("feed_forward_length", Value::Array { elem: engine::gguf::ValueType::U32, items: vec![Value::U32(160); 4] }, "one width in"),
+    ];
+    for (i, (key, value, why)) in cases.into_iter().enumerate() {
+        let mut m = tiny_gemma4_e();
+        m.seed = 100 + i as u64;
+        m.extra = vec![(key.into(), value)];
+        let path = common::tiny::write(&m, &dir);
+        let err = engine::ModelFile::open(&path).err().unwrap_or_else(|| panic!("{key}: loaded")).to_string();
+        assert!(err.contains(why), "{key}: {err}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn tiny_gemma4_e_sequences_decoding_together_match_llama_cpps_streams() {
     tiny_together(tiny_gemma4_e());
