@@ -195,31 +195,6 @@ fn qwen35_with_its_own_template_makes_a_required_tool_call_and_takes_its_result(
     let dir = std::env::temp_dir().join(format!("hearth-recurrent-tools-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = model(&dir);
-    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/qwen3.5-chat-template.jinja");
-    let node = Served::start_model(&path, &["--threads", "1", "--ctx-size", CTX, "--chat-template", template]);
-    // An enum: a random model given a free string never ends it.
-    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Bergen"]}}, "required": ["city"]}}}]);
-    let ask = json!([{"role": "user", "content": "What is the weather in Oslo?"}]);
-    let v = post(&node.addr, "/v1/chat/completions", &json!({"model": "", "messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 200, "temperature": 0}));
-    let choice = &v["choices"][0];
-    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-    let call = &choice["message"]["tool_calls"][0];
-    assert_eq!(call["function"]["name"], "get_weather", "{v}");
-    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
-    assert!(args["city"] == "Oslo" || args["city"] == "Bergen", "{args}");
-    let r = common::http(&node.addr, "POST", "/v1/chat/completions", "", &json!({"model": "", "messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 200, "temperature": 0, "stream": true}).to_string()).unwrap();
-    assert!(r.body.contains("\"tool_calls\"") && r.body.contains("get_weather"), "{}", r.body);
-    let messages = json!([
-        {"role": "user", "content": "What is the weather in Oslo?"},
-        {"role": "assistant", "content": null, "tool_calls": [{"id": call["id"], "type": "function", "function": call["function"]}]},
-        {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21, \"sky\": \"clear\"}"}
-    ]);
-    let v = post(&node.addr, "/v1/chat/completions", &json!({"model": "", "messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 24, "temperature": 0}));
-    let m = &v["choices"][0]["message"];
-    assert!(m.get("tool_calls").is_none_or(|t| t.is_null()), "{v}");
-    // A random model may spend its tokens in the thinking the template opened: text or
-    // reasoning, but something, and no call.
-    let said = m["content"].as_str().unwrap_or("").len() + m["reasoning_content"].as_str().unwrap_or("").len();
-    assert!(said > 0, "{v}");
+    common::own_template_makes_a_required_tool_call_and_takes_its_result(&path, concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/qwen3.5-chat-template.jinja"), &["--ctx-size", CTX]);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -359,3 +359,43 @@ pub mod netns {
 pub fn tiny_embedding_model(arch: &str) -> PathBuf {
     engine::random_model::RandomModel::tiny_embedder_file(arch, &default_model()).unwrap()
 }
+
+/// A model served with its family's own chat template (`template`, a file in `testdata/`):
+/// a request that requires a tool call gets one, parsed into `tool_calls` with arguments
+/// that follow the function's schema, streamed as a delta too; the call and its result go
+/// back in and the model answers in text or reasoning, with no call. What a user bringing
+/// a 2026 family with tools meets first. Random weights: the call is the grammar's, the
+/// parsing and the template's rendering of calls and results are the family's.
+pub fn own_template_makes_a_required_tool_call_and_takes_its_result(model: &std::path::Path, template: &str, extra: &[&str]) {
+    use serde_json::{json, Value};
+    let post = |addr: &str, body: &Value| -> Value {
+        let r = http(addr, "POST", "/v1/chat/completions", "", &body.to_string()).unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        serde_json::from_str(&r.body).unwrap()
+    };
+    let node = Served::start_model(model, &[&["--threads", "1", "--chat-template", template][..], extra].concat());
+    // An enum: a random model given a free string never ends it.
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Bergen"]}}, "required": ["city"]}}}]);
+    let ask = json!([{"role": "user", "content": "What is the weather in Oslo?"}]);
+    let v = post(&node.addr, &json!({"model": "", "messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 200, "temperature": 0}));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{template}: {v}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "get_weather", "{template}: {v}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"] == "Oslo" || args["city"] == "Bergen", "{template}: {args}");
+    let r = http(&node.addr, "POST", "/v1/chat/completions", "", &json!({"model": "", "messages": ask, "tools": tools, "tool_choice": "required", "max_tokens": 200, "temperature": 0, "stream": true}).to_string()).unwrap();
+    assert!(r.body.contains("\"tool_calls\"") && r.body.contains("get_weather"), "{template}: {}", r.body);
+    let messages = json!([
+        {"role": "user", "content": "What is the weather in Oslo?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": call["id"], "type": "function", "function": call["function"]}]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21, \"sky\": \"clear\"}"}
+    ]);
+    let v = post(&node.addr, &json!({"model": "", "messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 24, "temperature": 0}));
+    let m = &v["choices"][0]["message"];
+    assert!(m.get("tool_calls").is_none_or(|t| t.is_null()), "{template}: {v}");
+    // A random model may spend its tokens in the thinking a template opened: text or
+    // reasoning, but something, and no call.
+    let said = m["content"].as_str().unwrap_or("").len() + m["reasoning_content"].as_str().unwrap_or("").len();
+    assert!(said > 0, "{template}: {v}");
+}
