@@ -1,6 +1,6 @@
 //! The 2026 families served as a user serves them: tiny random models of Gemma 4 E2B/E4B's
-//! block and DeepSeek's (V3.1's template) with their own chat templates make a required
-//! tool call, parsed into `tool_calls`, and take its result (Qwen3.5's is in
+//! block, DeepSeek's (V3.1's template) and Llama 4's with their own chat templates make a
+//! required tool call, parsed into `tool_calls`, and take its result (Qwen3.5's is in
 //! `recurrent.rs`, beside its other tests).
 
 mod common;
@@ -30,5 +30,20 @@ fn deepseek2_with_its_own_template_makes_a_required_tool_call_and_takes_its_resu
     let path = dir.join("deepseek2.gguf");
     m.write(&common::default_model(), &path).unwrap();
     common::own_template_makes_a_required_tool_call_and_takes_its_result(&path, concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/deepseek-v3.1-chat-template.jinja"), &[]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Llama 4's block (NoPE layer, chunked attention, interleaved experts) with Llama 4's
+/// template (tools in the first user message, calls as JSON with `parameters`, results
+/// under `ipython`).
+#[test]
+fn llama4_with_its_own_template_makes_a_required_tool_call_and_takes_its_result() {
+    let dir = std::env::temp_dir().join(format!("hearth-families-llama4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut m = engine::random_model::RandomModel::new("llama4", 4, 64, 128, 4, 2);
+    m.n_ff_exp = 64;
+    let path = dir.join("llama4.gguf");
+    m.write(&common::default_model(), &path).unwrap();
+    common::own_template_makes_a_required_tool_call_and_takes_its_result(&path, concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/llama4-chat-template.jinja"), &[]);
     std::fs::remove_dir_all(&dir).ok();
 }

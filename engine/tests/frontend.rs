@@ -200,6 +200,7 @@ fn the_2026_families_templates_render_calls_in_their_own_syntax() {
         ("qwen3.5-chat-template.jinja", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"),
         ("glm-4.7-flash-chat-template.jinja", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>"),
         ("deepseek-v3.1-chat-template.jinja", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        ("llama4-chat-template.jinja", "<|python_start|><|python_end|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
     ] {
         let source = std::fs::read_to_string(format!("{}/../testdata/{file}", env!("CARGO_MANIFEST_DIR"))).unwrap();
         let t = ChatTemplate::new(&source, "<bos>", "<eos>").unwrap();
