@@ -425,7 +425,7 @@ pub unsafe fn build(ctx: *mut sys::ggml_context, spec: &ModelSpec, w: &Weights, 
             if let Some(v) = v {
                 let v2 = sys::ggml_view_2d(ctx, v, n_embd_kv, n_tok, (*v).nb[2], 0);
                 sys::ggml_build_forward_expand(gf, sys::ggml_set_rows(ctx, kv.v, v2, cells));
-                if spec.kv_donors().contains(&il) && !last {
+                if !last && spec.kv_donors().any(|d| d == il) {
                     carried_out.push((il, k2, v2));
                 }
             }

@@ -414,8 +414,9 @@ impl ModelSpec {
     }
 
     /// The layers other layers attend with, in order (none, or one sliding and one full).
-    pub fn kv_donors(&self) -> Vec<usize> {
-        self.shared_kv_from.map_or_else(Vec::new, |from| vec![from - 2, from - 1])
+    /// An iterator, not a collection: `hidden_width` asks on every step.
+    pub fn kv_donors(&self) -> impl Iterator<Item = usize> {
+        self.shared_kv_from.into_iter().flat_map(|from| [from - 2, from - 1])
     }
 
     /// FFN width of layer `il`.
@@ -429,7 +430,7 @@ impl ModelSpec {
     /// layers but not their donor writes them into its own copy of the donor's cache, and
     /// any cut between layers is allowed).
     pub fn hidden_width(&self) -> usize {
-        self.n_embd + self.per_layer_embd * self.n_layer + self.kv_donors().iter().map(|&d| 2 * self.head_dim_of(d) * self.n_head_kv_of(d)).sum::<usize>()
+        self.n_embd + self.per_layer_embd * self.n_layer + self.kv_donors().map(|d| 2 * self.head_dim_of(d) * self.n_head_kv_of(d)).sum::<usize>()
     }
 
     /// Where donor layer `donor`'s K (then, `n_embd_kv` further, its V) lies in a hidden
