@@ -16,9 +16,11 @@
 #
 # Settings (environment): MODEL (default: the default model), LAYERS (the model's layer
 # count; default 30), WINDOWS (head,worker,worker layers; default a third each; `auto`: the
-# scheduler's plan), CORES (0.6), STREAMS (8), PROMPT (2000), TOKENS (128 per stream),
-# REPS (3), MEASURES (any of "tpot streams ttft"; default all three), HEARTH (the release
-# binary). Needs root (cgroups) and a release build.
+# scheduler's plan), CORES (0.6; `none`: no cgroup,
+# the three processes share the machine's cores as co-located ring members do), THREADS
+# (per process, 1), STREAMS (8), PROMPT (2000), TOKENS (128 per stream), REPS (3), MEASURES
+# (any of "tpot streams ttft"; default all three), HEARTH (the release binary). Needs root
+# (cgroups) and a release build.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -26,6 +28,7 @@ HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth-lab}"
 MODEL="${MODEL:-$(scripts/fetch-model.sh)}"
 LAYERS="${LAYERS:-30}"
 CORES="${CORES:-0.6}"
+THREADS="${THREADS:-1}"
 STREAMS="${STREAMS:-8}"
 PROMPT="${PROMPT:-2000}"
 TOKENS="${TOKENS:-128}"
@@ -64,7 +67,11 @@ trap 'cleanup; rm -rf "$XDG_CACHE_HOME"' EXIT
 device() {
   local name="$1" log="$2"
   shift 2
-  scripts/cpu-device.sh "$name" "$CORES" "$@" >"$log" 2>&1 &
+  if [ "$CORES" = none ]; then
+    "$@" >"$log" 2>&1 &
+  else
+    scripts/cpu-device.sh "$name" "$CORES" "$@" >"$log" 2>&1 &
+  fi
   PIDS+=($!)
 }
 
@@ -88,11 +95,11 @@ wait_http() {
 
 start_hearth() {
   local mb="$1" w1 w2
-  device w1 "$LOGS/w1.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads 1 --model "$MODEL"
+  device w1 "$LOGS/w1.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads "$THREADS" --model "$MODEL"
   w1="$(wait_for "$LOGS/w1.log" 'listening on [0-9.]+:[0-9]+')"
-  device w2 "$LOGS/w2.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads 1 --model "$MODEL"
+  device w2 "$LOGS/w2.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads "$THREADS" --model "$MODEL"
   w2="$(wait_for "$LOGS/w2.log" 'listening on [0-9.]+:[0-9]+')"
-  device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads 1 --parallel "$STREAMS" --ctx-size "$CTX" \
+  device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads "$THREADS" --parallel "$STREAMS" --ctx-size "$CTX" \
     --workers "$w1,$w2" ${PINNED[@]+"${PINNED[@]}"} --micro-batches "$mb" --admin-key bench --model "$MODEL"
   ADDR="$(wait_for "$LOGS/head.log" 'listening on http://[0-9.]+:[0-9]+')"
   wait_http "$ADDR"
@@ -113,8 +120,8 @@ PINNED=()
 start_llama_rpc() {
   local bin; bin="$(scripts/llama-upstream.sh)"
   local p1=18311 p2=18312 port=18310
-  device w1 "$LOGS/w1.log" "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$p1" -t 1
-  device w2 "$LOGS/w2.log" "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$p2" -t 1
+  device w1 "$LOGS/w1.log" "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$p1" -t "$THREADS"
+  device w2 "$LOGS/w2.log" "$bin/ggml-rpc-server" -H 127.0.0.1 -p "$p2" -t "$THREADS"
   sleep 1
   # llama.cpp puts the last -ngl layers (the output layer counted) on the devices, split by
   # -ts: the head's CPU keeps the first third, each RPC server a third; the output layer is
@@ -126,7 +133,7 @@ start_llama_rpc() {
   local split; split="$(python3 -c "a, b = $W1, $W2; s = (a - 0.5) / (a + b + 1); print(f'{s:.4f},{1 - s:.4f}')")"
   device head "$LOGS/head.log" "$bin/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$port" \
     --rpc "127.0.0.1:$p1,127.0.0.1:$p2" -ngl $(( W1 + W2 + 1 )) -ts "$split" -ot 'output\.weight=CPU,token_embd\.weight=CPU' \
-    -t 1 -tb 1 -np "$STREAMS" -c $(( CTX * STREAMS )) --no-warmup
+    -t "$THREADS" -tb "$THREADS" -np "$STREAMS" -c $(( CTX * STREAMS )) --no-warmup
   ADDR="127.0.0.1:$port"
   wait_http "$ADDR"
 }

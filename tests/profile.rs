@@ -34,8 +34,8 @@ fn a_measured_profile_is_cached_and_plans_a_ring() {
     assert!(p.ram_available > 0.0 && p.ram_available <= p.ram_total);
     // Calibrated on the model: a prompt token's share, and decode batches of 1 to 8 rows
     // through the layers and (the model is timed whole) through the output layer alone,
-    // as multiples of one row. More rows never take less than one (a 2-core machine's
-    // noise stays well inside that), nor more than as many rows apart. Through the output
+    // as multiples of one row. More rows never take less than fewer (the profiler keeps
+    // noise from saying so), nor more than as many rows apart. Through the output
     // layer one row takes ggml's vec_dot and two or more take tinyBLAS's tiles, a jump
     // (2.8x at -O2, 4.7-5.8x since llama.cpp is built at -O3): there "as many rows apart"
     // counts from the two-row step, which itself stays under 8x one row.
@@ -43,7 +43,7 @@ fn a_measured_profile_is_cached_and_plans_a_ring() {
     for steps in [&p.row_steps, &p.output_row_steps] {
         assert_eq!(steps.len(), 8, "{steps:?}");
         assert_eq!(steps[0], 1.0);
-        assert!(steps.iter().all(|&t| t > 0.8), "{steps:?}");
+        assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
     }
     assert!(p.row_steps.iter().enumerate().all(|(i, &t)| t < 2.0 * (i + 1) as f64), "{:?}", p.row_steps);
     let two = p.output_row_steps[1];

@@ -734,3 +734,44 @@ fn an_idle_head_notices_a_lost_worker_without_a_request() {
     // Named by its address, not the port its link back to the head came from.
     assert!(h["reason"].as_str().unwrap().contains(&w2.addr), "{h}");
 }
+
+/// Three members on this one machine, two threads each, default flags: the head knows they
+/// share it (one host id in every profile), and the plan never keeps more threads busy at
+/// once than the machine has cores (six spinning threads on two cores decoded 8 streams at
+/// a quarter of one micro-batch at a time), nor a depth its forecast says loses to one
+/// micro-batch at a time. Then it answers as the single node does.
+#[test]
+fn members_on_one_machine_never_keep_more_threads_busy_than_its_cores() {
+    const THREADS: u64 = 2;
+    let single = Served::start(&["--threads", "2"]);
+    let expected = chat(&single.addr, false);
+    drop(single);
+    let w1 = Served::worker(&["--threads", "2"]);
+    let w2 = Served::worker(&["--threads", "2"]);
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let head = Served::start(&["--threads", "2", "--parallel", "8", "--workers", &workers, "--admin-key", "admin-key"]);
+    let cluster = admin(&head.addr, "GET /admin/cluster", "");
+    let hosts: Vec<&Value> = cluster["devices"].as_array().unwrap().iter().map(|d| &d["host"]).collect();
+    let id = hosts[0]["id"].as_str().unwrap();
+    assert!(!id.is_empty() && hosts.iter().all(|h| h["id"] == id && h["threads"] == THREADS), "{cluster}");
+    let cores = hosts[0]["cores"].as_f64().unwrap();
+    assert!(cores >= 1.0, "{cluster}");
+
+    let plan = admin(&head.addr, "GET /admin/plan", "");
+    let depth = plan["micro_batches"].as_u64().unwrap();
+    let members = plan["members"].as_array().unwrap();
+    let threads: Vec<u64> = members.iter().filter(|m| m["window"].as_u64().unwrap() > 0 || m["name"] == "head").map(|m| m["threads"].as_u64().unwrap_or(THREADS)).collect();
+    if depth > 1 {
+        // Those that may compute at once keep at most the cores busy (one thread each at
+        // the least: a lone thread never spins at a barrier).
+        let at_once = (depth as usize).min(threads.len());
+        let mut busiest = threads.clone();
+        busiest.sort_unstable_by(|a, b| b.cmp(a));
+        let busy: u64 = busiest[..at_once].iter().sum();
+        assert!(busy as f64 <= cores.max(at_once as f64), "{busy} threads busy on {cores} cores: {plan}");
+    }
+    let eight = plan["forecast"]["streams"].as_array().unwrap().iter().find(|s| s["streams"] == 8).cloned().unwrap();
+    let (pipelined, one) = (eight["pipelined_tokens_per_s"].as_f64().unwrap(), eight["one_at_a_time_tokens_per_s"].as_f64().unwrap());
+    assert!(pipelined >= one / 1.02 * (1.0 - 1e-9), "the forecast picked a depth that loses to one at a time: {plan}");
+    assert_eq!(chat(&head.addr, false), expected);
+}

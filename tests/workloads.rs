@@ -54,10 +54,13 @@ fn complete(addr: &str, prompt: &[u32], max_tokens: usize) -> (String, String) {
     (v["choices"][0]["text"].as_str().unwrap().to_string(), v["choices"][0]["finish_reason"].as_str().unwrap().to_string())
 }
 
-/// Prompt lengths: two chunks, three chunks, and at the context limit (the answer stops
-/// for length when the context is full).
+/// Prompt lengths: two chunks of the single node's 512, and at the context limit (the
+/// answer stops for length when the context is full). 790, 916 and 980 leave a rest under
+/// 64 tokens in chunks of 64 to 448, whichever a ring's plan takes (a multiple of 64: 768,
+/// 896 and 960 divide by each of them), and none in the single node's 512: the rows of
+/// that rest would round otherwise if the ring computed them apart.
 fn long_prompts() -> Vec<(Vec<u32>, usize)> {
-    vec![(excerpt_tokens(600), 16), (excerpt_tokens(1100), 16), (excerpt_tokens(CTX - 9), 32)]
+    vec![(excerpt_tokens(790), 16), (excerpt_tokens(916), 16), (excerpt_tokens(980), 16), (excerpt_tokens(CTX - 9), 32)]
 }
 
 fn workers() -> (Served, Served, String) {
@@ -66,12 +69,6 @@ fn workers() -> (Served, Served, String) {
     let list = format!("{},{}", w1.addr, w2.addr);
     (w1, w2, list)
 }
-
-/// Prompts fed in the single node's 512-token batches. Otherwise the ring cuts a prompt
-/// into chunks planned from the members' measured speeds, and a chunk rounds as a batch of
-/// its size does (docs/ring.md): an exact comparison with the single node would then hold
-/// on some hosts and not on others.
-const FED_AS_THE_SINGLE_NODE: &[&str] = &["--prompt-chunk", "512"];
 
 fn head(ctx: usize, workers: &str, windows: &str, extra: &[&str]) -> Served {
     let ctx = ctx.to_string();
@@ -95,7 +92,7 @@ fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_sha
     let prompts = long_prompts();
     let node = single(CTX, &[]);
     let expected: Vec<(String, String)> = prompts.iter().map(|(p, m)| complete(&node.addr, p, *m)).collect();
-    assert_eq!(expected[2].1, "length", "a prompt at the limit stops when the context is full");
+    assert_eq!(expected[3].1, "length", "a prompt at the limit stops when the context is full");
     let too_long = excerpt_tokens(CTX);
     let r = common::http(&node.addr, "POST", "/v1/completions", "", &json!({"model": "", "prompt": too_long, "max_tokens": 4}).to_string()).unwrap();
     assert_eq!(r.status, 400, "{}", r.body);
@@ -109,8 +106,19 @@ fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_sha
     drop(node);
 
     let (_w1, _w2, list) = workers();
+    // Also with micro-batches in flight whatever `auto` makes of this host: prompts then
+    // travel in the chunks the plan chose (not the single node's 512).
+    let h = head(CTX, &list, "10,10,10", &["--micro-batches", "3"]);
+    for ((prompt, max), want) in prompts.iter().zip(&expected) {
+        assert_eq!(&complete(&h.addr, prompt, *max), want, "3 micro-batches in flight, a prompt of {} tokens", prompt.len());
+    }
+    drop(h);
     for windows in SHAPES {
-        let h = head(CTX, &list, windows, FED_AS_THE_SINGLE_NODE);
+        // The default flags: micro-batches in flight as hearth chooses, prompts cut into the
+        // chunks planned from the members' measured speeds (so they differ from host to
+        // host), and still the single node's answers (no piece of a prompt is shorter
+        // than a tile: `batcher::no_short_rest`).
+        let h = head(CTX, &list, windows, &[]);
         for ((prompt, max), want) in prompts.iter().zip(&expected) {
             assert_eq!(&complete(&h.addr, prompt, *max), want, "windows {windows}, a prompt of {} tokens", prompt.len());
         }
@@ -120,29 +128,39 @@ fn prompts_up_to_the_context_limit_give_the_single_node_output_in_every_ring_sha
     }
 }
 
-/// Plays a conversation of `turns` user turns (paragraphs of the paper), each answered
-/// greedily and sent back as the assistant's message. Returns the answers and the cached
-/// prompt tokens each turn reported.
+/// Plays a conversation of `turns` user turns (paragraphs of the paper) with two tools
+/// offered, each answered greedily and sent back as the assistant's message (a call gets
+/// a tool result). Returns the answers (text and calls) and the cached prompt tokens each
+/// turn reported.
 fn conversation(addr: &str, turns: usize) -> (Vec<String>, Vec<u64>) {
     let paras = paragraphs();
     assert!(paras.len() >= turns + 1, "{} paragraphs for {turns} turns", paras.len());
+    let tools = json!([
+        {"type": "function", "function": {"name": "find_section", "description": "Find a section of the paper by its title and return its text.", "parameters": {"type": "object", "properties": {"title": {"type": "string", "description": "The section's title"}}, "required": ["title"]}}},
+        {"type": "function", "function": {"name": "cite", "description": "Look up a reference of the paper by its number.", "parameters": {"type": "object", "properties": {"number": {"type": "integer"}}, "required": ["number"]}}}
+    ]);
     let mut messages = vec![json!({"role": "system", "content": format!("You are a helpful reviewer of this paper. {}", paras[0])})];
     let (mut answers, mut cached) = (Vec::new(), Vec::new());
     for p in &paras[1..=turns] {
         // A paragraph cut at a character boundary near 500 bytes: a few sentences.
         let cut = p.char_indices().map(|(i, _)| i).take_while(|&i| i <= 500).last().unwrap_or(p.len());
         messages.push(json!({"role": "user", "content": format!("What does this say? {}", &p[..cut])}));
-        let v = post(addr, "/v1/chat/completions", &json!({"model": "", "messages": messages, "max_tokens": 24, "temperature": 0}));
-        let answer = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        let v = post(addr, "/v1/chat/completions", &json!({"model": "", "messages": messages, "tools": tools, "max_tokens": 24, "temperature": 0}));
+        let message = &v["choices"][0]["message"];
+        let calls: Vec<(String, String)> = message["tool_calls"].as_array().into_iter().flatten().map(|c| (c["function"]["name"].as_str().unwrap_or("").to_string(), c["function"]["arguments"].as_str().unwrap_or("").to_string())).collect();
+        let content = message["content"].as_str().unwrap_or("").to_string();
         cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0));
-        messages.push(json!({"role": "assistant", "content": answer}));
-        answers.push(answer);
+        messages.push(json!({"role": "assistant", "content": content, "tool_calls": message["tool_calls"]}));
+        for c in message["tool_calls"].as_array().into_iter().flatten() {
+            messages.push(json!({"role": "tool", "tool_call_id": c["id"], "content": "Not found in this excerpt."}));
+        }
+        answers.push(format!("{content:?} {calls:?}"));
     }
     (answers, cached)
 }
 
 #[test]
-fn a_twenty_turn_conversation_through_the_ring_equals_the_single_node() {
+fn a_twenty_turn_conversation_with_tools_through_the_ring_equals_the_single_node() {
     const TURNS: usize = 20;
     // Twenty turns of a few sentences each and their answers: about 3,000 tokens.
     const CONVERSATION_CTX: usize = 4096;
@@ -150,14 +168,18 @@ fn a_twenty_turn_conversation_through_the_ring_equals_the_single_node() {
     let (expected, _) = conversation(&node.addr, TURNS);
     drop(node);
     let (_w1, _w2, list) = workers();
-    let h = head(CONVERSATION_CTX, &list, "8,11,11", FED_AS_THE_SINGLE_NODE);
-    let (got, cached) = conversation(&h.addr, TURNS);
-    for (turn, (g, e)) in got.iter().zip(&expected).enumerate() {
-        assert_eq!(g, e, "turn {}", turn + 1);
+    // The default flags, and three micro-batches in flight whatever `auto` makes of this
+    // host (each turn's new tokens then travel in the chunks the plan chose).
+    for extra in [&[][..], &["--micro-batches", "3"][..]] {
+        let h = head(CONVERSATION_CTX, &list, "8,11,11", extra);
+        let (got, cached) = conversation(&h.addr, TURNS);
+        for (turn, (g, e)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(g, e, "turn {} ({extra:?})", turn + 1);
+        }
+        // Each turn after the first continues the previous prompt: the ring reuses its cache.
+        let reused = cached[1..].iter().filter(|&&c| c > 0).count();
+        assert!(reused >= TURNS - 2, "cached prompt tokens per turn: {cached:?}");
     }
-    // Each turn after the first continues the previous prompt: the ring reuses its cache.
-    let reused = cached[1..].iter().filter(|&&c| c > 0).count();
-    assert!(reused >= TURNS - 2, "cached prompt tokens per turn: {cached:?}");
 }
 
 #[test]

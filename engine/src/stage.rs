@@ -326,6 +326,14 @@ impl Stage {
         self.windows.iter().map(|w| w.layers.clone()).collect()
     }
 
+    /// Computes with `threads` CPU threads from the next step on (one at the least): ring
+    /// members that share a machine split its cores while they compute at once.
+    pub fn set_threads(&mut self, threads: usize) {
+        // SAFETY: the CPU backend lives as long as the stage; ggml reads the count when it
+        // plans each computation.
+        unsafe { sys::ggml_backend_cpu_set_n_threads(self.cpu, threads.max(1) as i32) };
+    }
+
     /// Cached positions of `seq` in window `window`.
     pub fn sequence_len(&self, window: usize, seq: SeqId) -> usize {
         self.windows.get(window).map_or(0, |w| w.cache.len(seq))

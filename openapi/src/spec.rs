@@ -435,8 +435,8 @@ pub struct ReplanRequest {
 /// `source` (halda, memory, compute, even, windows, or single without workers),
 /// `automatic`, `rounds` (k), `members` (per device: `name`, `window`, `gpu_layers`,
 /// `experts_in_ram`, `planned_gpu_layers` and `planned_experts_in_ram` where the member
-/// overrode the plan, `layers`, and the cost model's `set`, `overloaded`, `predicted` time
-/// parts), `dropped`,
+/// overrode the plan, `layers`, `threads` where the head chose fewer for members sharing a
+/// machine, and the cost model's `set`, `overloaded`, `predicted` time parts), `dropped`,
 /// `predicted_tpot_ms`, `measured_tpot_ms`, `measured_steps`, `measured_context`,
 /// `measured_hop_ms`, `measured_disk_share`, `predicted_tpot_ms_at_measured_context`,
 /// `micro_batches` (in flight at once), `forecast` (aggregate tokens/s of 1, 4 and 8 streams

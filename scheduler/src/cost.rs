@@ -537,7 +537,7 @@ pub(crate) mod tests {
             bytes_can_swap: 1e9,
             gpu: None,
             comm_s: 1e-3,
-            prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+            prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
         }
     }
 

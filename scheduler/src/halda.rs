@@ -214,7 +214,7 @@ pub struct Solved {
 
 impl Solved {
     pub fn plan(&self, n_layer: usize) -> Plan {
-        let devices = (0..self.w.len()).map(|m| DevicePlan { window: self.w[m], gpu_layers: self.n[m], experts_in_ram: self.e[m] }).collect();
+        let devices = (0..self.w.len()).map(|m| DevicePlan { window: self.w[m], gpu_layers: self.n[m], experts_in_ram: self.e[m], threads: 0 }).collect();
         Plan { n_layer, devices }
     }
 }
@@ -701,7 +701,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
     let (_, members, r, _) = best.ok_or(ScheduleError::Infeasible)?;
     // A device other than the head that ended with no layers is left out of the ring.
     let keep: Vec<usize> = (0..members.len()).filter(|&m| m == 0 || r.w[m] > 0).collect();
-    let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&m| DevicePlan { window: r.w[m], gpu_layers: r.n[m], experts_in_ram: r.e[m] }).collect() };
+    let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&m| DevicePlan { window: r.w[m], gpu_layers: r.n[m], experts_in_ram: r.e[m], threads: 0 }).collect() };
     let members: Vec<usize> = keep.iter().map(|&m| members[m]).collect();
     // Among plans of (nearly) the same latency, the one whose micro-batches in flight
     // keep a steady beat (hearth's addition; see `pipelining::balance_beat`).
@@ -713,7 +713,7 @@ fn halda(devices: &[DeviceProfile], model: &ModelProfile, opts: &Options) -> Res
             .filter(|(m, _)| m.len() > members.len())
             .map(|(m, r)| {
                 let keep: Vec<usize> = (0..m.len()).filter(|&i| i == 0 || r.w[i] > 0).collect();
-                let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&i| DevicePlan { window: r.w[i], gpu_layers: r.n[i], experts_in_ram: r.e[i] }).collect() };
+                let plan = Plan { n_layer: model.n_layer, devices: keep.iter().map(|&i| DevicePlan { window: r.w[i], gpu_layers: r.n[i], experts_in_ram: r.e[i], threads: 0 }).collect() };
                 (keep.iter().map(|&i| m[i]).collect(), plan)
             })
             .collect::<Vec<_>>();
@@ -743,6 +743,29 @@ mod tests {
         }
         assert!("fastest".parse::<Strategy>().is_err());
         assert_eq!(serde_json::to_string(&Strategy::Compute).unwrap(), "\"compute\"");
+    }
+
+    /// A 12 GB model on three members of one 8 GB machine: each reports 8 GB, and planned
+    /// as reported the ring holds the model in RAM three times over; counted once, the
+    /// plan says what the machine will do: read layers from disk.
+    #[test]
+    fn members_on_one_machine_do_not_plan_its_memory_three_times() {
+        use crate::cost::tests::{dev, model};
+        use crate::profile::{share_host_memory, HostShare, Os};
+        let m = model();
+        let mut devices: Vec<DeviceProfile> = (0..3).map(|_| dev(Os::Linux, 8e9)).collect();
+        devices[0].head = true;
+        for d in &mut devices {
+            d.host = Some(HostShare { id: "box".into(), cores: 4.0, threads: 1, quota: 4.0, own_memory: false });
+        }
+        let paging = |devices: &[DeviceProfile]| {
+            let s = schedule(devices, &m, &Options::default()).unwrap();
+            s.prediction.devices.iter().any(|d| d.overloaded)
+        };
+        assert!(!paging(&devices), "as reported, three times 8 GB hold 12 GB");
+        share_host_memory(&mut devices);
+        assert!(devices.iter().all(|d| (d.ram_available - 8e9 / 3.0).abs() < 1.0));
+        assert!(paging(&devices), "8 GB counted once cannot hold 12 GB");
     }
 
     #[test]

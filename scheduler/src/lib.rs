@@ -28,5 +28,5 @@ pub use cost::{measured_disk_share, predict, predict_ring, Breakdown, DeviceCost
 pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DISK_THRESHOLD};
 pub use pipelining::{Forecast, Pipelining};
 pub use plan::{DevicePlan, Plan, PlanError};
-pub use profile::{DeviceProfile, GpuBackend, GpuProfile, ModelProfile, MoeProfile, Os, PerQuant};
+pub use profile::{share_host_memory, DeviceProfile, GpuBackend, GpuProfile, HostShare, ModelProfile, MoeProfile, Os, PerQuant};
 pub use replan::{decide, drift, Current, Decision, ReplanPolicy, Trigger};

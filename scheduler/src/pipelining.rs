@@ -97,11 +97,42 @@ pub struct StageTime {
     /// plan balanced for decoding (a lighter head) is not balanced for prefill.
     pub output_s: f64,
     pub output_rows: RowCost,
+    /// The machine this member shares with other members (an index into
+    /// `Pipelining::hosts`); `None`: a machine of its own.
+    #[serde(default)]
+    pub host: Option<usize>,
+    /// Threads the times above are for (0: unknown, and never changed).
+    #[serde(default)]
+    pub threads: usize,
+    /// Cores the member's process may use (0: no limit beyond its machine's).
+    #[serde(default)]
+    pub quota: f64,
 }
 
 impl StageTime {
     fn at(&self, b: usize, cells: f64, logits: usize) -> f64 {
         self.disk_s + self.weights_s * self.rows.of(b) + self.per_cell_s * cells * b as f64 + self.output_s * self.output_rows.of(logits)
+    }
+
+    /// Whether the member computes (a relay without layers only forwards).
+    fn computes(&self) -> bool {
+        self.weights_s > 0.0 || self.output_s > 0.0
+    }
+
+    /// Cores the member keeps busy while it computes.
+    fn busy_cores(&self) -> f64 {
+        crate::profile::HostShare { threads: self.threads, quota: self.quota, ..Default::default() }.busy_cores()
+    }
+
+    /// The member computing with `threads` threads instead: its kernels at the rate per
+    /// thread it measured (an upper bound for the memory-bound part, which one thread
+    /// streams at more than its share; `DeviceProfile::host`).
+    fn with_threads(&self, threads: usize) -> StageTime {
+        if self.threads == 0 || threads == 0 || threads == self.threads {
+            return self.clone();
+        }
+        let slower = self.threads as f64 / threads as f64;
+        StageTime { weights_s: self.weights_s * slower, per_cell_s: self.per_cell_s * slower, output_s: self.output_s * slower, threads, ..self.clone() }
     }
 }
 
@@ -109,6 +140,9 @@ impl StageTime {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pipelining {
     pub stages: Vec<StageTime>,
+    /// The cores of each machine that several members share (`StageTime::host`).
+    #[serde(default)]
+    pub hosts: Vec<f64>,
 }
 
 /// The smallest prompt chunk the head plans: ggml's CPU attention takes query rows of one
@@ -139,6 +173,11 @@ pub fn auto_depth(plan: &Plan, prediction: &Prediction, pipelining: &Pipelining)
     let rate = |m| pipelining.tokens_per_s(BALANCE_STREAMS, m, FORECAST_CONTEXT);
     let most = members.max(BALANCE_STREAMS);
     let best = (members..=most).map(rate).fold(0.0, f64::max);
+    // One at a time where that is clearly faster: members that share a machine's cores
+    // gain nothing by computing at once, and lose what smaller batches cost.
+    if rate(1) > best * (1.0 + DEPTH_TIE) {
+        return 1;
+    }
     (members..=most).find(|&m| rate(m) >= best * (1.0 - DEPTH_TIE)).unwrap_or(members)
 }
 
@@ -167,8 +206,8 @@ const BALANCE_TPOT_SLACK: f64 = 1.0 + 1e-9;
 /// within `BALANCE_TPOT_SLACK`. Halda's objective is one token's latency, which is
 /// indifferent to where a layer runs among devices of one speed; the beat is not: with
 /// even windows the head, which also holds the output layer, is the slowest member and
-/// everyone else waits for it. A plan that runs one micro-batch at a time is returned as
-/// it is. GPU layers and experts stay where they are (only CPU layers move), and every
+/// everyone else waits for it. A plan of one computing member, or one that pages windows
+/// from disk (one micro-batch at a time whatever the beat), is returned as it is. GPU layers and experts stay where they are (only CPU layers move), and every
 /// member keeps at least one layer (a head that relays only stays so).
 pub fn balance_beat(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan) -> Plan {
     let predicted = predict_ring(devices, model, plan, DEFAULT_DISK_THRESHOLD);
@@ -184,7 +223,8 @@ pub fn depth_of(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan) ->
 
 /// `balance_beat` with the predicted TPOT kept under `limit` seconds instead.
 fn balance_beat_within(devices: &[DeviceProfile], model: &ModelProfile, plan: &Plan, limit: f64) -> Plan {
-    if devices.len() != plan.devices.len() || depth_of(devices, model, plan).1 <= 1 {
+    let pages = || predict_ring(devices, model, plan, DEFAULT_DISK_THRESHOLD).devices.iter().any(|d| d.overloaded);
+    if devices.len() != plan.devices.len() || computing_members(plan) <= 1 || pages() {
         return plan.clone();
     }
     // The decode beat only: on small models (the output layer weighs several layers) a
@@ -192,10 +232,13 @@ fn balance_beat_within(devices: &[DeviceProfile], model: &ModelProfile, plan: &P
     // forecast shows it. Measured on the default model, three equal members: decoding 8
     // streams 45.2 t/s and a 2,178-token prompt 54.2 s with the decode-balanced 5,12,13
     // against 35.7 t/s and 46.5 s with 10,10,10: the decode gain is the larger share.
+    // The beat in flight, also where one at a time is faster as the plan stands: a
+    // balanced plan may pipeline (`auto_depth` judges it afresh).
     let beat = |p: &Plan| {
         let (pipelining, depth) = depth_of(devices, model, p);
+        let depth = if depth <= 1 { computing_members(p) } else { depth };
         let g = BALANCE_STREAMS.div_ceil(depth);
-        pipelining.beat_s(g, FORECAST_CONTEXT as f64, g)
+        pipelining.at_depth(depth).beat_s(g, FORECAST_CONTEXT as f64, g)
     };
     let mut best = plan.clone();
     let mut best_beat = beat(&best);
@@ -292,10 +335,65 @@ impl Pipelining {
                 let sigma = if dev.prompt_token_share > 0.0 { dev.prompt_token_share.min(1.0) } else { DEFAULT_PROMPT_TOKEN_SHARE };
                 let rows = RowCost { steps: dev.row_steps.clone(), share: sigma };
                 let output_rows = if dev.output_row_steps.is_empty() { rows.clone() } else { RowCost { steps: dev.output_row_steps.clone(), share: sigma } };
-                StageTime { name: full.name.clone(), weights_s: layers, rows, per_cell_s: attention / cells, disk_s: f.disk_s, hop_s: f.network_s, output_s: output, output_rows }
+                let share = dev.host.clone().unwrap_or_default();
+                StageTime { name: full.name.clone(), weights_s: layers, rows, per_cell_s: attention / cells, disk_s: f.disk_s, hop_s: f.network_s, output_s: output, output_rows, host: None, threads: share.threads, quota: share.quota }
             })
             .collect();
-        Pipelining { stages }
+        let mut p = Pipelining { stages, hosts: Vec::new() };
+        p.share_hosts(devices);
+        p
+    }
+
+    /// Marks the members that share a machine with another member (by `DeviceProfile::host`).
+    fn share_hosts(&mut self, devices: &[DeviceProfile]) {
+        fn id(d: &DeviceProfile) -> Option<&str> {
+            d.host.as_ref().map(|h| h.id.as_str()).filter(|id| !id.is_empty())
+        }
+        for (i, dev) in devices.iter().enumerate() {
+            let Some(me) = id(dev) else { continue };
+            if self.stages[i].host.is_some() || !devices.iter().enumerate().any(|(j, d)| j != i && id(d) == Some(me)) {
+                continue;
+            }
+            let group = self.hosts.len();
+            let cores = devices.iter().filter(|d| id(d) == Some(me)).filter_map(|d| d.host.as_ref()).map(|h| h.cores).fold(0.0, f64::max);
+            self.hosts.push(cores.max(1.0));
+            for (j, d) in devices.iter().enumerate() {
+                if id(d) == Some(me) {
+                    self.stages[j].host = Some(group);
+                }
+            }
+        }
+    }
+
+    /// Threads per member with `depth` micro-batches in flight: each its own, except on a
+    /// machine shared with other members that compute, where those that may compute at
+    /// once (at most `depth`) split its cores, one thread each at the least. Threads past
+    /// the cores that ggml's barriers spin for collapse a step; members of one thread
+    /// each never wait at a barrier, so they may outnumber the cores (they take turns).
+    pub fn threads(&self, depth: usize) -> Vec<usize> {
+        self.stages
+            .iter()
+            .map(|s| {
+                let Some(h) = s.host else { return s.threads };
+                let sharing = self.stages.iter().filter(|o| o.host == Some(h) && o.computes()).count();
+                let at_once = depth.max(1).min(sharing);
+                if at_once <= 1 || s.threads == 0 {
+                    return s.threads;
+                }
+                let each = ((self.hosts[h] + 1e-9) / at_once as f64).floor().max(1.0) as usize;
+                s.threads.min(each)
+            })
+            .collect()
+    }
+
+    /// The members as they compute with `depth` micro-batches in flight (`threads`).
+    pub fn at_depth(&self, depth: usize) -> std::borrow::Cow<'_, Pipelining> {
+        let threads = self.threads(depth);
+        if self.stages.iter().zip(&threads).all(|(s, &t)| s.threads == t) {
+            return std::borrow::Cow::Borrowed(self);
+        }
+        let stages = self.stages.iter().zip(threads).map(|(s, t)| s.with_threads(t)).collect();
+        std::borrow::Cow::Owned(Pipelining { stages, hosts: self.hosts.clone() })
     }
 
     /// One micro-batch of `b` tokens attending `cells` cells each, `logits` of them
@@ -306,13 +404,21 @@ impl Pipelining {
 
     /// The slowest member's busy time for that micro-batch: with enough in flight, one
     /// micro-batch leaves the ring every beat.
+    /// Members that share a machine take turns on its cores: together they need their
+    /// busy times times the cores each keeps busy, which the machine's cores serve.
     pub fn beat_s(&self, b: usize, cells: f64, logits: usize) -> f64 {
-        self.stages.iter().map(|s| s.at(b, cells, logits)).fold(0.0, f64::max)
+        let alone = self.stages.iter().map(|s| s.at(b, cells, logits)).fold(0.0, f64::max);
+        let shared = (0..self.hosts.len()).map(|h| self.stages.iter().filter(|s| s.host == Some(h)).map(|s| s.at(b, cells, logits) * s.busy_cores()).sum::<f64>() / self.hosts[h]);
+        shared.fold(alone, f64::max)
     }
 
     /// Time to first token of a prompt of `n` tokens in chunks of `chunk`, with up to
     /// `depth` micro-batches in flight.
     pub fn ttft_s(&self, n: usize, chunk: usize, depth: usize) -> f64 {
+        self.at_depth(depth).ttft_with_threads(n, chunk, depth)
+    }
+
+    fn ttft_with_threads(&self, n: usize, chunk: usize, depth: usize) -> f64 {
         let n = n.max(1);
         let chunks = n.div_ceil(chunk.max(1));
         // Chunks of equal size: the batching loop's last one is smaller, the sum the same.
@@ -340,8 +446,9 @@ impl Pipelining {
         }
         // Called per micro-batch while prompts wait: the sizes are an iterator, not a Vec.
         let sizes = || (1..=max_batch / MIN_PROMPT_CHUNK).map(|i| i * MIN_PROMPT_CHUNK).chain((max_batch % MIN_PROMPT_CHUNK != 0).then_some(max_batch));
-        let best = sizes().map(|b| self.ttft_s(n, b, depth)).fold(f64::INFINITY, f64::min);
-        sizes().rev().find(|&b| self.ttft_s(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
+        let p = self.at_depth(depth);
+        let best = sizes().map(|b| p.ttft_with_threads(n, b, depth)).fold(f64::INFINITY, f64::min);
+        sizes().rev().find(|&b| p.ttft_with_threads(n, b, depth) <= best * 1.01).unwrap_or(max_batch)
     }
 
     /// Aggregate decode tokens/s of `streams` sequences with `context` tokens in their
@@ -351,7 +458,8 @@ impl Pipelining {
         let m = depth.clamp(1, streams);
         let g = streams.div_ceil(m);
         let cells = context as f64;
-        let period = if m == 1 { self.round_s(streams, cells, streams) } else { self.round_s(g, cells, g).max(m as f64 * self.beat_s(g, cells, g)) };
+        let p = self.at_depth(m);
+        let period = if m == 1 { p.round_s(streams, cells, streams) } else { p.round_s(g, cells, g).max(m as f64 * p.beat_s(g, cells, g)) };
         streams as f64 / period
     }
 
@@ -416,11 +524,11 @@ mod tests {
     /// A member whose batch of `b` tokens takes `fixed + b·per_token` seconds.
     fn stage(name: String, fixed: f64, per_token: f64) -> StageTime {
         let w = fixed + per_token;
-        StageTime { name, weights_s: w, rows: RowCost::linear(per_token / w), per_cell_s: 0.0, disk_s: 0.0, hop_s: 0.0, output_s: 0.0, output_rows: RowCost::linear(0.0) }
+        StageTime { name, weights_s: w, rows: RowCost::linear(per_token / w), per_cell_s: 0.0, disk_s: 0.0, hop_s: 0.0, output_s: 0.0, output_rows: RowCost::linear(0.0), host: None, threads: 0, quota: 0.0 }
     }
 
     fn even(members: usize, fixed: f64, per_token: f64) -> Pipelining {
-        Pipelining { stages: (0..members).map(|i| stage(format!("d{i}"), fixed, per_token)).collect() }
+        Pipelining { stages: (0..members).map(|i| stage(format!("d{i}"), fixed, per_token)).collect(), hosts: Vec::new() }
     }
 
     #[test]
@@ -519,6 +627,10 @@ mod tests {
             // of it, and no smaller depth is.
             let rate = |d| p.tokens_per_s(8, d, FORECAST_CONTEXT);
             let best = (3..=8).map(rate).fold(0.0, f64::max);
+            if rate(1) > best * (1.0 + DEPTH_TIE) {
+                assert_eq!(d, 1, "one at a time is faster");
+                return d;
+            }
             assert!((3..=8).contains(&d) && rate(d) >= best * (1.0 - DEPTH_TIE), "{d}");
             assert!((3..d).all(|e| rate(e) < best * (1.0 - DEPTH_TIE)), "{d}");
             d
@@ -534,17 +646,78 @@ mod tests {
             d.output_row_steps = vec![1.0, 2.83, 6.86, 3.75, 6.42, 4.63, 7.22, 4.19];
         }
         assert_eq!(depth(&devices), 8);
-        // Weights streamed from memory: a batch costs little more than one row.
+        // Weights streamed from memory: a batch costs little more than one row. With even
+        // windows the head (its layers and the output layer) sets the beat, and one batch
+        // of eight at a time is faster than three in flight (the forecast: 88 against 77
+        // tokens/s), so that is the depth; with the beat balanced off the head, they pipeline.
         for d in devices.iter_mut() {
             d.row_steps = (0..8).map(|i| 1.0 + 0.02 * i as f64).collect();
             d.output_row_steps = d.row_steps.clone();
         }
-        assert_eq!(depth(&devices), 3);
+        assert_eq!(depth(&devices), 1);
+        let balanced = balance_beat(&devices, &m, &plan);
+        let (_, d) = depth_of(&devices, &m, &balanced);
+        assert!(d >= 3, "{d}");
         // Paging windows from disk: one at a time, whatever the forecast.
         let (p, _) = depth_of(&devices, &m, &plan);
         let mut overloaded = predict_ring(&devices, &m, &plan, DEFAULT_DISK_THRESHOLD);
         overloaded.devices[1].overloaded = true;
         assert_eq!(auto_depth(&plan, &overloaded, &p), 1);
+    }
+
+    /// Three members on one 2-core machine, two threads each (measured on the default
+    /// model: 8 streams at 162.9 tokens/s one micro-batch at a time, 43.7 with four in
+    /// flight and six spinning threads): in flight they may keep only two threads busy, so
+    /// one each, and one at a time is faster: that is what they run. The same members on
+    /// machines of their own, or in quotas that leave the cores enough (emulated devices),
+    /// pipeline as before.
+    #[test]
+    fn members_that_share_a_machine_split_its_cores_and_pipeline_only_where_that_pays() {
+        use crate::profile::HostShare;
+        let (m, mut devices) = heavy_output_on_equal_devices();
+        let plan = Plan::from_windows(30, &[10, 10, 10]).unwrap();
+        let on = |devices: &mut [DeviceProfile], id: &str, cores: f64, threads: usize, quota: f64| {
+            for d in devices.iter_mut() {
+                d.host = Some(HostShare { id: id.into(), cores, threads, quota, own_memory: false });
+            }
+        };
+        on(&mut devices, "", 2.0, 2, 2.0);
+        let (alone, alone_depth) = depth_of(&devices, &m, &plan);
+        assert!(alone.hosts.is_empty() && alone_depth >= 3, "unknown machines are machines of their own: {alone_depth}");
+
+        on(&mut devices, "box", 2.0, 2, 2.0);
+        let (p, depth) = depth_of(&devices, &m, &plan);
+        assert_eq!(p.hosts, vec![2.0]);
+        assert_eq!(p.threads(1), vec![2, 2, 2]);
+        for d in 2..=8 {
+            assert_eq!(p.threads(d), vec![1, 1, 1], "depth {d}");
+        }
+        assert_eq!(depth, 1);
+        let one = p.tokens_per_s(8, 1, FORECAST_CONTEXT);
+        assert_eq!(one, alone.tokens_per_s(8, 1, FORECAST_CONTEXT), "one at a time, sharing costs nothing");
+        for d in 2..=8 {
+            let rate = p.tokens_per_s(8, d, FORECAST_CONTEXT);
+            assert!(rate < one && rate < alone.tokens_per_s(8, d, FORECAST_CONTEXT), "depth {d}: {rate} vs {one}");
+        }
+        // A prompt too: the forecast's chunked prefill on shared cores is no faster than
+        // the same chunks one at a time.
+        assert!(p.ttft_s(2000, 128, 3) >= p.ttft_s(2000, 128, 1) * 0.999, "{} vs {}", p.ttft_s(2000, 128, 3), p.ttft_s(2000, 128, 1));
+
+        // Two threads each on a 4-core machine: two may compute at once with theirs, three
+        // split the cores.
+        on(&mut devices, "big", 4.0, 2, 4.0);
+        let big = Pipelining::of(&devices, &m, &plan);
+        assert_eq!((big.threads(2), big.threads(3)), (vec![2, 2, 2], vec![1, 1, 1]));
+
+        // Emulated devices: one thread each in a quota of 0.66 core on a 2-core machine. The
+        // quotas fit the cores and nobody spins: they pipeline like separate machines.
+        on(&mut devices, "box", 2.0, 1, 0.66);
+        let (q, q_depth) = depth_of(&devices, &m, &plan);
+        assert!(q_depth >= 3 && q.threads(q_depth) == vec![1, 1, 1], "{q_depth}");
+        let mut separate = devices.clone();
+        on(&mut separate, "", 2.0, 1, 0.66);
+        let s = Pipelining::of(&separate, &m, &plan);
+        assert!((q.tokens_per_s(8, q_depth, FORECAST_CONTEXT) - s.tokens_per_s(8, q_depth, FORECAST_CONTEXT)).abs() < 1e-9);
     }
 
     /// A model of 30 layers whose output layer weighs five of them (as small models' do),

@@ -33,6 +33,11 @@ pub struct DevicePlan {
     /// and shared experts on the GPU, each token's chosen experts on the CPU.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub experts_in_ram: usize,
+    /// Threads the device computes with; 0: its own. Chosen with the micro-batches in
+    /// flight for members that share a machine (`Pipelining::threads`), so they never keep
+    /// more threads busy than it has cores.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub threads: usize,
 }
 
 fn is_zero(x: &usize) -> bool {
@@ -42,7 +47,7 @@ fn is_zero(x: &usize) -> bool {
 impl DevicePlan {
     /// A window of `window` layers, `gpu_layers` of them on the GPU with their experts.
     pub fn new(window: usize, gpu_layers: usize) -> DevicePlan {
-        DevicePlan { window, gpu_layers, experts_in_ram: 0 }
+        DevicePlan { window, gpu_layers, experts_in_ram: 0, threads: 0 }
     }
 }
 
@@ -73,6 +78,13 @@ impl Plan {
         }
         let windows: Vec<usize> = (0..n_devices).map(|i| n_layer / n_devices + usize::from(i < n_layer % n_devices)).collect();
         Plan::from_windows(n_layer, &windows)
+    }
+
+    /// Whether `other` puts the same layers in the same places (threads aside: they
+    /// follow the micro-batches in flight, which are chosen after the plan).
+    pub fn same_layers(&self, other: &Plan) -> bool {
+        let placed = |p: &Plan| p.devices.iter().map(|d| (d.window, d.gpu_layers, d.experts_in_ram)).collect::<Vec<_>>();
+        self.n_layer == other.n_layer && placed(self) == placed(other)
     }
 
     pub fn check(&self) -> Result<(), PlanError> {

@@ -194,6 +194,79 @@ pub struct DeviceProfile {
     /// to be timed whole); empty: `row_steps` stands in.
     #[serde(default)]
     pub output_row_steps: Vec<f64>,
+    /// The machine the device runs on and the share of it the device computes with;
+    /// `None` (an older profile, or a system that does not say): a machine of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostShare>,
+}
+
+/// Where a device computes: ring members on one machine (a worker per GPU, a desktop
+/// lending its spare cores, every test and benchmark here) share its cores, so while
+/// several of them compute at once each runs slower than it measured alone, and ggml
+/// threads that spin at barriers while their peers wait for a core slow down many times
+/// over (measured: three members of two threads each on a 2-core machine decoded 8
+/// streams at 43.7 tokens/s with four micro-batches in flight, 162.9 one at a time).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HostShare {
+    /// The machine: one id per running kernel (Linux's boot id, which every process,
+    /// container and network namespace under it shares); empty: unknown, a machine of
+    /// its own.
+    pub id: String,
+    /// The machine's online cores: what its members share.
+    pub cores: f64,
+    /// Threads the device computes with: its rates were measured with them.
+    pub threads: usize,
+    /// Cores the device's process may use (a cgroup CPU quota, an affinity mask): at
+    /// most `cores`.
+    pub quota: f64,
+    /// The device's available RAM is its own (a memory cgroup's limit: a container, an
+    /// emulated device), not the machine's, which its co-located members also count.
+    pub own_memory: bool,
+}
+
+impl HostShare {
+    /// Cores the device keeps busy while it computes: its threads, within its quota.
+    pub fn busy_cores(&self) -> f64 {
+        let threads = self.threads.max(1) as f64;
+        if self.quota > 0.0 {
+            threads.min(self.quota)
+        } else {
+            threads
+        }
+    }
+}
+
+/// Members on one machine that each report the machine's available RAM (no memory limit
+/// of their own) fill one RAM and one page cache: planned as reported, Halda would let
+/// each hold what only all of them together may. Each gets a share of the machine's RAM
+/// and swap in proportion to the cores it keeps busy (where its layers tend to go); the
+/// least of their reports stands for the machine (they are read moments apart). Call it
+/// once on freshly gathered profiles: it is not idempotent.
+pub fn share_host_memory(devices: &mut [DeviceProfile]) {
+    fn shared(d: &DeviceProfile) -> Option<&HostShare> {
+        d.host.as_ref().filter(|h| !h.id.is_empty() && !h.own_memory)
+    }
+    let mut done = vec![false; devices.len()];
+    for i in 0..devices.len() {
+        let Some(me) = shared(&devices[i]).map(|h| h.id.clone()) else { continue };
+        if done[i] {
+            continue;
+        }
+        let group: Vec<usize> = (0..devices.len()).filter(|&j| shared(&devices[j]).is_some_and(|h| h.id == me)).collect();
+        group.iter().for_each(|&j| done[j] = true);
+        if group.len() < 2 {
+            continue;
+        }
+        let least = |f: fn(&DeviceProfile) -> f64| group.iter().map(|&j| f(&devices[j])).fold(f64::INFINITY, f64::min);
+        let (ram, swap) = (least(|d| d.ram_available), least(|d| d.swap_available));
+        let weights: Vec<f64> = group.iter().map(|&j| shared(&devices[j]).map_or(1.0, HostShare::busy_cores)).collect();
+        let total: f64 = weights.iter().sum();
+        for (&j, w) in group.iter().zip(&weights) {
+            devices[j].ram_available = ram * w / total;
+            devices[j].swap_available = swap * w / total;
+        }
+    }
 }
 
 impl DeviceProfile {
@@ -417,6 +490,30 @@ mod tests {
         // A profile written before `other` existed still reads.
         let old: PerQuant = serde_json::from_str(r#"{"q4k": 1.0, "f32": 2.0}"#).unwrap();
         assert!(old.other.is_empty() && old.q4k == 1.0);
+    }
+
+    /// Three members on one machine (a head of two threads and two workers of one) share
+    /// its 24 GB in proportion to their threads; one in a memory cgroup keeps its own
+    /// figure, and so does a member alone on its machine or on an unknown one.
+    #[test]
+    fn members_on_one_machine_share_its_memory_once() {
+        let mut devices: Vec<DeviceProfile> = (0..6).map(|_| crate::cost::tests::dev(Os::Linux, 24e9)).collect();
+        for d in &mut devices {
+            d.swap_available = 4e9;
+        }
+        let host = |id: &str, threads: usize, own_memory: bool| Some(HostShare { id: id.into(), cores: 4.0, threads, quota: 4.0, own_memory });
+        devices[0].host = host("box", 2, false);
+        devices[1].host = host("box", 1, false);
+        devices[2].host = host("box", 1, false);
+        devices[2].ram_available = 23e9;
+        devices[3].host = host("box", 1, true);
+        devices[4].host = host("other", 1, false);
+        devices[5].host = host("", 1, false);
+        share_host_memory(&mut devices);
+        let ram: Vec<f64> = devices.iter().map(|d| d.ram_available).collect();
+        assert_eq!(ram, vec![11.5e9, 5.75e9, 5.75e9, 24e9, 24e9, 24e9]);
+        assert_eq!(devices[0].swap_available, 2e9);
+        assert_eq!(devices[3].swap_available, 4e9);
     }
 
     /// A cached profile reads back to the same figures, to the last bit (serde_json's

@@ -112,7 +112,7 @@ pub fn decide(devices: &[DeviceProfile], model: &ModelProfile, current: Current<
     let members: Vec<DeviceProfile> = current.members.iter().map(|&m| devices[m].clone()).collect();
     let current_tpot_s = predict_ring(&members, model, current.plan, disk_threshold).tpot_s;
     let candidate_tpot_s = candidate.prediction.tpot_s;
-    let same = candidate.members == current.members && candidate.plan == *current.plan;
+    let same = candidate.members == current.members && candidate.plan.same_layers(current.plan);
     let gain = if current_tpot_s > 0.0 { 1.0 - candidate_tpot_s / current_tpot_s } else { 0.0 };
     let (apply, reason) = if same {
         (false, "the scheduler chose the running plan again".to_string())

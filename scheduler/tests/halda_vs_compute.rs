@@ -25,7 +25,7 @@ fn dev(name: &str, os: Os, head: bool, flops: PerQuant, bw: f64, seq: f64, rand:
         bytes_can_swap: 0.0,
         gpu: None,
         comm_s: 0.0,
-        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
     }
 }
 

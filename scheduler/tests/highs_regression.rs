@@ -53,7 +53,7 @@ fn node(name: &str, gflops: f64, ram: f64) -> DeviceProfile {
         bytes_can_swap: 0.0,
         gpu: None,
         comm_s: 1e-4,
-        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
     }
 }
 

@@ -61,12 +61,12 @@ fn gaming_pc(vram: f64) -> DeviceProfile {
         bytes_can_swap: 0.0,
         gpu: Some(GpuProfile { backend: GpuBackend::Cuda, flops: rates(8e12), read_bw: 400.0 * GB, memory_available: vram, kv_copy_s: 5e-6, ram_to_vram_s: 2e-5, vram_to_ram_s: 2e-5, uma: false }),
         comm_s: 0.0,
-        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
     }
 }
 
 fn plan(window: usize, gpu_layers: usize, experts_in_ram: usize) -> Plan {
-    let p = Plan { n_layer: 48, devices: vec![DevicePlan { window, gpu_layers, experts_in_ram }] };
+    let p = Plan { n_layer: 48, devices: vec![DevicePlan { window, gpu_layers, experts_in_ram, threads: 0 }] };
     p.check().unwrap();
     p
 }
@@ -120,7 +120,7 @@ fn halda_keeps_experts_in_ram_to_put_every_layer_on_a_small_gpu() {
     }
     // A GPU that holds the whole model keeps every expert on it.
     let s = schedule(&[gaming_pc(24.0 * GB)], &m, &Options::default()).unwrap();
-    assert_eq!(s.plan.devices[0], DevicePlan { window: 48, gpu_layers: 48, experts_in_ram: 0 });
+    assert_eq!(s.plan.devices[0], DevicePlan { window: 48, gpu_layers: 48, experts_in_ram: 0, threads: 0 });
 }
 
 #[test]
@@ -157,6 +157,6 @@ fn experts_kept_in_ram_count_against_ram() {
     assert!(held <= 11.0 * GB, "{p:?} holds {held} bytes in RAM");
     assert!(scheduler::cost::gpu_fits(&small, &m, true, 1, p.gpu_layers, p.experts_in_ram), "{p:?}");
     // A plan that keeps the experts of more layers in RAM than it has on the GPU is refused.
-    let bad = Plan { n_layer: 48, devices: vec![DevicePlan { window: 48, gpu_layers: 4, experts_in_ram: 5 }] };
+    let bad = Plan { n_layer: 48, devices: vec![DevicePlan { window: 48, gpu_layers: 4, experts_in_ram: 5, threads: 0 }] };
     assert!(bad.check().is_err());
 }

@@ -28,7 +28,7 @@ prop_compose! {
         DeviceProfile {
             name: format!("{os:?}"), os, head: false, cpu_flops: rates(cpu * 1e9), cpu_read_bw: bw * GB, kv_copy_cpu_s: 2e-6,
             disk_seq_read: disk * GB, disk_rand_read: disk * GB * 0.8, ram_total: 16.0 * GB, ram_available: ram * GB,
-            swap_available: swap * GB, bytes_can_swap: swap * GB * 0.5, gpu, comm_s: comm * 1e-3, prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+            swap_available: swap * GB, bytes_can_swap: swap * GB * 0.5, gpu, comm_s: comm * 1e-3, prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
         }
     }
 }

@@ -15,8 +15,10 @@ use crate::cli::PlanArgs;
 use crate::runtime::ring::planning::{forecast, table};
 
 pub fn run(args: PlanArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let devices: Vec<DeviceProfile> = serde_json::from_str(&std::fs::read_to_string(&args.devices).map_err(|e| format!("cannot read {}: {e}", args.devices.display()))?)
+    let mut devices: Vec<DeviceProfile> = serde_json::from_str(&std::fs::read_to_string(&args.devices).map_err(|e| format!("cannot read {}: {e}", args.devices.display()))?)
         .map_err(|e| format!("{} is not a list of device profiles: {e}", args.devices.display()))?;
+    // Profiles as `hearth profile` writes them: members on one machine each report its RAM.
+    scheduler::share_host_memory(&mut devices);
     let model = load_model(&args.model.resolve()?, args.ctx_size, args.kv.types())?;
     let strategy: Strategy = args.plan_strategy.parse()?;
     let schedule_with = |strategy| scheduler::schedule(&devices, &model, &Options { strategy, streams: args.parallel.max(1), ..Options::default() });

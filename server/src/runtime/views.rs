@@ -24,6 +24,10 @@ pub struct MemberView {
     pub planned_experts_in_ram: Option<usize>,
     /// Its layer windows, one per round: `[start, end)`.
     pub layers: Vec<[usize; 2]>,
+    /// Threads the head chose for it, where it shares a machine with other members that
+    /// compute at once; absent: its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub threads: Option<usize>,
     /// The cost model's view of it, when the plan came from the scheduler.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub set: Option<DeviceSet>,

@@ -238,6 +238,36 @@ fn a_prompt_piece_cut_by_the_batch_room_keeps_whole_tiles() {
     assert_eq!(log.violations, Vec::<String>::new());
 }
 
+/// No piece of a prompt leaves a rest under a tile of 64 query rows (ggml computes such a
+/// rest one row at a time, which rounds otherwise): the rest joins the piece before it, or
+/// gives it whole tiles of its rows where the batch has no room, so every cut of a prompt gives the
+/// answer of any other.
+#[test]
+fn a_prompt_never_ends_in_a_piece_shorter_than_a_tile() {
+    let long: Vec<i32> = prompt(&"the quick brown fox jumps over the lazy dog ".repeat(20));
+    assert!(long.len() > 150, "{} tokens", long.len());
+    // The batch holds all but 20 rows: the last 20 would be a piece of their own.
+    let max_batch = long.len() - 20;
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting());
+    let rig = Rig::start(pipeline, 1, 4, max_batch, None);
+    assert_eq!(answer(rig.submit(&long, 2, &[])).completion_tokens, 2);
+    let log = rig.log.lock().unwrap();
+    let pieces: Vec<usize> = log.batches.iter().map(Vec::len).filter(|&n| n > 1).collect();
+    let first = (long.len() - 64) / 64 * 64;
+    assert_eq!(pieces, vec![first, long.len() - first]);
+    assert_eq!(log.violations, Vec::<String>::new());
+    // Where the batch has room, the rest joins the piece; a prompt or stretch shorter than
+    // a tile, or a piece already shorter (cut by the room), stays as it is.
+    use super::batcher::no_short_rest;
+    assert_eq!(no_short_rest(128, 150, 512, 64), 150);
+    assert_eq!(no_short_rest(128, 150, 140, 64), 64);
+    assert_eq!(no_short_rest(512, 530, 512, 64), 448);
+    assert_eq!(no_short_rest(64, 100, 80, 64), 64);
+    assert_eq!(no_short_rest(40, 50, 512, 64), 40);
+    assert_eq!(no_short_rest(128, 128, 512, 64), 128);
+    assert_eq!(no_short_rest(128, 200, 512, 64), 128);
+}
+
 #[test]
 fn a_shared_prefix_is_reused_from_the_cache() {
     let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting()), 1, 2, 64, None);
@@ -430,7 +460,11 @@ fn prompts_arriving_together_follow_one_another_through_the_pipeline() {
     let requests: Vec<(Vec<i32>, usize)> = (0..6).map(|i| (prompt(&format!("Count {i}: {}", "one two three four ".repeat(6))), 12)).collect();
     assert!(requests.iter().all(|(p, _)| (20..40).contains(&p.len())), "prompt lengths");
     let run = |depth: usize| {
-        let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(depth).with_shortest_chunk(40);
+        // Steps of 10 ms: every request is in before the first can finish and free its
+        // slot for a later one (which would then carry a second prompt on sequence 0; on
+        // a loaded 2-core host the submitting thread once lost that race to thirteen
+        // instant steps).
+        let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting_with_hiccups()).with_depth(depth).with_shortest_chunk(40).with_delay(Duration::from_millis(10));
         let rig = Rig::start(pipeline, requests.len(), 8, 256, None);
         let rxs: Vec<_> = requests.iter().map(|(p, n)| rig.submit(p, *n, &[])).collect();
         let answers: Vec<Answer> = rxs.into_iter().map(answer).map(without_cache_hits).collect();

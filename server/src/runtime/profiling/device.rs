@@ -51,7 +51,7 @@ pub fn device_profile(threads: usize, model: Option<(&std::path::Path, &engine::
             (p, Some(start.elapsed()))
         }
     };
-    Ok((profile, took, disk_dir))
+    Ok((DeviceProfile { host: Some(super::host::host_share(threads)), ..profile }, took, disk_dir))
 }
 
 /// Reads the parts of a (cached) profile that change while the device runs: available
@@ -107,7 +107,7 @@ fn measure(threads: usize, disk_dir: &std::path::Path, model: Option<(&std::path
         gpu: gpu_profile(model, kv_bytes)?,
         // Measured by the head on the real ring links.
         comm_s: 0.0,
-        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+        prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
     };
     refresh_memory(&mut profile);
     Ok(profile)
@@ -281,7 +281,8 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
 
 /// `stage`'s window 0 on batches of 1 to `CALIBRATION_ROWS` decode tokens (one of each of
 /// that many sequences, `input(b)` their input), each as a multiple of one token's time:
-/// the fastest of `CALIBRATION_ROW_REPS` after one that builds the graph.
+/// the fastest of `CALIBRATION_ROW_REPS` after one that builds the graph, never more than
+/// a bigger batch's.
 fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::StageInput<'a>, logits: bool) -> Result<Vec<f64>> {
     let mut times = Vec::with_capacity(CALIBRATION_ROWS);
     for b in 1..=CALIBRATION_ROWS {
@@ -296,6 +297,13 @@ fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::Sta
             }
         }
         times.push(best);
+    }
+    // More rows never cost less than fewer, and noise (a cold cache on the first batch, a
+    // neighbour's burst) only ever adds time: where a batch measured slower than a bigger
+    // one, the bigger one's time is the truer bound. Without this a noisy host's profile
+    // once said two rows cost 0.79 of one.
+    for i in (0..times.len().saturating_sub(1)).rev() {
+        times[i] = times[i].min(times[i + 1]);
     }
     let one = times[0].max(f64::MIN_POSITIVE);
     Ok(times.iter().map(|t| t / one).collect())
@@ -356,6 +364,11 @@ fn write_cache(path: &std::path::Path, key: &str, profile: &DeviceProfile) {
 /// Without a model (a worker that will fetch its layers), the disk measured is
 /// `no_model_dir`, where the fetched layers go.
 pub fn serving_profile(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, no_model_dir: &std::path::Path) -> Result<DeviceProfile> {
+    let p = measured_or_cached(threads, model, no_model_dir)?;
+    Ok(DeviceProfile { host: Some(super::host::host_share(threads)), ..p })
+}
+
+fn measured_or_cached(threads: usize, model: Option<(&std::path::Path, &engine::ModelFile)>, no_model_dir: &std::path::Path) -> Result<DeviceProfile> {
     let (disk_dir, _, key) = target(threads, model, Some(no_model_dir))?;
     if let Some(p) = read_cache(&cache_path(), &key) {
         return Ok(p);

@@ -2,6 +2,7 @@
 //! cached profile) and a model (bytes and FLOPs per layer from its GGUF).
 
 pub mod device;
+pub mod host;
 pub mod model;
 
 pub use device::{device_profile, refresh_memory, serving_profile};

@@ -263,6 +263,7 @@ pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], predic
                 planned_gpu_layers: None,
                 planned_experts_in_ram: None,
                 layers: plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
+                threads: Some(plan.devices[i].threads).filter(|&t| t > 0),
                 set: cost.map(|c| c.set),
                 overloaded: cost.map(|c| c.overloaded),
                 predicted: cost.map(|c| c.breakdown),
@@ -310,7 +311,7 @@ mod tests {
             bytes_can_swap: 0.0,
             gpu: None,
             comm_s,
-            prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(),
+            prompt_token_share: 0.0, row_steps: Vec::new(), output_row_steps: Vec::new(), host: None,
         }
     }
 

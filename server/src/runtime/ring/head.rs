@@ -346,7 +346,16 @@ impl RingPipeline {
             // Profiles that do not match the plan's members: one per member that computes.
             (None, None) => scheduler::pipelining::computing_members(&self.plan),
         };
-        tracing::info!(micro_batches = self.depth, pages, "micro-batches in flight");
+        // Members that share a machine split its cores while they compute at once (a
+        // worker takes the count with its plan, at `form`).
+        let threads = self.pipelining.as_ref().map(|p| p.threads(self.depth));
+        for (i, d) in self.plan.devices.iter_mut().enumerate() {
+            let own = profiles.get(i).and_then(|p| p.host.as_ref()).map_or(0, |h| h.threads);
+            d.threads = threads.as_ref().and_then(|t| t.get(i).copied()).filter(|&t| t != own).unwrap_or(0);
+        }
+        let head_threads = self.plan.devices.first().map_or(0, |d| d.threads);
+        self.head.stage.set_threads(if head_threads > 0 { head_threads } else { self.cfg.threads });
+        tracing::info!(micro_batches = self.depth, pages, threads = ?self.plan.devices.iter().map(|d| d.threads).collect::<Vec<_>>(), "micro-batches in flight (threads per member; 0: its own)");
     }
 
     /// Shows the running plan on the admin API and the metrics.

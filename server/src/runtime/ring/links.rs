@@ -229,6 +229,7 @@ pub fn form(f: Formation<'_>) -> Result<TcpRing> {
                 batch_invariant: cfg.batch_invariant,
                 draft_snapshots: cfg.draft_snapshots,
                 kv: cfg.kv,
+                threads: plan.devices.get(i + 1).map_or(0, |d| d.threads),
                 head: head_id.to_string(),
             };
             let body = serde_json::to_value(&wp).map_err(|e| Error::RingRefused(e.to_string()))?;

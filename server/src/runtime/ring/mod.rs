@@ -105,6 +105,10 @@ pub struct WorkerPlan {
     /// head that does not say.
     #[serde(default)]
     pub kv: engine::CacheTypes,
+    /// Threads to compute with, at most the worker's own (`--threads`); 0: its own. The
+    /// head chooses fewer for members that share a machine and compute at once.
+    #[serde(default)]
+    pub threads: usize,
 }
 
 /// A control call to a worker failed: a 4xx answer or a bad secret is the worker saying no

@@ -83,6 +83,7 @@ impl Planner {
         // The head's own hop is the last one of the ring, back from a worker: as fast as the others.
         let workers = devices.len() - 1;
         devices[0].comm_s = devices[1..].iter().map(|d| d.comm_s).sum::<f64>() / workers.max(1) as f64;
+        scheduler::share_host_memory(&mut devices);
         Ok(devices)
     }
 

@@ -347,6 +347,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
             }
             state.gpu_layers.check(file.spec.moe.is_some()).map_err(ControlFailure::bad_request)?;
             let (accel_layers, experts_in_ram) = state.gpu_layers.resolve(plan.gpu_layers, plan.experts_in_ram);
+            let threads = if plan.threads > 0 { plan.threads.min(threads) } else { threads };
             let mut cfg = StageConfig {
                 windows: plan.windows.iter().map(|&(a, b)| a..b).collect(),
                 n_seq: plan.n_seq,
@@ -380,7 +381,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 .await
                 .map_err(|e| ControlFailure::failed(e.to_string()))?
                 .map_err(|e| ControlFailure::bad_request(e.to_string()))?;
-                tracing::info!(windows = ?plan.windows, next = %plan.next, cache = %plan.kv, "plan loaded; {}", pager.describe());
+                tracing::info!(windows = ?plan.windows, next = %plan.next, cache = %plan.kv, threads, "plan loaded; {}", pager.describe());
                 Some((stage, pager))
             };
             let generation;
