@@ -2,6 +2,8 @@
 # Pipelined micro-batches side by side (docs/benchmarks.md, "Every device busy"): three
 # emulated devices on one machine — a head and two workers, each in a cpu cgroup of its own
 # with CORES cores (scripts/cpu-device.sh) and one thread — run
+#   single       one emulated device alone (hearth serve, the whole model): what the ring
+#                of three is measured against
 #   hearth-1     the ring with one micro-batch at a time (--micro-batches 1: prima.cpp's way,
 #                and hearth's before pipelining); hearth-N: N in flight
 #   hearth       the ring with micro-batches in flight (--micro-batches auto)
@@ -13,6 +15,7 @@
 # It prints one row per setup and the ratios against hearth-1 and llama-rpc.
 #
 #   scripts/pipeline-bench.sh [SETUP...]          (default: hearth-1 hearth llama-rpc)
+# Ratios are printed for every pair of hearth, hearth-1, llama-rpc and single that ran.
 #
 # Settings (environment): MODEL (default: the default model), LAYERS (the model's layer
 # count; default 30), WINDOWS (head,worker,worker layers; default a third each; `auto`: the
@@ -117,6 +120,13 @@ print(*n[:3])')
 PINNED=()
 [ "$WINDOWS" = auto ] || PINNED=(--windows "$WINDOWS")
 
+start_single() {
+  device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads "$THREADS" --parallel "$STREAMS" --ctx-size "$CTX" \
+    --admin-key bench --model "$MODEL"
+  ADDR="$(wait_for "$LOGS/head.log" 'listening on http://[0-9.]+:[0-9]+')"
+  wait_http "$ADDR"
+}
+
 start_llama_rpc() {
   local bin; bin="$(scripts/llama-upstream.sh)"
   local p1=18311 p2=18312 port=18310
@@ -142,6 +152,7 @@ printf '%-10s %12s %14s %14s %12s %8s\n' setup "TPOT ms" "${STREAMS} streams t/s
 declare -A TPOT AGG TTFT
 for s in "${SETUPS[@]}"; do
   case "$s" in
+    single) start_single ;;
     hearth) start_hearth auto ;;
     hearth-[0-9]*) start_hearth "${s#hearth-}" ;;
     llama-rpc) start_llama_rpc ;;
@@ -153,7 +164,7 @@ for s in "${SETUPS[@]}"; do
   case " $MEASURES " in *" ttft "*) read -r ttft count < <(scripts/load.py "http://$ADDR" ttft "$PROMPT" --reps "$REPS") ;; esac
   TPOT[$s]="$tpot"; AGG[$s]="$agg"; TTFT[$s]="$ttft"
   printf '%-10s %12s %14s %14s %12s %8s\n' "$s" "$(python3 -c "print(f'{float(\"$tpot\") * 1000:.2f}')")" "$agg" "$steady" "$ttft" "$count"
-  if [ "$s" != llama-rpc ]; then
+  if [ "$s" != llama-rpc ] && [ "$s" != single ]; then
     # What the scheduler predicted for this plan (GET /admin/plan's forecast).
     curl -s -H "Authorization: Bearer bench" "http://$ADDR/admin/plan" | STREAMS="$STREAMS" PROMPT="$PROMPT" python3 -c '
 import json, os, sys
@@ -179,9 +190,14 @@ print("    predicted: " + ", ".join(parts))'
 done
 # Ratios: TPOT and TTFT as a fraction of the other's (lower is better), throughput as a multiple.
 ratio() { python3 -c "a, b = $1, $2; print(f'{a / b:.2f}x')"; }
-for pair in "hearth hearth-1" "hearth llama-rpc" "hearth-1 llama-rpc"; do
+# Each measure that both setups ran (nan: not measured).
+for pair in "hearth hearth-1" "hearth llama-rpc" "hearth-1 llama-rpc" "hearth single" "llama-rpc single"; do
   set -- $pair
-  if [ -n "${TPOT[$1]:-}" ] && [ -n "${TPOT[$2]:-}" ] && [ "$MEASURES" = "tpot streams ttft" ]; then
-    echo "$1 vs $2: TPOT $(ratio "${TPOT[$1]}" "${TPOT[$2]}"), ${STREAMS} streams $(ratio "${AGG[$1]}" "${AGG[$2]}"), TTFT $(ratio "${TTFT[$1]}" "${TTFT[$2]}")"
+  if [ -n "${TPOT[$1]:-}" ] && [ -n "${TPOT[$2]:-}" ]; then
+    line="$1 vs $2:"
+    [ "${TPOT[$1]}" = nan ] || line="$line TPOT $(ratio "${TPOT[$1]}" "${TPOT[$2]}"),"
+    [ "${AGG[$1]}" = nan ] || line="$line ${STREAMS} streams $(ratio "${AGG[$1]}" "${AGG[$2]}"),"
+    [ "${TTFT[$1]}" = nan ] || line="$line TTFT $(ratio "${TTFT[$1]}" "${TTFT[$2]}")"
+    echo "${line%,}"
   fi
 done

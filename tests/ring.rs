@@ -756,6 +756,15 @@ fn members_on_one_machine_never_keep_more_threads_busy_than_its_cores() {
     assert!(!id.is_empty() && hosts.iter().all(|h| h["id"] == id && h["threads"] == THREADS), "{cluster}");
     let cores = hosts[0]["cores"].as_f64().unwrap();
     assert!(cores >= 1.0, "{cluster}");
+    // The machine's RAM is counted once: members without memory limits of their own share
+    // it (equal threads, equal shares), so together they plan at most what it holds.
+    if hosts.iter().all(|h| h["own_memory"] == false) {
+        let ram: Vec<f64> = cluster["devices"].as_array().unwrap().iter().map(|d| d["ram_available"].as_f64().unwrap()).collect();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let total = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:")).and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok()).unwrap() * 1024.0;
+        assert!(ram.iter().all(|&r| r > 0.0 && (r - ram[0]).abs() <= 1.0), "{ram:?}");
+        assert!(ram.iter().sum::<f64>() <= total, "{ram:?} of {total} bytes");
+    }
 
     let plan = admin(&head.addr, "GET /admin/plan", "");
     let depth = plan["micro_batches"].as_u64().unwrap();
