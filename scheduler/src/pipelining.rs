@@ -346,22 +346,12 @@ impl Pipelining {
 
     /// Marks the members that share a machine with another member (by `DeviceProfile::host`).
     fn share_hosts(&mut self, devices: &[DeviceProfile]) {
-        fn id(d: &DeviceProfile) -> Option<&str> {
-            d.host.as_ref().map(|h| h.id.as_str()).filter(|id| !id.is_empty())
-        }
-        for (i, dev) in devices.iter().enumerate() {
-            let Some(me) = id(dev) else { continue };
-            if self.stages[i].host.is_some() || !devices.iter().enumerate().any(|(j, d)| j != i && id(d) == Some(me)) {
-                continue;
+        for group in crate::profile::shared_machines(devices, |_| true) {
+            let cores = group.iter().filter_map(|&j| devices[j].host.as_ref()).map(|h| h.cores).fold(0.0, f64::max);
+            for &j in &group {
+                self.stages[j].host = Some(self.hosts.len());
             }
-            let group = self.hosts.len();
-            let cores = devices.iter().filter(|d| id(d) == Some(me)).filter_map(|d| d.host.as_ref()).map(|h| h.cores).fold(0.0, f64::max);
             self.hosts.push(cores.max(1.0));
-            for (j, d) in devices.iter().enumerate() {
-                if id(d) == Some(me) {
-                    self.stages[j].host = Some(group);
-                }
-            }
         }
     }
 
@@ -371,28 +361,28 @@ impl Pipelining {
     /// the cores that ggml's barriers spin for collapse a step; members of one thread
     /// each never wait at a barrier, so they may outnumber the cores (they take turns).
     pub fn threads(&self, depth: usize) -> Vec<usize> {
-        self.stages
-            .iter()
-            .map(|s| {
-                let Some(h) = s.host else { return s.threads };
-                let sharing = self.stages.iter().filter(|o| o.host == Some(h) && o.computes()).count();
-                let at_once = depth.max(1).min(sharing);
-                if at_once <= 1 || s.threads == 0 {
-                    return s.threads;
-                }
-                let each = ((self.hosts[h] + 1e-9) / at_once as f64).floor().max(1.0) as usize;
-                s.threads.min(each)
-            })
-            .collect()
+        self.stages.iter().map(|s| self.threads_of(s, depth)).collect()
+    }
+
+    fn threads_of(&self, s: &StageTime, depth: usize) -> usize {
+        let Some(h) = s.host else { return s.threads };
+        let sharing = self.stages.iter().filter(|o| o.host == Some(h) && o.computes()).count();
+        let at_once = depth.max(1).min(sharing);
+        if at_once <= 1 || s.threads == 0 {
+            return s.threads;
+        }
+        let each = ((self.hosts[h] + 1e-9) / at_once as f64).floor().max(1.0) as usize;
+        s.threads.min(each)
     }
 
     /// The members as they compute with `depth` micro-batches in flight (`threads`).
+    /// Borrowed, with nothing allocated, where no thread count changes (every machine its
+    /// own member's): the head asks per micro-batch while prompts wait (`best_chunk`).
     pub fn at_depth(&self, depth: usize) -> std::borrow::Cow<'_, Pipelining> {
-        let threads = self.threads(depth);
-        if self.stages.iter().zip(&threads).all(|(s, &t)| s.threads == t) {
+        if self.stages.iter().all(|s| self.threads_of(s, depth) == s.threads) {
             return std::borrow::Cow::Borrowed(self);
         }
-        let stages = self.stages.iter().zip(threads).map(|(s, t)| s.with_threads(t)).collect();
+        let stages = self.stages.iter().map(|s| s.with_threads(self.threads_of(s, depth))).collect();
         std::borrow::Cow::Owned(Pipelining { stages, hosts: self.hosts.clone() })
     }
 

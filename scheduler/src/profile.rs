@@ -244,29 +244,35 @@ impl HostShare {
 /// least of their reports stands for the machine (they are read moments apart). Call it
 /// once on freshly gathered profiles: it is not idempotent.
 pub fn share_host_memory(devices: &mut [DeviceProfile]) {
-    fn shared(d: &DeviceProfile) -> Option<&HostShare> {
-        d.host.as_ref().filter(|h| !h.id.is_empty() && !h.own_memory)
-    }
-    let mut done = vec![false; devices.len()];
-    for i in 0..devices.len() {
-        let Some(me) = shared(&devices[i]).map(|h| h.id.clone()) else { continue };
-        if done[i] {
-            continue;
-        }
-        let group: Vec<usize> = (0..devices.len()).filter(|&j| shared(&devices[j]).is_some_and(|h| h.id == me)).collect();
-        group.iter().for_each(|&j| done[j] = true);
-        if group.len() < 2 {
-            continue;
-        }
+    for group in shared_machines(devices, |h| !h.own_memory) {
         let least = |f: fn(&DeviceProfile) -> f64| group.iter().map(|&j| f(&devices[j])).fold(f64::INFINITY, f64::min);
         let (ram, swap) = (least(|d| d.ram_available), least(|d| d.swap_available));
-        let weights: Vec<f64> = group.iter().map(|&j| shared(&devices[j]).map_or(1.0, HostShare::busy_cores)).collect();
+        let weights: Vec<f64> = group.iter().map(|&j| devices[j].host.as_ref().map_or(1.0, HostShare::busy_cores)).collect();
         let total: f64 = weights.iter().sum();
         for (&j, w) in group.iter().zip(&weights) {
             devices[j].ram_available = ram * w / total;
             devices[j].swap_available = swap * w / total;
         }
     }
+}
+
+/// The devices that share a known machine with another (`HostShare::id`), of those whose
+/// share `counted` admits: one group of indices per machine, in the order of its first
+/// member. What the forecast splits cores by and [`share_host_memory`] RAM by.
+pub(crate) fn shared_machines(devices: &[DeviceProfile], counted: impl Fn(&HostShare) -> bool) -> Vec<Vec<usize>> {
+    fn id<'a>(d: &'a DeviceProfile, counted: &impl Fn(&HostShare) -> bool) -> Option<&'a str> {
+        d.host.as_ref().filter(|h| !h.id.is_empty() && counted(h)).map(|h| h.id.as_str())
+    }
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, d) in devices.iter().enumerate() {
+        let Some(me) = id(d, &counted) else { continue };
+        match groups.iter_mut().find(|g| id(&devices[g[0]], &counted) == Some(me)) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups.retain(|g| g.len() > 1);
+    groups
 }
 
 impl DeviceProfile {

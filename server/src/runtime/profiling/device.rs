@@ -197,7 +197,7 @@ const CALIBRATION_PROMPT: usize = scheduler::pipelining::PROMPT_BATCH;
 /// family's streams carry (`scheduler::pipelining::auto_depth` weighs them), each timed
 /// this many times (the fastest counts) after one that builds its graph.
 const CALIBRATION_ROWS: usize = 8;
-const CALIBRATION_ROW_REPS: usize = 3;
+const CALIBRATION_ROW_REPS: usize = 5;
 /// The timed window spans at least this many weight bytes (or the whole model), so it
 /// streams from memory as a real step does instead of staying in the CPU's caches.
 const CALIBRATION_BYTES: f64 = 256.0 * 1024.0 * 1024.0;
@@ -281,22 +281,23 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
 
 /// `stage`'s window 0 on batches of 1 to `CALIBRATION_ROWS` decode tokens (one of each of
 /// that many sequences, `input(b)` their input), each as a multiple of one token's time:
-/// the fastest of `CALIBRATION_ROW_REPS` after one that builds the graph, never more than
-/// a bigger batch's.
+/// the fastest of `CALIBRATION_ROW_REPS` after one round that builds the graphs, never more
+/// than a bigger batch's.
 fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::StageInput<'a>, logits: bool) -> Result<Vec<f64>> {
-    let mut times = Vec::with_capacity(CALIBRATION_ROWS);
-    for b in 1..=CALIBRATION_ROWS {
-        (0..b).for_each(|s| stage.clear_sequence(s as engine::SeqId));
-        let mut best = f64::INFINITY;
-        for pos in 0..=CALIBRATION_ROW_REPS {
-            let batch: Vec<engine::BatchToken> = (0..b).map(|s| engine::BatchToken { seq: s as engine::SeqId, pos: pos as u32, logits }).collect();
+    let mut times = vec![f64::INFINITY; CALIBRATION_ROWS];
+    // The sizes in turn, repetition after repetition: a neighbour's burst then slows one
+    // repetition of several sizes, not every repetition of one (which made a size look
+    // dearer than it is beside a busy process). Each time a fresh token at position 0.
+    for rep in 0..=CALIBRATION_ROW_REPS {
+        for b in 1..=CALIBRATION_ROWS {
+            (0..b).for_each(|s| stage.clear_sequence(s as engine::SeqId));
+            let batch: Vec<engine::BatchToken> = (0..b).map(|s| engine::BatchToken { seq: s as engine::SeqId, pos: 0, logits }).collect();
             let t = Instant::now();
             stage.forward(0, &batch, input(b))?;
-            if pos > 0 {
-                best = best.min(t.elapsed().as_secs_f64());
+            if rep > 0 {
+                times[b - 1] = times[b - 1].min(t.elapsed().as_secs_f64());
             }
         }
-        times.push(best);
     }
     // More rows never cost less than fewer, and noise (a cold cache on the first batch, a
     // neighbour's burst) only ever adds time: where a batch measured slower than a bigger
