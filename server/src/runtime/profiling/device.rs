@@ -222,13 +222,14 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     // A model small enough is timed whole, output layer included, as the head runs it.
     let whole = layers == n_layer;
     let cfg = StageConfig { windows: vec![0..layers], n_seq: 2, n_ctx_seq: n_ctx, max_batch: CALIBRATION_PROMPT, threads, accel_layers: 0, experts_in_ram: 0, owns_output: whole, batch_invariant: false, repack: true, read_chosen_experts: false, kv: Default::default(), draft_snapshots: false };
+    let clock = StepClock::for_threads(threads);
     let mut stage = Stage::new(file.clone(), cfg.clone())?;
     let mut times = Vec::with_capacity(CALIBRATION_TOKENS);
     for pos in 0..CALIBRATION_WARMUP + CALIBRATION_TOKENS {
-        let t = Instant::now();
+        let t = clock.start();
         stage.forward(0, &[BatchToken { seq: 0, pos: pos as u32, logits: whole }], StageInput::Tokens(&[1]))?;
         if pos >= CALIBRATION_WARMUP {
-            times.push(t.elapsed().as_secs_f64());
+            times.push(clock.since(t));
         }
     }
     times.sort_by(f64::total_cmp);
@@ -239,9 +240,9 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let mut prompt_s = f64::INFINITY;
     for _ in 0..2 {
         stage.clear_sequence(1);
-        let t = Instant::now();
+        let t = clock.start();
         stage.forward(0, &batch, StageInput::Tokens(&ids))?;
-        prompt_s = prompt_s.min(t.elapsed().as_secs_f64());
+        prompt_s = prompt_s.min(clock.since(t));
     }
     p.prompt_token_share = ((prompt_s / measured - 1.0) / (CALIBRATION_PROMPT - 1) as f64).clamp(0.0, 1.0);
     drop(stage);
@@ -250,14 +251,14 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     let rows_cfg = |windows, owns_output| StageConfig { windows, n_seq: CALIBRATION_ROWS, n_ctx_seq: CALIBRATION_ROW_REPS + 1, max_batch: CALIBRATION_ROWS, owns_output, ..cfg.clone() };
     let ids = vec![1; CALIBRATION_ROWS];
     let mut layers_stage = Stage::new(file.clone(), rows_cfg(vec![0..layers], false))?;
-    p.row_steps = row_steps(&mut layers_stage, |b| StageInput::Tokens(&ids[..b]), false)?;
+    p.row_steps = row_steps(&mut layers_stage, |b| StageInput::Tokens(&ids[..b]), false, clock)?;
     drop(layers_stage);
     p.output_row_steps = if whole {
         // Hidden states of a plausible size (the output norm scales them anyway).
         let n_embd = file.spec.hidden_width();
         let hidden: Vec<f32> = (0..CALIBRATION_ROWS * n_embd).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect();
         let mut output_stage = Stage::new(file.clone(), rows_cfg(vec![n_layer..n_layer], true))?;
-        row_steps(&mut output_stage, |b| StageInput::Hidden(&hidden[..b * n_embd]), true)?
+        row_steps(&mut output_stage, |b| StageInput::Hidden(&hidden[..b * n_embd]), true, clock)?
     } else {
         Vec::new()
     };
@@ -279,11 +280,77 @@ fn calibrate(p: &mut DeviceProfile, path: &std::path::Path, file: &engine::Model
     Ok(())
 }
 
+/// How the calibration times a step. Wall time, where the process may run all its threads
+/// at once. Under a CPU quota smaller than its threads (a cgroup, a container's `--cpus`,
+/// an emulated device) wall time is mostly where the step fell in the quota's period: a
+/// short step that fits in what is left of a period runs at a whole core's speed, a longer
+/// one waits for the next period, so the fastest of a few repetitions flatters small
+/// batches at random (measured, 0.66-core quota, one thread: two rows 1.31x one row in one
+/// profile, 1.64x in the next; 1.32–1.35x without the quota). A busy ring member runs at
+/// its quota's rate whatever the step, so there a step takes the process's CPU time over
+/// the quota: the same for every repetition, and what the step costs when the member is
+/// saturated, as micro-batches in flight keep it.
+#[derive(Debug, Clone, Copy)]
+enum StepClock {
+    Wall,
+    /// Process CPU time over the quota (in cores).
+    QuotaCpu(f64),
+}
+
+/// A point on a `StepClock`.
+enum StepStart {
+    Wall(Instant),
+    Cpu(f64),
+}
+
+impl StepClock {
+    fn for_threads(threads: usize) -> StepClock {
+        StepClock::for_share(&super::host::host_share(threads), process_cpu_s().is_some())
+    }
+
+    /// The clock for a process with `share` of its machine (`cpu_clock`: whether the
+    /// process's CPU time can be read).
+    fn for_share(share: &scheduler::HostShare, cpu_clock: bool) -> StepClock {
+        if cpu_clock && share.quota > 0.0 && share.quota < share.threads.max(1) as f64 {
+            StepClock::QuotaCpu(share.quota)
+        } else {
+            StepClock::Wall
+        }
+    }
+
+    fn start(self) -> StepStart {
+        match self {
+            StepClock::QuotaCpu(_) => StepStart::Cpu(process_cpu_s().unwrap_or(0.0)),
+            StepClock::Wall => StepStart::Wall(Instant::now()),
+        }
+    }
+
+    /// Seconds since `start`.
+    fn since(self, start: StepStart) -> f64 {
+        let quota = match self {
+            StepClock::QuotaCpu(q) => q,
+            StepClock::Wall => 1.0,
+        };
+        match start {
+            StepStart::Cpu(t) => (process_cpu_s().unwrap_or(t) - t) / quota,
+            StepStart::Wall(t) => t.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// CPU time of this process, all threads (ggml's included), in seconds.
+fn process_cpu_s() -> Option<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec, which lives on this stack frame.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
 /// `stage`'s window 0 on batches of 1 to `CALIBRATION_ROWS` decode tokens (one of each of
 /// that many sequences, `input(b)` their input), each as a multiple of one token's time:
 /// the fastest of `CALIBRATION_ROW_REPS` after one round that builds the graphs, never more
 /// than a bigger batch's.
-fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::StageInput<'a>, logits: bool) -> Result<Vec<f64>> {
+fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::StageInput<'a>, logits: bool, clock: StepClock) -> Result<Vec<f64>> {
     let mut times = vec![f64::INFINITY; CALIBRATION_ROWS];
     // The sizes in turn, repetition after repetition: a neighbour's burst then slows one
     // repetition of several sizes, not every repetition of one (which made a size look
@@ -292,10 +359,10 @@ fn row_steps<'a>(stage: &mut engine::Stage, input: impl Fn(usize) -> engine::Sta
         for b in 1..=CALIBRATION_ROWS {
             (0..b).for_each(|s| stage.clear_sequence(s as engine::SeqId));
             let batch: Vec<engine::BatchToken> = (0..b).map(|s| engine::BatchToken { seq: s as engine::SeqId, pos: 0, logits }).collect();
-            let t = Instant::now();
+            let t = clock.start();
             stage.forward(0, &batch, input(b))?;
             if rep > 0 {
-                times[b - 1] = times[b - 1].min(t.elapsed().as_secs_f64());
+                times[b - 1] = times[b - 1].min(clock.since(t));
             }
         }
     }
@@ -394,4 +461,32 @@ fn measured_or_cached(threads: usize, model: Option<(&std::path::Path, &engine::
         return Err(Error::Profile(format!("hearth profile failed ({})", out.status)));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| Error::Profile(format!("hearth profile printed no profile: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under a quota smaller than its threads a step is timed by CPU time over the quota;
+    /// with cores enough, by the wall clock.
+    #[test]
+    fn steps_under_a_quota_are_timed_by_cpu_time() {
+        let share = |threads, quota| scheduler::HostShare { id: String::new(), cores: 2.0, threads, quota, own_memory: false };
+        assert!(matches!(StepClock::for_share(&share(1, 0.66), true), StepClock::QuotaCpu(q) if q == 0.66));
+        assert!(matches!(StepClock::for_share(&share(4, 2.0), true), StepClock::QuotaCpu(q) if q == 2.0));
+        assert!(matches!(StepClock::for_share(&share(1, 2.0), true), StepClock::Wall));
+        assert!(matches!(StepClock::for_share(&share(2, 2.0), true), StepClock::Wall));
+        assert!(matches!(StepClock::for_share(&share(1, 0.66), false), StepClock::Wall));
+        // The process's CPU time advances while it computes (and only then: no bound on
+        // how fast, which depends on the host).
+        let clock = StepClock::QuotaCpu(0.5);
+        let t = clock.start();
+        let spin = Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < Duration::from_millis(30) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        assert!(clock.since(t) > 0.0);
+    }
 }
