@@ -314,7 +314,7 @@ const THROUGHPUT_SLACK_STEPS: [f64; 3] = [0.02, 0.1, THROUGHPUT_TPOT_SLACK];
 /// loses. Among devices of one speed Halda's latency is indifferent to where a layer runs,
 /// and measured profiles differ by a percent or two: its plan may leave a device one layer
 /// (a 0.66-core emulated device measured 1% slower got 1 of 30 layers, the others 10 and
-/// 19: 90 tokens/s forecast for 8 streams against 138 balanced), which `balance_beat`'s
+/// 19: 90 tokens/s forecast for 8 streams against 132 balanced), which `balance_beat`'s
 /// latency-exact moves cannot undo; the chosen plan is rebalanced here within the slack too.
 /// Members are indices into `devices`; plans are in their ring order.
 pub fn prefer_throughput(devices: &[DeviceProfile], model: &ModelProfile, streams: usize, chosen: (Vec<usize>, Plan), wider: Vec<(Vec<usize>, Plan)>) -> (Vec<usize>, Plan) {
