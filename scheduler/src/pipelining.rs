@@ -329,13 +329,14 @@ pub fn prefer_throughput(devices: &[DeviceProfile], model: &ModelProfile, stream
     let (tpot, rate, _) = judge(&chosen.0, &chosen.1);
     let limit = tpot * (1.0 + THROUGHPUT_TPOT_SLACK);
     let mut best = (chosen.clone(), rate);
-    for (members, plan) in std::iter::once(chosen).chain(wider) {
+    // The chosen plan as it is was judged above: only its rebalanced forms are new.
+    for (members, plan, as_is) in std::iter::once((chosen.0, chosen.1, false)).chain(wider.into_iter().map(|(m, p)| (m, p, true))) {
         if plan.check().is_err() {
             continue;
         }
         let profs: Vec<DeviceProfile> = members.iter().map(|&i| devices[i].clone()).collect();
         let rebalanced = THROUGHPUT_SLACK_STEPS.iter().map(|slack| balance_beat_within(&profs, model, &plan, tpot * (1.0 + slack)));
-        for plan in std::iter::once(plan.clone()).chain(rebalanced) {
+        for plan in as_is.then(|| plan.clone()).into_iter().chain(rebalanced) {
             let (t, r, overloads) = judge(&members, &plan);
             if t <= limit && !overloads && r / rate > t / tpot && r > best.1 {
                 best = ((members.clone(), plan), r);
