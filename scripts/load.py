@@ -134,6 +134,11 @@ def main():
                 hi = min(times[-1] for times, _ in results if times)
                 inside = sum(1 for times, _ in results for t in times if lo < t <= hi)
                 steady = inside / (hi - lo) if hi > lo else float("nan")
+                # Where the wall time went (stderr, for a reader of a benchmark's log):
+                # until every stream had its first token, every stream decoding, and the
+                # tail after the first stream ended.
+                lengths = sorted(len(times) for times, _ in results)
+                print(f"load.py: streams: {lo - t0:.2f} s until every stream had a token, {hi - lo:.2f} s all decoding, {end - hi:.2f} s of tail; tokens per stream {lengths}", file=sys.stderr)
         print(f"{best:.3f} {steady:.3f}" if a.steady else f"{best:.3f}")
     else:
         n_chars = int(a.n * CHARS_PER_TOKEN)

@@ -22,7 +22,8 @@
 # scheduler's plan), CORES (0.6; `none`: no cgroup,
 # the three processes share the machine's cores as co-located ring members do), THREADS
 # (per process, 1), STREAMS (8), PROMPT (2000), TOKENS (128 per stream), REPS (3), MEASURES
-# (any of "tpot streams ttft"; default all three), HEARTH (the release binary). Needs root
+# (any of "tpot streams ttft"; default all three), HEARTH (the release binary), HEAD_ARGS
+# (more arguments for the ring's head, e.g. `--prompt-chunk 128`). Needs root
 # (cgroups) and a release build.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +38,7 @@ PROMPT="${PROMPT:-2000}"
 TOKENS="${TOKENS:-128}"
 REPS="${REPS:-3}"
 MEASURES="${MEASURES:-tpot streams ttft}"
+HEAD_ARGS="${HEAD_ARGS:-}"
 SETUPS=("$@")
 [ ${#SETUPS[@]} -gt 0 ] || SETUPS=(hearth-1 hearth llama-rpc)
 # Windows of a third of the layers each (the head's first, as the ring's head runs them).
@@ -57,11 +59,13 @@ CTX=$(( 2 * PROMPT + TOKENS + 512 ))
 # Profiles measured under this run's quotas, not taken from an earlier unthrottled run.
 export XDG_CACHE_HOME="$(mktemp -d)"
 PIDS=()
+NAMES=()
 LOGS="$(mktemp -d)"
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   PIDS=()
+  NAMES=()
   for n in head w1 w2; do scripts/cpu-device.sh --remove "$n"; done
 }
 trap 'cleanup; rm -rf "$XDG_CACHE_HOME"' EXIT
@@ -76,6 +80,76 @@ device() {
     scripts/cpu-device.sh "$name" "$CORES" "$@" >"$log" 2>&1 &
   fi
   PIDS+=($!)
+  NAMES+=("$name")
+}
+
+# cpu_snapshot: the machine's busy and total CPU time (/proc/stat), and each device's
+# process CPU time (/proc/PID/stat) and its cgroup's throttled time, as one line of JSON.
+cpu_snapshot() {
+  curl -s -H "Authorization: Bearer bench" "http://$ADDR/metrics" > "$LOGS/metrics" 2>/dev/null || true
+  python3 - "$LOGS/metrics" "${NAMES[@]}" -- "${PIDS[@]}" <<'PY'
+import json, os, re, sys
+metrics = sys.argv[1]
+args = sys.argv[2:]
+cut = args.index("--")
+names, pids = args[:cut], args[cut + 1:]
+hz = os.sysconf("SC_CLK_TCK")
+f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+# user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+out = {"t": os.times().elapsed, "busy": (sum(f[:8]) - f[3] - f[4]) / hz, "cores": os.cpu_count(), "devices": {}}
+for n, p in zip(names, pids):
+    try:
+        st = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+        cpu = (int(st[11]) + int(st[12])) / hz
+    except OSError:
+        continue
+    throttled = 0.0
+    try:
+        for line in open(f"/sys/fs/cgroup/cpu/hearth-device-{n}/cpu.stat"):
+            k, v = line.split()
+            if k == "throttled_time":
+                throttled = int(v) / 1e9
+    except OSError:
+        pass
+    out["devices"][n] = {"cpu": cpu, "throttled": throttled}
+# What the ring's members reported computing (ggml), per frame: the rest of a member's CPU
+# time is its frames, threads waking and the head's batching, sampling and HTTP.
+out["compute"] = {}
+for line in open(metrics, errors="replace"):
+    m = re.match(r'hearth_device_compute_seconds_(sum|count)\{device="([^"]+)"\} ([0-9.e+-]+)', line)
+    if m:
+        out["compute"].setdefault(m.group(2), {})[m.group(1)] = float(m.group(3))
+print(json.dumps(out))
+PY
+}
+
+# cpu_report BEFORE AFTER: where the machine's cores went between two snapshots: every
+# device's cores (and how long its quota stopped it), and the rest (the load client, the
+# kernel's loopback, anything else), so a ring that cannot reach its devices' quotas shows
+# whether the machine itself ran out.
+cpu_report() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+wall = b["t"] - a["t"]
+busy = (b["busy"] - a["busy"]) / wall
+parts, own = [], 0.0
+for n, d in b["devices"].items():
+    if n not in a["devices"]:
+        continue
+    c = (d["cpu"] - a["devices"][n]["cpu"]) / wall
+    own += c
+    parts.append("%s %.2f (stopped by its quota %.0f%% of the time)" % (n, c, 100 * (d["throttled"] - a["devices"][n]["throttled"]) / wall))
+print("    cpu over the streams: the machine %.2f of %d cores busy; %s; everything else %.2f" % (busy, b["cores"], ", ".join(parts), busy - own))
+ggml = []
+for n, c in b.get("compute", {}).items():
+    c0 = a.get("compute", {}).get(n, {})
+    frames = c.get("count", 0) - c0.get("count", 0)
+    if frames > 0:
+        ggml.append("%s %.2f cores in %d windows (%.2f ms each)" % (n, (c["sum"] - c0.get("sum", 0)) / wall, frames, 1e3 * (c["sum"] - c0.get("sum", 0)) / frames))
+if ggml:
+    print("    ggml compute reported: " + ", ".join(ggml))
+PY
 }
 
 # wait_for LOGFILE PATTERN: prints the first address the log announces.
@@ -103,7 +177,7 @@ start_hearth() {
   device w2 "$LOGS/w2.log" "$HEARTH" worker --listen 127.0.0.1:0 --threads "$THREADS" --model "$MODEL"
   w2="$(wait_for "$LOGS/w2.log" 'listening on [0-9.]+:[0-9]+')"
   device head "$LOGS/head.log" "$HEARTH" serve --port 0 --threads "$THREADS" --parallel "$STREAMS" --ctx-size "$CTX" \
-    --workers "$w1,$w2" ${PINNED[@]+"${PINNED[@]}"} --micro-batches "$mb" --admin-key bench --model "$MODEL"
+    --workers "$w1,$w2" ${PINNED[@]+"${PINNED[@]}"} --micro-batches "$mb" --admin-key bench --model "$MODEL" $HEAD_ARGS
   ADDR="$(wait_for "$LOGS/head.log" 'listening on http://[0-9.]+:[0-9]+')"
   wait_http "$ADDR"
   if [ "$WINDOWS" = auto ]; then
@@ -160,10 +234,16 @@ for s in "${SETUPS[@]}"; do
   esac
   tpot=nan agg=nan steady=nan ttft=nan count=-
   case " $MEASURES " in *" tpot "*) tpot="$(scripts/load.py "http://$ADDR" tpot --max-tokens "$TOKENS" --reps "$REPS")" ;; esac
-  case " $MEASURES " in *" streams "*) read -r agg steady < <(scripts/load.py "http://$ADDR" streams "$STREAMS" --max-tokens "$TOKENS" --reps 1 --steady) ;; esac
+  cpu=""
+  case " $MEASURES " in *" streams "*)
+    before="$(cpu_snapshot)"
+    read -r agg steady < <(scripts/load.py "http://$ADDR" streams "$STREAMS" --max-tokens "$TOKENS" --reps 1 --steady)
+    cpu="$(cpu_report "$before" "$(cpu_snapshot)")" ;;
+  esac
   case " $MEASURES " in *" ttft "*) read -r ttft count < <(scripts/load.py "http://$ADDR" ttft "$PROMPT" --reps "$REPS") ;; esac
   TPOT[$s]="$tpot"; AGG[$s]="$agg"; TTFT[$s]="$ttft"
   printf '%-10s %12s %14s %14s %12s %8s\n' "$s" "$(python3 -c "print(f'{float(\"$tpot\") * 1000:.2f}')")" "$agg" "$steady" "$ttft" "$count"
+  [ -z "$cpu" ] || echo "$cpu"
   if [ "$s" != llama-rpc ] && [ "$s" != single ]; then
     # What the scheduler predicted for this plan (GET /admin/plan's forecast).
     curl -s -H "Authorization: Bearer bench" "http://$ADDR/admin/plan" | STREAMS="$STREAMS" PROMPT="$PROMPT" python3 -c '
