@@ -144,7 +144,7 @@ fn three_emulated_devices_each_get_a_share_when_many_streams_are_planned() {
     assert!(eight(&many) > 1.3 * eight(&one), "8 streams {} against {} (windows {:?})", eight(&many), eight(&one), windows(&one));
     assert!(tpot(&many) <= tpot(&one) * 1.25, "one token {} against {}", tpot(&many), tpot(&one));
     // One micro-batch per member: a fourth forecasts only a few percent more here, and
-    // measured on such devices it decoded slower in five pairs of runs of six
+    // measured on such devices it decoded slower in six pairs of runs of seven
     // (`scheduler::pipelining::EXTRA_DEPTH_GAIN`).
     assert_eq!(many["forecast"]["micro_batches"], 3, "{many}");
 }

@@ -189,7 +189,7 @@ pub fn auto_depth(plan: &Plan, prediction: &Prediction, pipelining: &Pipelining)
 /// and with micro-batches waiting at a member it adds no latency the forecast would see.
 /// Measured (docs/benchmarks.md, 2026-12-02): three emulated 0.66-core devices, the same
 /// plan run side by side at 3 and 4 in flight, where the forecast put 4 ahead by 3–21%:
-/// 3 was faster in five pairs of six (by 2–12%), 4 in one (by 5%); at both depths the
+/// 3 was faster in six pairs of seven (by 2–12%), 4 in one (by 5%); at both depths the
 /// workers' ggml time per 8 tokens was the same (143 ms), so the difference is per
 /// micro-batch, outside the kernels. Where small batches cost several times one row (the
 /// measured steps of `the_depth_follows_what_small_batches_cost`: 8 in flight forecast
