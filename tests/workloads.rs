@@ -309,3 +309,50 @@ fn eight_mixed_requests_through_a_pipelined_ring_give_their_answers_alone() {
     assert_eq!(complete(&h.addr, &long, 24), long_alone, "the long prompt after a client gave it up in flight");
     assert_eq!(chat(&h.addr, questions[1], json!({})), alone[1]);
 }
+
+/// A counter or gauge of a server's /metrics (0 before it is first set).
+fn metric(addr: &str, name: &str) -> f64 {
+    let body = common::http(addr, "GET", "/metrics", "", "").unwrap().body;
+    body.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// Agents sharing a long system prompt (700 tokens of real prose), on the single node and
+/// through a ring of three: a request that arrives while another with the same system
+/// prompt is generating takes the prefix from the other's slot instead of computing it —
+/// whole tiles of it, at least a tile before its own end (`cached_tokens` and
+/// `hearth_prompt_copied_tokens_total` say how much) — and gives the answer a fresh single
+/// node computes cold. Batch-invariant kernels: the copied request's rows share batches
+/// with the running one's, and llama.cpp's own kernels round a row by what shares its batch.
+#[test]
+fn a_request_sharing_a_system_prompt_with_a_running_one_copies_its_prefix_and_answers_as_cold() {
+    const SYSTEM: usize = 700;
+    let tk = Tokenizer::load(&common::default_model()).unwrap();
+    let ids: Vec<u32> = tk.tokenize(&excerpt(), false).iter().map(|&t| t as u32).collect();
+    assert!(ids.len() >= 1600, "{} tokens", ids.len());
+    let running = [&ids[..SYSTEM], &ids[1000..1040]].concat();
+    let arriving = [&ids[..SYSTEM], &ids[1500..1600]].concat();
+    // The running request generates until it is told to stop: no end-of-generation token.
+    let eog: serde_json::Map<String, Value> = (0..tk.n_vocab() as i32).filter(|&t| tk.is_eog(t)).map(|t| (t.to_string(), json!(-100))).collect();
+    let tile = 64;
+    let copied = SYSTEM.min(arriving.len() - tile) / tile * tile;
+    let cold = {
+        let node = single(CTX, &["--batch-invariant"]);
+        complete(&node.addr, &arriving, 24)
+    };
+    let (_w1, _w2, list) = workers();
+    for ring in [false, true] {
+        let server = if ring { head(CTX, &list, "8,11,11", &["--batch-invariant"]) } else { single(CTX, &["--batch-invariant"]) };
+        let addr = server.addr.as_str();
+        std::thread::scope(|s| {
+            let long = s.spawn(|| post(addr, "/v1/completions", &json!({"model": "", "prompt": running, "max_tokens": 200, "temperature": 0, "logit_bias": eog})));
+            common::wait_for("the first request to be generating", std::time::Duration::from_secs(120), || (metric(addr, "hearth_generated_tokens_total") >= 4.0).then_some(()));
+            let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": arriving, "max_tokens": 24, "temperature": 0}));
+            let what = if ring { "ring 8,11,11" } else { "single node" };
+            assert_eq!((v["choices"][0]["text"].as_str().unwrap(), v["choices"][0]["finish_reason"].as_str().unwrap()), (cold.0.as_str(), cold.1.as_str()), "{what}: the answer after a copied prefix");
+            assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], copied, "{what}: {v}");
+            assert_eq!(metric(addr, "hearth_prompt_copied_tokens_total"), copied as f64, "{what}");
+            let first = long.join().unwrap();
+            assert_eq!(first["usage"]["completion_tokens"], 200, "{what}: the first request ran on: {first}");
+        });
+    }
+}

@@ -189,6 +189,21 @@ unsafe fn copy_row(src: *mut sys::ggml_tensor, dst: *mut sys::ggml_tensor, row: 
     }
 }
 
+/// Copies `bytes` at byte `from` of `t` to byte `to` of the same tensor (two regions that
+/// do not overlap): through host memory when the tensor lives on an accelerator.
+///
+/// SAFETY: `t` is an allocated tensor holding both regions, and nothing computes on it.
+unsafe fn copy_within(t: *mut sys::ggml_tensor, from: usize, to: usize, bytes: usize) {
+    if sys::ggml_backend_buffer_is_host((*t).buffer) {
+        let base = (*t).data.cast::<u8>();
+        std::ptr::copy_nonoverlapping(base.add(from), base.add(to), bytes);
+    } else {
+        let mut buf = vec![0u8; bytes];
+        sys::ggml_backend_tensor_get(t, buf.as_mut_ptr().cast(), from, bytes);
+        sys::ggml_backend_tensor_set(t, buf.as_ptr().cast(), to, bytes);
+    }
+}
+
 /// Per-layer K/V tensors of a window: null in a recurrent layer, which keeps `state`.
 pub struct LayerKv {
     pub k: *mut sys::ggml_tensor,
@@ -477,6 +492,42 @@ impl KvCache {
         }
         self.seqs.get_mut(&seq).expect("present").len = kept;
         kept
+    }
+
+    /// Gives `to` the first `len` positions of `from` (at most what `from` holds), whatever
+    /// `to` held before: the K/V rows of a prefix are the same whichever sequence computed
+    /// them, so a prompt that starts with another sequence's tokens need not compute them
+    /// again. Returns the positions copied: 0 for a model with recurrent layers (a state
+    /// holds a sequence's whole past, not a prefix of it), an unknown `from`, or no free
+    /// slot for a new `to`.
+    pub fn copy_prefix(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        let Some(src) = self.seqs.get(&from).copied() else { return 0 };
+        let len = len.min(src.len);
+        if self.recurrent || from == to || len == 0 {
+            return 0;
+        }
+        let Ok(slot) = self.slot_for(to, &[]) else { return 0 };
+        let mut tensors: Vec<*mut sys::ggml_tensor> = Vec::new();
+        for kv in self.layers.iter().chain(self.shadows.iter().map(|(_, kv)| kv)) {
+            for t in [kv.k, kv.v] {
+                // Layers sharing a donor's cache, and MLA's V inside K, hold one tensor twice.
+                if !t.is_null() && !tensors.contains(&t) {
+                    tensors.push(t);
+                }
+            }
+        }
+        // SAFETY: rows of two different slots of tensors this cache owns; nothing computes
+        // while the cache is borrowed mutably.
+        unsafe {
+            for t in tensors {
+                let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
+                copy_within(t, src.slot * self.slot_cells * row, slot * self.slot_cells * row, len * row);
+            }
+        }
+        self.checkpoints.remove(&to);
+        self.snapshots.remove(&to);
+        self.commit(to, slot, len, None);
+        len
     }
 
     /// Copies `seq`'s recurrent state as it is now (at its current length) so that a

@@ -82,6 +82,19 @@ impl LocalPipeline {
         self.stages.iter_mut().map(|s| s.truncate_sequence(seq, len)).min().unwrap_or(0)
     }
 
+    /// Gives `to` the first `len` positions of `from` (see `Stage::copy_sequence`);
+    /// returns the positions copied.
+    pub fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        let each: Vec<usize> = self.stages.iter_mut().map(|s| s.copy_sequence(from, to, len)).collect();
+        let copied = each.iter().copied().min().unwrap_or(0);
+        if each.iter().any(|&c| c > copied) {
+            for s in &mut self.stages {
+                s.truncate_sequence(to, copied);
+            }
+        }
+        copied
+    }
+
     /// Whether the model keeps a recurrent state per sequence.
     pub fn keeps_state(&self) -> bool {
         self.stages.first().is_some_and(|s| s.spec().recurrent.is_some())

@@ -371,6 +371,21 @@ impl Stage {
         kept
     }
 
+    /// Gives `to` the first `len` positions of `from` in every window (see
+    /// `KvCache::copy_prefix`); returns the positions copied, the same in every window.
+    pub fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        let each: Vec<usize> = self.windows.iter_mut().map(|w| w.cache.copy_prefix(from, to, len)).collect();
+        let copied = each.iter().copied().min().unwrap_or(0);
+        // Windows agree (one slot layout, one rule); were one to copy more, it is cut to the
+        // rest. Where none copied, nothing was touched.
+        if each.iter().any(|&c| c > copied) {
+            for w in &mut self.windows {
+                w.cache.truncate(to, copied);
+            }
+        }
+        copied
+    }
+
     /// Copies `seq`'s recurrent state in every window at its current length, so that a
     /// later truncation can come back here (see `truncate_sequence`); the ring's members
     /// are told together, so all keep the same checkpoints. No effect without recurrent

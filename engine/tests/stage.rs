@@ -259,3 +259,86 @@ fn a_prompt_chunk_that_wants_no_logits_passes_an_output_only_window() {
     assert_eq!(argmax(&got), argmax(&expected));
     assert!(common::rel_rms(&got, &expected) < 1e-5, "relative RMS error {}", common::rel_rms(&got, &expected));
 }
+
+/// Feeds `tokens` to `seq` in pieces of at most `MAX_PIECE` that start on whole tiles of
+/// `TILE` rows and leave no rest under a tile (as the server's batcher cuts prompts);
+/// returns the last token's logits.
+fn feed(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32]) -> Vec<f32> {
+    const TILE: usize = 64;
+    const MAX_PIECE: usize = 256;
+    let (mut at, mut last) = (0, Vec::new());
+    while at < tokens.len() {
+        let rest = tokens.len() - at;
+        let take = if rest <= MAX_PIECE { rest } else if rest - MAX_PIECE < TILE { (rest - TILE) / TILE * TILE } else { MAX_PIECE };
+        let base = p.sequence_len(seq);
+        let batch: Vec<BatchToken> = (0..take).map(|i| BatchToken { seq, pos: (base + i) as u32, logits: i + 1 == take }).collect();
+        last = p.forward(&batch, &tokens[at..at + take]).unwrap().row(0).to_vec();
+        at += take;
+    }
+    last
+}
+
+/// The server's prompt cache across slots: a prefix copied from another sequence, then the
+/// rest of a prompt computed after it, gives the logits of the whole prompt computed cold,
+/// to the bit, where the copy ends on a whole tile of rows at least a tile before the
+/// prompt's end (what the batcher copies); and the same greedy continuation. On the
+/// default model in one window and cut across two stages, on a tiny Gemma 3 (sliding-window
+/// layers, the prompt far past the window) and on a tiny Gemma 4 E (layers attending with
+/// earlier layers' K/V; cut after the donors, the second stage keeps its own copy of their
+/// cache). The copy replaces whatever the target held; a copy from an unknown sequence
+/// copies nothing and leaves the target as it was.
+#[test]
+fn a_prefix_copied_from_another_sequence_computes_what_the_cold_prompt_computes() {
+    let default = common::default_model();
+    let tk = Tokenizer::load(&default).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
+    let shared = tk.tokenize(&text[..cut], true);
+    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
+    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
+    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
+    let n = shared.len().min(b.len() - 64) / 64 * 64;
+    assert!(n >= 256 && b.len() - n >= 64 && b.len() < 1000, "shared {}, b {} tokens", shared.len(), b.len());
+    let dir = std::env::temp_dir().join(format!("hearth-copy-prefix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut gemma3 = common::tiny::model("gemma3");
+    gemma3.n_swa = 48;
+    let mut gemma4e = common::tiny::model("gemma4");
+    (gemma4e.n_layer, gemma4e.full_every, gemma4e.per_layer_embd, gemma4e.shared_kv_layers) = (6, 3, 32, 3);
+    (gemma4e.n_expert, gemma4e.n_expert_used, gemma4e.n_swa, gemma4e.seed) = (0, 0, 40, 45);
+    let cases: Vec<(&str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>)> = vec![
+        ("default model, one window", default.clone(), vec![vec![0..30]]),
+        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]]),
+        ("tiny gemma3", common::tiny::write(&gemma3, &dir), vec![vec![0..3]]),
+        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, &dir), vec![vec![0..3], vec![3..6]]),
+    ];
+    for (what, path, stages) in cases {
+        let mut p = pipeline(&path, &stages, 3);
+        let cold = feed(&mut p, 2, &b);
+        let mut cold_tokens = vec![argmax(&cold)];
+        for i in 0..7 {
+            let l = p.forward(&[tok(2, (b.len() + i) as u32)], &cold_tokens[i..i + 1]).unwrap();
+            cold_tokens.push(argmax(l.row(0)));
+        }
+        feed(&mut p, 0, &a);
+        // The target held another text before: the copy replaces it.
+        feed(&mut p, 1, &a[a.len() - 100..]);
+        assert_eq!(p.copy_sequence(0, 1, n), n, "{what}");
+        assert_eq!(p.sequence_len(1), n, "{what}");
+        let got = feed(&mut p, 1, &b[n..]);
+        assert!(got == cold, "{what}: logits after the copied prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
+        let mut tokens = vec![argmax(&got)];
+        for i in 0..7 {
+            let l = p.forward(&[tok(1, (b.len() + i) as u32)], &tokens[i..i + 1]).unwrap();
+            tokens.push(argmax(l.row(0)));
+        }
+        assert_eq!(tokens, cold_tokens, "{what}");
+        // Nothing to copy from: the target keeps what it holds.
+        let held = p.sequence_len(1);
+        assert_eq!(p.copy_sequence(9, 1, 64), 0, "{what}");
+        assert_eq!(p.sequence_len(1), held, "{what}");
+        // A copy asks at most what the source holds.
+        assert_eq!(p.copy_sequence(0, 2, usize::MAX), a.len(), "{what}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -17,6 +17,7 @@ const TOKEN_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256
 const UNLABELLED_COUNTERS: &[&str] = &[
     "hearth_prompt_tokens_total",
     "hearth_prompt_cached_tokens_total",
+    "hearth_prompt_copied_tokens_total",
     "hearth_generated_tokens_total",
     "hearth_cancelled_total",
     "hearth_ring_breaks_total",
@@ -67,6 +68,7 @@ fn describe() {
     describe_histogram!("hearth_time_per_output_token_seconds", Unit::Seconds, "Time between consecutive tokens of one sequence");
     describe_counter!("hearth_prompt_tokens_total", "Prompt tokens computed (not counting reused cache)");
     describe_counter!("hearth_prompt_cached_tokens_total", "Prompt tokens whose KV was reused from an earlier request");
+    describe_counter!("hearth_prompt_copied_tokens_total", "Prompt tokens whose KV was copied from another slot (a prefix shared with another conversation)");
     describe_counter!("hearth_generated_tokens_total", "Tokens generated");
     describe_counter!("hearth_cancelled_total", "Sequences cancelled because the client went away");
     describe_counter!("hearth_state_checkpoints_total", "Copies of a sequence's recurrent state taken near its prompt's end (models with recurrent layers, Qwen3.5), which a later prompt sharing that prefix starts from");
@@ -257,6 +259,12 @@ pub fn time_per_output_token(d: Duration) {
 pub fn prompt_tokens(cached: usize, computed: usize) {
     counter!("hearth_prompt_cached_tokens_total").increment(cached as u64);
     counter!("hearth_prompt_tokens_total").increment(computed as u64);
+}
+
+/// Tokens of a prompt prefix whose KV was copied from another slot (also counted as cached
+/// by `prompt_tokens`).
+pub fn prefix_copied(tokens: usize) {
+    counter!("hearth_prompt_copied_tokens_total").increment(tokens as u64);
 }
 
 pub fn generated_token() {

@@ -9,7 +9,7 @@
 //!             n_tokens × (seq u64 | pos u32 | token flags u32, bit 0 = wants logits)
 //!             n_tokens × n_embd hidden values in dtype (f32 or f16), token-major
 //!             n_reports × (compute_us u32 | read_bytes u64 | prefetch_bytes u64)
-//! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32)
+//! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32 | from u64)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
 //! Auth*       Hello: 33-byte key share; Challenge: key share and 16-byte server id;
@@ -30,7 +30,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -43,7 +43,7 @@ const REPORT_LEN: u64 = 20;
 /// One report per member a frame passes; a home ring has a handful.
 pub const MAX_REPORTS: usize = u8::MAX as usize;
 const KV_OPS_FIXED_LEN: u64 = 12;
-const KV_OP_LEN: u64 = 13;
+const KV_OP_LEN: u64 = 21;
 const WANTS_LOGITS: u32 = 1;
 
 const KIND_ACTIVATIONS: u8 = 1;
@@ -60,6 +60,7 @@ const KIND_AUTH_WELCOME: u8 = 19;
 const OP_CLEAR: u8 = 0;
 const OP_TRUNCATE: u8 = 1;
 const OP_CHECKPOINT: u8 = 2;
+const OP_COPY: u8 = 3;
 
 /// How hidden states travel on the wire; in memory they are always f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -157,6 +158,14 @@ pub enum KvOp {
     /// layers), for a later `Truncate` to return to.
     Checkpoint {
         seq: u64,
+    },
+    /// Give sequence `seq` the first `len` positions of sequence `from`, whatever `seq`
+    /// held (a prompt starting with another sequence's prefix; models without recurrent
+    /// layers: with them nothing is copied, on every member alike).
+    Copy {
+        seq: u64,
+        from: u64,
+        len: u32,
     },
 }
 
@@ -264,14 +273,16 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
             buf.put_u64_le(*step);
             buf.put_u32_le(ops.len() as u32);
             for op in ops {
-                let (code, seq, len) = match *op {
-                    KvOp::Clear { seq } => (OP_CLEAR, seq, 0),
-                    KvOp::Truncate { seq, len } => (OP_TRUNCATE, seq, len),
-                    KvOp::Checkpoint { seq } => (OP_CHECKPOINT, seq, 0),
+                let (code, seq, len, from) = match *op {
+                    KvOp::Clear { seq } => (OP_CLEAR, seq, 0, 0),
+                    KvOp::Truncate { seq, len } => (OP_TRUNCATE, seq, len, 0),
+                    KvOp::Checkpoint { seq } => (OP_CHECKPOINT, seq, 0, 0),
+                    KvOp::Copy { seq, from, len } => (OP_COPY, seq, len, from),
                 };
                 buf.put_u8(code);
                 buf.put_u64_le(seq);
                 buf.put_u32_le(len);
+                buf.put_u64_le(from);
             }
         }
         Frame::Error { step, message } => {
@@ -483,11 +494,13 @@ impl FrameDecoder {
                     let code = r.u8()?;
                     let seq = r.u64()?;
                     let len = r.u32()?;
+                    let from = r.u64()?;
                     ops.push(match code {
-                        OP_CLEAR if len == 0 => KvOp::Clear { seq },
-                        OP_TRUNCATE => KvOp::Truncate { seq, len },
-                        OP_CHECKPOINT if len == 0 => KvOp::Checkpoint { seq },
-                        _ => return Err(r.bad(format!("bad op {code} (len {len})"))),
+                        OP_CLEAR if len == 0 && from == 0 => KvOp::Clear { seq },
+                        OP_TRUNCATE if from == 0 => KvOp::Truncate { seq, len },
+                        OP_CHECKPOINT if len == 0 && from == 0 => KvOp::Checkpoint { seq },
+                        OP_COPY => KvOp::Copy { seq, from, len },
+                        _ => return Err(r.bad(format!("bad op {code} (len {len}, from {from})"))),
                     });
                 }
                 Frame::KvOps { step, ops }
@@ -771,6 +784,7 @@ mod tests {
             any::<u64>().prop_map(|seq| KvOp::Clear { seq }),
             (any::<u64>(), any::<u32>()).prop_map(|(seq, len)| KvOp::Truncate { seq, len }),
             any::<u64>().prop_map(|seq| KvOp::Checkpoint { seq }),
+            (any::<u64>(), any::<u64>(), any::<u32>()).prop_map(|(seq, from, len)| KvOp::Copy { seq, from, len }),
         ];
         let nonce = any::<[u8; 32]>();
         let share = proptest::collection::vec(any::<u8>(), KEY_SHARE_LEN).prop_map(|v| <KeyShare>::try_from(v).unwrap());

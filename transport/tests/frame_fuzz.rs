@@ -59,7 +59,7 @@ fn seed_frames() -> Vec<Frame> {
         acts(Dtype::F32, 2, 3, 1),
         acts(Dtype::F16, 3, 4, 0),
         acts(Dtype::F32, 1, 1, 2),
-        Frame::KvOps { step: 7, ops: vec![KvOp::Clear { seq: 1 }, KvOp::Truncate { seq: 2, len: 5 }] },
+        Frame::KvOps { step: 7, ops: vec![KvOp::Clear { seq: 1 }, KvOp::Truncate { seq: 2, len: 5 }, KvOp::Copy { seq: 3, from: 1, len: 300 }] },
         Frame::KvOps { step: 0, ops: vec![] },
         Frame::Error { step: 4, message: "stage failed: ünïcode".into() },
         Frame::Ping(11),

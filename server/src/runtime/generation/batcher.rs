@@ -489,6 +489,7 @@ impl Loop {
         // A recurrent model keeps less: back to its last checkpoint at or before `keep`.
         let keep = self.pipeline.truncate_sequence(slot.seq, keep).min(keep);
         slot.cached.truncate(keep);
+        let keep = self.copy_prefix_from_another_slot(idx, keep, &req.prompt);
         // A recurrent model's state is copied a few tokens before the prompt's end, where
         // the next turn of a conversation still agrees with this one (its template renders
         // this turn's generation prompt differently once answered).
@@ -496,7 +497,7 @@ impl Loop {
         let pending: VecDeque<i32> = req.prompt[keep..].iter().copied().collect();
         let chunk = self.pipeline.prompt_chunk(pending.len(), self.max_batch).clamp(1, self.max_batch);
         let stop = StopMatcher::new(req.stop.clone());
-        slot.active = Some(Active {
+        self.slots[idx].active = Some(Active {
             prompt_tokens: req.prompt.len(),
             cached_tokens: keep,
             req,
@@ -515,6 +516,46 @@ impl Loop {
             checkpoint_at,
         });
         m::prompt_tokens(keep, self.slots[idx].active.as_ref().map_or(0, |a| a.pending.len()));
+    }
+
+    /// Where another slot holds more of `prompt` than slot `idx` kept (`keep` tokens) — a
+    /// system prompt several conversations share, a conversation continuing in another
+    /// slot, the `n` choices of one request — its K/V rows are copied into `idx` instead of
+    /// computed again; returns what `idx` holds then. The copy ends on a whole tile of
+    /// query rows at least a tile before the prompt's end, so the rest is computed as a
+    /// cold prompt computes those rows (ggml's tiled attention, row groups where a cold
+    /// prompt's start) and the answer is the cold answer's. Only from a slot with nothing
+    /// in flight: on a ring, a micro-batch in flight has not yet written every member's
+    /// rows. Not for a model with a recurrent state, which holds a sequence's whole past
+    /// rather than rows of it.
+    fn copy_prefix_from_another_slot(&mut self, idx: usize, keep: usize, prompt: &[i32]) -> usize {
+        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+        if self.pipeline.keeps_state() || prompt.len() < 2 * tile {
+            return keep;
+        }
+        let limit = (prompt.len() - tile) / tile * tile;
+        let best = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| *i != idx && s.in_flight == 0 && !s.clear_on_landing)
+            .map(|(i, s)| (i, common_prefix(&s.cached, prompt).min(limit) / tile * tile))
+            .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
+        let Some((src, n)) = best.filter(|&(_, n)| n > keep) else { return keep };
+        let (from, to) = (self.slots[src].seq, self.slots[idx].seq);
+        let copied = self.pipeline.copy_sequence(from, to, n).min(n);
+        if copied == 0 {
+            // Nothing copied: `to` is as it was, or emptied where some window could not
+            // copy; what it holds now is what it keeps.
+            let kept = self.pipeline.truncate_sequence(to, keep).min(keep);
+            self.slots[idx].cached.truncate(kept);
+            return kept;
+        }
+        let cached = self.slots[src].cached[..copied].to_vec();
+        self.slots[idx].cached = cached;
+        m::prefix_copied(copied);
+        tracing::debug!(from, to, copied, "prompt prefix copied from another slot");
+        copied
     }
 
     /// A client that went away frees its slot at once (its KV stays as prompt cache).

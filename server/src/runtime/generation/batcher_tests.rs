@@ -291,6 +291,48 @@ fn a_shared_prefix_is_reused_from_the_cache() {
     assert_eq!(rig.violations(), Vec::<String>::new());
 }
 
+/// A prefix another slot holds (a system prompt two conversations share, the second
+/// arriving while the first still runs) is copied into the new slot instead of computed
+/// again: whole tiles of it, at least a tile before the prompt's end. A pipeline that
+/// copies nothing (a model with a recurrent state) leaves the prompt computed whole.
+#[test]
+fn a_prefix_another_slot_holds_is_copied_not_computed() {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(20));
+    assert!(system.len() > 3 * tile, "{} tokens", system.len());
+    let with = |question: &str| [system.clone(), prompt(question)].concat();
+    let (first, second) = (with(" Count with me:"), with(&" Now count backwards, slowly, from the top, please.".repeat(8)));
+    for recurrent in [false, true] {
+        let mut pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_delay(Duration::from_millis(2));
+        if recurrent {
+            pipeline = pipeline.with_draft_snapshots();
+        }
+        let rig = Rig::start(pipeline, 2, 4, 512, None);
+        let rx1 = rig.submit(&first, 200, &[]);
+        // The first runs (its prompt computed, decoding) when the second arrives.
+        wait_until("the first answer starts", || rig.log.lock().unwrap().batches.len() > 3);
+        let b = answer(rig.submit(&second, 3, &[]));
+        let a = answer(rx1);
+        assert_eq!(a.completion_tokens, 200);
+        let lcp = (0..first.len().min(second.len())).take_while(|&i| first[i] == second[i]).count();
+        assert!(lcp >= system.len() - 1, "{lcp} of {} shared", system.len());
+        let expected = lcp.min(second.len() - tile) / tile * tile;
+        let log = rig.log.lock().unwrap();
+        if recurrent {
+            assert_eq!(b.cached, Some(0), "nothing copied, nothing reused");
+            assert!(log.copies.is_empty(), "{:?}", log.copies);
+        } else {
+            assert_eq!(b.cached, Some(expected), "{lcp} tokens shared");
+            assert_eq!(log.copies, vec![(0, 1, expected)]);
+            let fed: Vec<u32> = log.batches.iter().flatten().filter(|r| r.0 == 1).map(|r| r.1).collect();
+            assert_eq!(fed.first().copied(), Some(expected as u32), "feeding starts after the copied prefix");
+        }
+        assert_eq!(b.completion_tokens, 3);
+        drop(log);
+        assert_eq!(rig.violations(), Vec::<String>::new());
+    }
+}
+
 #[test]
 fn queueing_refusal_and_cancellation() {
     let pipeline = Scripted::new(vocabulary().n_vocab(), 1 << 20, counting()).with_delay(Duration::from_millis(1));

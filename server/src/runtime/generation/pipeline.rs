@@ -49,6 +49,13 @@ pub trait Pipeline: Send {
     /// is less for a model with recurrent layers (see `keeps_state`) unless a checkpoint
     /// was taken at `len`.
     fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize;
+    /// Gives sequence `to` the first `len` positions of sequence `from` everywhere,
+    /// whatever `to` held; returns the positions copied (0 where the pipeline cannot: a
+    /// model with recurrent layers). Only called when nothing of either is in flight.
+    fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        let _ = (from, to, len);
+        0
+    }
     /// Whether the model keeps a recurrent state per sequence (Qwen3.5): then a sequence
     /// goes back only to a checkpoint (`checkpoint_sequence`), not to any length.
     fn keeps_state(&self) -> bool {
@@ -90,6 +97,10 @@ impl Pipeline for LocalPipeline {
 
     fn truncate_sequence(&mut self, seq: SeqId, len: usize) -> usize {
         LocalPipeline::truncate_sequence(self, seq, len)
+    }
+
+    fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        LocalPipeline::copy_sequence(self, from, to, len)
     }
 
     fn keeps_state(&self) -> bool {

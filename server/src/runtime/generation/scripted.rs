@@ -33,6 +33,8 @@ pub struct Log {
     /// Every batch, as (sequence, position, wants logits, token).
     pub batches: Vec<Vec<(SeqId, u32, bool, i32)>>,
     pub truncates: Vec<(SeqId, usize)>,
+    /// Every prefix copy, as (from, to, positions copied).
+    pub copies: Vec<(SeqId, SeqId, usize)>,
     pub clears: Vec<SeqId>,
     pub recovers: usize,
     pub idles: usize,
@@ -260,6 +262,22 @@ impl Pipeline for Scripted {
         self.cache.entry(seq).or_default().truncate(kept);
         self.log.lock().unwrap().truncates.push((seq, len));
         self.cache[&seq].len()
+    }
+
+    fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        self.touch(from, "copied from");
+        self.touch(to, "copied to");
+        // As the engine: nothing for a model with a recurrent state.
+        if self.snapshots.is_some() {
+            return 0;
+        }
+        let Some(src) = self.cache.get(&from) else { return 0 };
+        let copied = len.min(src.len());
+        let prefix = src[..copied].to_vec();
+        self.cache.insert(to, prefix);
+        self.failed.remove(&to);
+        self.log.lock().unwrap().copies.push((from, to, copied));
+        copied
     }
 
     fn n_ctx_seq(&self) -> usize {

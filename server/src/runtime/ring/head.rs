@@ -526,6 +526,14 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         self.head.stage.sequence_len(0, seq)
     }
 
+    fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
+        let (flights, mut ring) = self.ring();
+        flights.kv(&mut ring, [KvOp::Copy { seq: to, from, len: u32::try_from(len).unwrap_or(u32::MAX) }]);
+        // Every member applies the same rule to the same slots: the head's own windows
+        // tell what all copied.
+        self.head.stage.sequence_len(0, to)
+    }
+
     fn keeps_state(&self) -> bool {
         self.file.spec.recurrent.is_some()
     }

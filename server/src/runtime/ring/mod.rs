@@ -149,6 +149,9 @@ pub(crate) fn apply(stage: &mut engine::Stage, ops: &[transport::KvOp]) {
                 stage.truncate_sequence(seq, len as usize);
             }
             transport::KvOp::Checkpoint { seq } => stage.checkpoint_sequence(seq),
+            transport::KvOp::Copy { seq, from, len } => {
+                stage.copy_sequence(from, seq, len as usize);
+            }
         }
     }
 }
