@@ -120,6 +120,16 @@ impl Queue {
         req
     }
 
+    /// The oldest request whose client is still there, unless `hold` says it must wait: then
+    /// it stays first in line and nothing is taken.
+    fn pop_unless(&self, hold: impl Fn(&GenerationRequest) -> bool) -> Option<GenerationRequest> {
+        let mut q = self.lock();
+        drop_gone(&mut q.waiting);
+        let req = if q.waiting.front().is_some_and(|r| !hold(r)) { q.waiting.pop_front() } else { None };
+        m::queue_size(q.waiting.len());
+        req
+    }
+
     /// Drops requests of clients that went away; how many are still waiting.
     fn prune(&self) -> usize {
         let mut q = self.lock();
@@ -288,6 +298,11 @@ struct Active {
     checkpoint_at: Option<usize>,
 }
 
+/// Prompt rows a request saves by waiting for another prompt to compute them, for it to
+/// wait (`Loop::prefix_being_computed`): a whole tile, what a copy takes at least. The wait
+/// lasts until the shared rows have landed, not the other prompt's whole length.
+const HOLD_GAIN: usize = scheduler::pipelining::MIN_PROMPT_CHUNK;
+
 /// Tokens before a prompt's end where a recurrent model's state is checkpointed: the
 /// next turn of a chat re-renders this turn's generation prompt (Qwen3.5's template drops
 /// the thinking it opened), so the state at the very end would not be reusable.
@@ -387,8 +402,9 @@ impl Loop {
                     }
                 }
             }
+            let queue = self.queue.clone();
             while self.slots.iter().any(Slot::free) {
-                match self.queue.pop(Duration::ZERO) {
+                match queue.pop_unless(|r| self.prefix_being_computed(&r.prompt)) {
                     Some(req) => self.admit(req),
                     None => break,
                 }
@@ -556,6 +572,28 @@ impl Loop {
         m::prefix_copied(copied);
         tracing::debug!(from, to, copied, "prompt prefix copied from another slot");
         copied
+    }
+
+    /// Whether a running prompt is computing more of `prompt`'s prefix than any slot holds
+    /// now (`HOLD_GAIN` rows or more, in whole tiles as a copy takes them): the request then
+    /// waits first in the queue until those rows have landed and copies them, instead of
+    /// computing the same rows beside them — the `n` choices of one request, agents whose
+    /// requests with one system prompt arrive together. The wait ends when the running
+    /// prompt has fed the shared rows (or its request ends), so it is never longer than
+    /// computing the prefix would have taken.
+    fn prefix_being_computed(&self, prompt: &[i32]) -> bool {
+        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+        if self.pipeline.keeps_state() || prompt.len() < 2 * tile {
+            return false;
+        }
+        let limit = (prompt.len() - tile) / tile * tile;
+        let usable = |n: usize| n.min(limit) / tile * tile;
+        let now = self.slots.iter().map(|s| usable(common_prefix(&s.cached, prompt))).max().unwrap_or(0);
+        self.slots.iter().filter_map(|s| Some((s, s.active.as_ref()?))).filter(|(_, a)| !a.pending.is_empty()).any(|(s, a)| {
+            let held = common_prefix(&s.cached, prompt);
+            let coming = if held < s.cached.len() { held } else { held + a.pending.iter().zip(&prompt[held..]).take_while(|(x, y)| x == y).count() };
+            usable(coming) >= now + HOLD_GAIN
+        })
     }
 
     /// A client that went away frees its slot at once (its KV stays as prompt cache).

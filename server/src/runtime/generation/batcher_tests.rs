@@ -333,6 +333,38 @@ fn a_prefix_another_slot_holds_is_copied_not_computed() {
     }
 }
 
+/// Requests with one long prefix arriving together (the `n` choices of a request, agents
+/// with one system prompt): the second waits until the first's prompt has been fed, then
+/// copies it; the shared rows are computed once. One sharing only a short opening does
+/// not wait.
+#[test]
+fn a_request_waits_for_a_prefix_being_computed_and_copies_it() {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(20));
+    let (first, second) = ([system.clone(), prompt(" Count with me:")].concat(), [system.clone(), prompt(&" And backwards, from the top.".repeat(12))].concat());
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()), 2, 4, 128, None);
+    let (rx1, rx2) = (rig.submit(&first, 4, &[]), rig.submit(&second, 4, &[]));
+    let (a, b) = (answer(rx1), answer(rx2));
+    let lcp = (0..first.len().min(second.len())).take_while(|&i| first[i] == second[i]).count();
+    let expected = lcp.min(second.len() - tile) / tile * tile;
+    assert_eq!((a.cached, b.cached), (Some(0), Some(expected)), "{lcp} tokens shared");
+    let log = rig.log.lock().unwrap();
+    assert_eq!(log.copies, vec![(0, 1, expected)]);
+    // Every shared row computed once: sequence 1's first row is the first after the copy.
+    let rows_of = |seq: u64| log.batches.iter().flatten().filter(|r| r.0 == seq).map(|r| r.1).collect::<Vec<u32>>();
+    assert_eq!(rows_of(1).first().copied(), Some(expected as u32));
+    assert_eq!(rows_of(0).iter().filter(|&&p| (p as usize) < first.len()).count(), first.len());
+    drop(log);
+    assert_eq!(rig.violations(), Vec::<String>::new());
+    // Short prompts sharing their first words start together.
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()), 2, 4, 128, None);
+    let (rx1, rx2) = (rig.submit(&prompt("Count with me, one by one:"), 4, &[]), rig.submit(&prompt("Count with me, two by two:"), 4, &[]));
+    let (a, b) = (answer(rx1), answer(rx2));
+    assert_eq!((a.cached, b.cached), (Some(0), Some(0)));
+    let log = rig.log.lock().unwrap();
+    assert!(log.batches[0].iter().any(|r| r.0 == 1), "both prompts in the first batch: {:?}", log.batches[0]);
+}
+
 #[test]
 fn queueing_refusal_and_cancellation() {
     let pipeline = Scripted::new(vocabulary().n_vocab(), 1 << 20, counting()).with_delay(Duration::from_millis(1));
