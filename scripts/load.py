@@ -4,6 +4,7 @@
     scripts/load.py URL tpot    [--max-tokens 128] [--reps 3]
     scripts/load.py URL streams N [--max-tokens 128] [--reps 1]
     scripts/load.py URL ttft    TOKENS [--reps 3]
+    scripts/load.py URL shared  TOKENS [--reps 3]
 
 tpot:    one greedy stream at a time; prints the median time per output token (s).
 streams: N concurrent greedy streams, each its own prompt; prints the aggregate generated
@@ -13,6 +14,12 @@ streams: N concurrent greedy streams, each its own prompt; prints the aggregate 
 ttft:    a prompt of about TOKENS tokens of real prose (from the prima.cpp paper), one token
          asked for, a different part of the text each time so no prompt cache helps;
          prints the median seconds to the answer and the prompt's token count.
+shared:  an agent's request arriving while another agent's answer streams: a system prompt
+         of about TOKENS tokens, then its own question; the other agent's request has the
+         same system prompt (rounds "shared") or another part of the text in its place
+         ("unshared", what every request costs without a prefix cache across slots),
+         alternating. Prints the median seconds to the arriving request's answer (one
+         token) of each, and the cached prompt tokens the server reported for each.
 
 Standard library only; text from testdata/prima-cpp-excerpt.txt (or --text FILE).
 """
@@ -72,6 +79,19 @@ def stream(url, prompt, max_tokens, timeout, suppress, temperature=0.0, seed=Non
     return times, t0
 
 
+def generated(url):
+    """hearth's count of generated tokens (/metrics), 0 where it has none."""
+    u = urllib.parse.urlparse(url)
+    try:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read().decode()
+        conn.close()
+    except OSError:
+        return 0.0
+    return next((float(l.split()[1]) for l in body.splitlines() if l.startswith("hearth_generated_tokens_total ")), 0.0)
+
+
 def text(path):
     for p in (path, DEFAULT_TEXT):
         if p and os.path.exists(p):
@@ -83,7 +103,7 @@ def text(path):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("url")
-    p.add_argument("mode", choices=["tpot", "streams", "ttft"])
+    p.add_argument("mode", choices=["tpot", "streams", "ttft", "shared"])
     p.add_argument("n", nargs="?", type=int, default=1, help="streams: how many; ttft: prompt tokens")
     p.add_argument("--steady", action="store_true", help="streams: also print the tokens/s while every stream decodes (no prompt, no stream ended)")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -140,6 +160,32 @@ def main():
                 lengths = sorted(len(times) for times, _ in results)
                 print(f"load.py: streams: {lo - t0:.2f} s until every stream had a token, {hi - lo:.2f} s all decoding, {end - hi:.2f} s of tail; tokens per stream {lengths}", file=sys.stderr)
         print(f"{best:.3f} {steady:.3f}" if a.steady else f"{best:.3f}")
+    elif a.mode == "shared":
+        n_chars = int(a.n * CHARS_PER_TOKEN)
+        took = {"shared": [], "unshared": []}
+        cached = {"shared": [], "unshared": []}
+        for r in range(a.reps * 2):
+            kind = "shared" if r % 2 == 0 else "unshared"
+            # A fresh system prompt each round, so nothing an earlier round left helps.
+            start = (r * 7919 * 13) % max(1, len(words) - 2 * n_chars)
+            system = words[start:start + n_chars]
+            other = words[start + n_chars:start + 2 * n_chars]
+            running_prompt = (system if kind == "shared" else other) + " " + passage(r)
+            before = generated(a.url)
+            t = threading.Thread(target=stream, args=(a.url, running_prompt, a.max_tokens, a.timeout, suppress))
+            t.start()
+            # The arriving request comes once the running one streams (its prompt is in).
+            while t.is_alive() and generated(a.url) < before + 2:
+                time.sleep(0.02)
+            question = " Question: " + passage(5000 + r)[:200]
+            t0 = time.monotonic()
+            conn, resp = post(a.url, {"model": "", "prompt": system + question, "max_tokens": 1, "temperature": 0}, a.timeout)
+            v = json.loads(resp.read())
+            conn.close()
+            took[kind].append(time.monotonic() - t0)
+            cached[kind].append(v.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0))
+            t.join()
+        print(f"{statistics.median(took['shared']):.6f} {statistics.median(took['unshared']):.6f} {statistics.median(cached['shared']):.0f} {statistics.median(cached['unshared']):.0f}")
     else:
         n_chars = int(a.n * CHARS_PER_TOKEN)
         took, counts = [], []
