@@ -335,15 +335,17 @@ fn a_prefix_another_slot_holds_is_copied_not_computed() {
 
 /// Requests with one long prefix arriving together (the `n` choices of a request, agents
 /// with one system prompt): the second waits until the first's prompt has been fed, then
-/// copies it; the shared rows are computed once. One sharing only a short opening does
-/// not wait.
+/// copies it; the shared rows are computed once. One sharing less than a tile with a
+/// prompt being computed does not wait for it.
 #[test]
 fn a_request_waits_for_a_prefix_being_computed_and_copies_it() {
     let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
     let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(20));
     let (first, second) = ([system.clone(), prompt(" Count with me:")].concat(), [system.clone(), prompt(&" And backwards, from the top.".repeat(12))].concat());
-    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()), 2, 4, 128, None);
-    let (rx1, rx2) = (rig.submit(&first, 4, &[]), rig.submit(&second, 4, &[]));
+    // Steps of a few milliseconds: the first is still running when the second, submitted
+    // right after it, is admitted (were it done, the second would take its slot instead).
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_delay(Duration::from_millis(3)), 2, 4, 128, None);
+    let (rx1, rx2) = (rig.submit(&first, 40, &[]), rig.submit(&second, 4, &[]));
     let (a, b) = (answer(rx1), answer(rx2));
     let lcp = (0..first.len().min(second.len())).take_while(|&i| first[i] == second[i]).count();
     let expected = lcp.min(second.len() - tile) / tile * tile;
@@ -356,13 +358,22 @@ fn a_request_waits_for_a_prefix_being_computed_and_copies_it() {
     assert_eq!(rows_of(0).iter().filter(|&&p| (p as usize) < first.len()).count(), first.len());
     drop(log);
     assert_eq!(rig.violations(), Vec::<String>::new());
-    // Short prompts sharing their first words start together.
-    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()), 2, 4, 128, None);
-    let (rx1, rx2) = (rig.submit(&prompt("Count with me, one by one:"), 4, &[]), rig.submit(&prompt("Count with me, two by two:"), 4, &[]));
+    // A long prompt fed in several pieces, and another sharing only its first words: the
+    // second starts while the first is still being fed (pieces of both fly together, as
+    // on a ring: a piece of the second comes before the first prompt's last row).
+    let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_delay(Duration::from_millis(5)).with_depth(2);
+    let rig = Rig::start(pipeline, 2, 4, 256, None);
+    let long = [prompt("Count with me: "), system.clone(), system.clone()].concat();
+    let other = [prompt("Count with me: "), prompt(&"Something else entirely, and at length. ".repeat(16))].concat();
+    assert!(other.len() > 2 * tile && long.len() > 8 * tile);
+    let (rx1, rx2) = (rig.submit(&long, 4, &[]), rig.submit(&other, 4, &[]));
     let (a, b) = (answer(rx1), answer(rx2));
     assert_eq!((a.cached, b.cached), (Some(0), Some(0)));
     let log = rig.log.lock().unwrap();
-    assert!(log.batches[0].iter().any(|r| r.0 == 1), "both prompts in the first batch: {:?}", log.batches[0]);
+    let last_of_long = log.batches.iter().position(|b| b.iter().any(|r| r.0 == 0 && r.1 as usize + 1 == long.len())).unwrap();
+    let first_of_other = log.batches.iter().position(|b| b.iter().any(|r| r.0 == 1)).unwrap();
+    assert!(first_of_other < last_of_long, "the second prompt waited for the first: its first rows in batch {first_of_other}, the first prompt's last in {last_of_long}");
+    assert!(log.copies.is_empty(), "{:?}", log.copies);
 }
 
 #[test]
