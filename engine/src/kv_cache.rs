@@ -179,28 +179,21 @@ pub fn hadamard(n: usize) -> std::sync::Arc<[f32]> {
 /// nothing computes on them.
 unsafe fn copy_row(src: *mut sys::ggml_tensor, dst: *mut sys::ggml_tensor, row: usize) {
     let bytes = sys::ggml_row_size((*src).type_, (*src).ne[0]);
-    let offset = row * bytes;
-    if sys::ggml_backend_buffer_is_host((*src).buffer) && sys::ggml_backend_buffer_is_host((*dst).buffer) {
-        std::ptr::copy_nonoverlapping((*src).data.cast::<u8>().add(offset), (*dst).data.cast::<u8>().add(offset), bytes);
-    } else {
-        let mut buf = vec![0u8; bytes];
-        sys::ggml_backend_tensor_get(src, buf.as_mut_ptr().cast(), offset, bytes);
-        sys::ggml_backend_tensor_set(dst, buf.as_ptr().cast(), offset, bytes);
-    }
+    copy_bytes(src, row * bytes, dst, row * bytes, bytes);
 }
 
-/// Copies `bytes` at byte `from` of `t` to byte `to` of the same tensor (two regions that
-/// do not overlap): through host memory when the tensor lives on an accelerator.
+/// Copies `bytes` at byte `from` of `src` to byte `to` of `dst` (regions that do not
+/// overlap, in one tensor or two): through host memory where either lives on an
+/// accelerator.
 ///
-/// SAFETY: `t` is an allocated tensor holding both regions, and nothing computes on it.
-unsafe fn copy_within(t: *mut sys::ggml_tensor, from: usize, to: usize, bytes: usize) {
-    if sys::ggml_backend_buffer_is_host((*t).buffer) {
-        let base = (*t).data.cast::<u8>();
-        std::ptr::copy_nonoverlapping(base.add(from), base.add(to), bytes);
+/// SAFETY: both are allocated tensors holding their regions, and nothing computes on them.
+unsafe fn copy_bytes(src: *mut sys::ggml_tensor, from: usize, dst: *mut sys::ggml_tensor, to: usize, bytes: usize) {
+    if sys::ggml_backend_buffer_is_host((*src).buffer) && sys::ggml_backend_buffer_is_host((*dst).buffer) {
+        std::ptr::copy_nonoverlapping((*src).data.cast::<u8>().add(from), (*dst).data.cast::<u8>().add(to), bytes);
     } else {
         let mut buf = vec![0u8; bytes];
-        sys::ggml_backend_tensor_get(t, buf.as_mut_ptr().cast(), from, bytes);
-        sys::ggml_backend_tensor_set(t, buf.as_ptr().cast(), to, bytes);
+        sys::ggml_backend_tensor_get(src, buf.as_mut_ptr().cast(), from, bytes);
+        sys::ggml_backend_tensor_set(dst, buf.as_ptr().cast(), to, bytes);
     }
 }
 
@@ -521,7 +514,7 @@ impl KvCache {
         unsafe {
             for t in tensors {
                 let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
-                copy_within(t, src.slot * self.slot_cells * row, slot * self.slot_cells * row, len * row);
+                copy_bytes(t, src.slot * self.slot_cells * row, t, slot * self.slot_cells * row, len * row);
             }
         }
         self.checkpoints.remove(&to);

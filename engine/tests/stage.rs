@@ -282,10 +282,11 @@ fn feed(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32]) -> Vec<f32> {
 /// rest of a prompt computed after it, gives the logits of the whole prompt computed cold,
 /// to the bit, where the copy ends on a whole tile of rows at least a tile before the
 /// prompt's end (what the batcher copies); and the same greedy continuation. On the
-/// default model in one window and cut across two stages, on a tiny Gemma 3 (sliding-window
-/// layers, the prompt far past the window) and on a tiny Gemma 4 E (layers attending with
-/// earlier layers' K/V; cut after the donors, the second stage keeps its own copy of their
-/// cache). The copy replaces whatever the target held; a copy from an unknown sequence
+/// default model in one window, cut across two stages, and with a quantized cache (Q8_0 K,
+/// Q4_0 V); on a tiny Gemma 3 (sliding-window layers, the prompt far past the window), a
+/// tiny Gemma 4 E (layers attending with earlier layers' K/V; cut after the donors, the
+/// second stage keeps its own copy of their cache) and a tiny DeepSeek 2 (latent
+/// attention: V inside the K rows). The copy replaces whatever the target held; a copy from an unknown sequence
 /// copies nothing and leaves the target as it was.
 #[test]
 fn a_prefix_copied_from_another_sequence_computes_what_the_cold_prompt_computes() {
@@ -306,14 +307,18 @@ fn a_prefix_copied_from_another_sequence_computes_what_the_cold_prompt_computes(
     let mut gemma4e = common::tiny::model("gemma4");
     (gemma4e.n_layer, gemma4e.full_every, gemma4e.per_layer_embd, gemma4e.shared_kv_layers) = (6, 3, 32, 3);
     (gemma4e.n_expert, gemma4e.n_expert_used, gemma4e.n_swa, gemma4e.seed) = (0, 0, 40, 45);
-    let cases: Vec<(&str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>)> = vec![
-        ("default model, one window", default.clone(), vec![vec![0..30]]),
-        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]]),
-        ("tiny gemma3", common::tiny::write(&gemma3, &dir), vec![vec![0..3]]),
-        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, &dir), vec![vec![0..3], vec![3..6]]),
+    let f16 = engine::CacheTypes::default();
+    let quantized = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
+    let cases: Vec<(&str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>, engine::CacheTypes)> = vec![
+        ("default model, one window", default.clone(), vec![vec![0..30]], f16),
+        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]], f16),
+        ("default model, quantized cache", default.clone(), vec![vec![0..30]], quantized),
+        ("tiny gemma3", common::tiny::write(&gemma3, &dir), vec![vec![0..3]], f16),
+        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, &dir), vec![vec![0..3], vec![3..6]], f16),
+        ("tiny deepseek2", common::tiny::write(&common::tiny::model("deepseek2"), &dir), vec![vec![0..3]], f16),
     ];
-    for (what, path, stages) in cases {
-        let mut p = pipeline(&path, &stages, 3);
+    for (what, path, stages, kv) in cases {
+        let mut p = common::pipeline_with(&path, &stages, 3, kv);
         let cold = feed(&mut p, 2, &b);
         let mut cold_tokens = vec![argmax(&cold)];
         for i in 0..7 {

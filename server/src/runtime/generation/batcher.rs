@@ -545,23 +545,18 @@ impl Loop {
     /// rows. Not for a model with a recurrent state, which holds a sequence's whole past
     /// rather than rows of it.
     fn copy_prefix_from_another_slot(&mut self, idx: usize, keep: usize, prompt: &[i32]) -> usize {
-        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
-        if self.pipeline.keeps_state() || prompt.len() < 2 * tile {
-            return keep;
-        }
-        let limit = (prompt.len() - tile) / tile * tile;
         let best = self
             .slots
             .iter()
             .enumerate()
             .filter(|(i, s)| *i != idx && s.in_flight == 0 && !s.clear_on_landing)
-            .map(|(i, s)| (i, common_prefix(&s.cached, prompt).min(limit) / tile * tile))
+            .map(|(i, s)| (i, self.copyable(prompt, common_prefix(&s.cached, prompt))))
             .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
         let Some((src, n)) = best.filter(|&(_, n)| n > keep) else { return keep };
         let (from, to) = (self.slots[src].seq, self.slots[idx].seq);
         let copied = self.pipeline.copy_sequence(from, to, n).min(n);
-        if copied == 0 {
-            // Nothing copied: `to` is as it was, or emptied where some window could not
+        if copied <= keep {
+            // Nothing gained: `to` is as it was, or emptied where some window could not
             // copy; what it holds now is what it keeps.
             let kept = self.pipeline.truncate_sequence(to, keep).min(keep);
             self.slots[idx].cached.truncate(kept);
@@ -582,18 +577,26 @@ impl Loop {
     /// prompt has fed the shared rows (or its request ends), so it is never longer than
     /// computing the prefix would have taken.
     fn prefix_being_computed(&self, prompt: &[i32]) -> bool {
-        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
-        if self.pipeline.keeps_state() || prompt.len() < 2 * tile {
+        if self.copyable(prompt, prompt.len()) == 0 {
             return false;
         }
-        let limit = (prompt.len() - tile) / tile * tile;
-        let usable = |n: usize| n.min(limit) / tile * tile;
-        let now = self.slots.iter().map(|s| usable(common_prefix(&s.cached, prompt))).max().unwrap_or(0);
+        let now = self.slots.iter().map(|s| self.copyable(prompt, common_prefix(&s.cached, prompt))).max().unwrap_or(0);
         self.slots.iter().filter_map(|s| Some((s, s.active.as_ref()?))).filter(|(_, a)| !a.pending.is_empty()).any(|(s, a)| {
             let held = common_prefix(&s.cached, prompt);
             let coming = if held < s.cached.len() { held } else { held + a.pending.iter().zip(&prompt[held..]).take_while(|(x, y)| x == y).count() };
-            usable(coming) >= now + HOLD_GAIN
+            self.copyable(prompt, coming) >= now + HOLD_GAIN
         })
+    }
+
+    /// How much of `shared` leading tokens of `prompt` a copy takes: whole tiles, ending at
+    /// least a tile before the prompt's end (see `copy_prefix_from_another_slot`); nothing
+    /// for a model with a recurrent state.
+    fn copyable(&self, prompt: &[i32], shared: usize) -> usize {
+        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+        if self.pipeline.keeps_state() {
+            return 0;
+        }
+        shared.min(prompt.len().saturating_sub(tile)) / tile * tile
     }
 
     /// A client that went away frees its slot at once (its KV stays as prompt cache).
