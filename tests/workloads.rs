@@ -356,3 +356,108 @@ fn a_request_sharing_a_system_prompt_with_a_running_one_copies_its_prefix_and_an
         });
     }
 }
+
+fn metric_with(addr: &str, name: &str, labels: &str) -> f64 {
+    metric(addr, &format!("{name}{{{labels}}}"))
+}
+
+/// Every block file under a prompt-cache directory (one subdirectory per namespace).
+fn block_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten().map(|f| f.path())).filter(|p| !p.to_string_lossy().ends_with(".tmp")).collect();
+    out.sort();
+    out
+}
+
+/// An agent's long context (1,100 tokens of real prose) sent again after its slot served
+/// another conversation, after the server restarted, after one of its blocks was lost,
+/// and to a server with another cache type: the prompt cache restores every whole block it
+/// holds of the prefix (`cached_tokens`), stops at the first one it lacks, never reads
+/// another namespace's, and the answer — greedy and seeded — is the one a server without
+/// any cache computes cold.
+#[test]
+fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_after_a_restart_and_answers_as_cold() {
+    const SHARED: usize = 1100;
+    let tk = Tokenizer::load(&common::default_model()).unwrap();
+    let ids: Vec<u32> = tk.tokenize(&excerpt(), false).iter().map(|&t| t as u32).collect();
+    assert!(ids.len() >= 2000, "{} tokens", ids.len());
+    let first = [&ids[..SHARED], &ids[1200..1300]].concat();
+    let other = ids[1300..1900].to_vec();
+    let again = [&ids[..SHARED], &ids[1900..1990]].concat();
+    let block = 256;
+    let restored = SHARED / block * block;
+    let dir = std::env::temp_dir().join(format!("hearth-prompt-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let ctx = CTX.to_string();
+    let base = ["--threads", "1", "--parallel", "1", "--ctx-size", ctx.as_str()];
+    let start = |extra: &[&str]| Served::start(&[&base[..], extra].concat());
+    let with_cache = ["--prompt-cache-dir", dir_arg.as_str(), "--prompt-cache-size", "256"];
+    let seeded = |addr: &str| {
+        let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": again, "max_tokens": 24, "temperature": 0.9, "seed": 7}));
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let cached = |addr: &str| -> (String, u64) {
+        let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": again, "max_tokens": 24, "temperature": 0}));
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
+    };
+    let (cold, cold_seeded) = {
+        let node = start(&["--prompt-cache-ram", "0", "--prompt-cache-size", "0"]);
+        let cold = cached(&node.addr);
+        assert_eq!(cold.1, 0, "no cache: nothing cached");
+        // Computed from scratch again: another conversation took the only slot.
+        complete(&node.addr, &other, 8);
+        let cold_seeded = seeded(&node.addr);
+        assert_eq!(metric(&node.addr, "hearth_prompt_cache_restored_tokens_total"), 0.0);
+        (cold.0, cold_seeded)
+    };
+    {
+        let node = start(&with_cache);
+        complete(&node.addr, &first, 8);
+        // Another conversation takes the only slot: the first one's rows leave it.
+        complete(&node.addr, &other, 8);
+        let (text, got) = cached(&node.addr);
+        assert_eq!((text.as_str(), got), (cold.as_str(), restored as u64), "after the slot was reused");
+        assert_eq!(metric(&node.addr, "hearth_prompt_cache_restored_tokens_total"), restored as f64);
+        assert_eq!(metric_with(&node.addr, "hearth_prompt_cache_hits_total", "tier=\"ram\""), (restored / block) as f64);
+        // Every block reached the disk before the server goes down hard.
+        // Every block (4 of the prefix, 2 of the other conversation) reached the disk
+        // before the server goes down hard.
+        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(&dir).len() >= 6).then_some(()));
+        let mut node = node;
+        node.child.kill().unwrap();
+        node.child.wait().unwrap();
+    }
+    {
+        let node = start(&with_cache);
+        let (text, got) = cached(&node.addr);
+        assert_eq!((text.as_str(), got), (cold.as_str(), restored as u64), "after a restart");
+        assert_eq!(metric_with(&node.addr, "hearth_prompt_cache_hits_total", "tier=\"disk\""), (restored / block) as f64);
+        assert!(metric_with(&node.addr, "hearth_prompt_cache_read_bytes_total", "tier=\"disk\"") > 0.0);
+        // The slot serves another conversation again; seeded sampling from the cache too.
+        complete(&node.addr, &other, 8);
+        assert_eq!(seeded(&node.addr), cold_seeded, "seeded, after a restart");
+        // Sent again at once, the prompt reuses its own slot: whole tiles of it, a tile
+        // before its end, so that this answer too is the cold one.
+        let (text, got) = cached(&node.addr);
+        assert_eq!((text.as_str(), got), (cold.as_str(), ((again.len() - 64) / 64 * 64) as u64), "sent again");
+    }
+    // A block in the middle of the prefix is lost (evicted by another server sharing the
+    // directory, a disk cleaner): the blocks before it come back, the rest is computed. A
+    // file's header holds its block's tokens after 116 bytes.
+    let second: Vec<u8> = ids[2 * block..2 * block + 4].iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
+    let lost = block_files(&dir).into_iter().find(|f| std::fs::read(f).is_ok_and(|b| b.len() > 132 && b[116..132] == second[..])).expect("the prefix's third block on disk");
+    std::fs::remove_file(&lost).unwrap();
+    {
+        let node = start(&with_cache);
+        let (text, got) = cached(&node.addr);
+        assert_eq!((text.as_str(), got), (cold.as_str(), 2 * block as u64), "with the third block lost");
+        assert!(metric(&node.addr, "hearth_prompt_cache_misses_total") >= 1.0);
+    }
+    // Another cache type is another namespace: none of these blocks is read.
+    {
+        let node = start(&[&with_cache[..], &["--cache-type-k", "q8_0"]].concat());
+        assert_eq!(cached(&node.addr).1, 0, "another cache type");
+        assert_eq!(metric(&node.addr, "hearth_prompt_cache_restored_tokens_total"), 0.0);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -500,19 +500,10 @@ impl KvCache {
             return 0;
         }
         let Ok(slot) = self.slot_for(to, &[]) else { return 0 };
-        let mut tensors: Vec<*mut sys::ggml_tensor> = Vec::new();
-        for kv in self.layers.iter().chain(self.shadows.iter().map(|(_, kv)| kv)) {
-            for t in [kv.k, kv.v] {
-                // Layers sharing a donor's cache, and MLA's V inside K, hold one tensor twice.
-                if !t.is_null() && !tensors.contains(&t) {
-                    tensors.push(t);
-                }
-            }
-        }
         // SAFETY: rows of two different slots of tensors this cache owns; nothing computes
         // while the cache is borrowed mutably.
         unsafe {
-            for t in tensors {
+            for t in self.row_tensors() {
                 let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
                 copy_bytes(t, src.slot * self.slot_cells * row, t, slot * self.slot_cells * row, len * row);
             }
@@ -521,6 +512,90 @@ impl KvCache {
         self.snapshots.remove(&to);
         self.commit(to, slot, len, None);
         len
+    }
+
+    /// Every tensor holding a row per cell, each once, in a fixed order: layers sharing a
+    /// donor's cache, and MLA's V inside K, hold one tensor twice.
+    fn row_tensors(&self) -> Vec<*mut sys::ggml_tensor> {
+        let mut tensors: Vec<*mut sys::ggml_tensor> = Vec::new();
+        for kv in self.layers.iter().chain(self.shadows.iter().map(|(_, kv)| kv)) {
+            for t in [kv.k, kv.v] {
+                if !t.is_null() && !tensors.contains(&t) {
+                    tensors.push(t);
+                }
+            }
+        }
+        tensors
+    }
+
+    /// Bytes one position takes over every row tensor: what a block of `n` positions
+    /// read by [`KvCache::read_rows`] holds is `n` times this.
+    pub fn row_bytes(&self) -> usize {
+        // SAFETY: tensors this cache owns; only their shapes are read.
+        self.row_tensors().into_iter().map(|t| unsafe { sys::ggml_row_size((*t).type_, (*t).ne[0]) }).sum()
+    }
+
+    /// What a block of rows of this cache is made of (each row tensor's ggml type and
+    /// width, in the order [`KvCache::read_rows`] writes them): two caches whose layouts
+    /// are equal read and write each other's blocks.
+    pub fn row_layout(&self) -> String {
+        let parts: Vec<String> = self
+            .row_tensors()
+            .into_iter()
+            // SAFETY: tensors this cache owns; only their shapes are read.
+            .map(|t| unsafe { format!("t{}x{}", (*t).type_, (*t).ne[0]) })
+            .collect();
+        parts.join(",")
+    }
+
+    /// Positions `[at, at + n)` of `seq`, every row tensor's rows one after another (see
+    /// [`KvCache::row_layout`]): a block a later [`KvCache::write_rows`] puts back, in this
+    /// cache or another of the same layout. `None` where `seq` holds fewer than `at + n`
+    /// positions, or keeps a recurrent state (a state is a whole past, not rows).
+    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        let s = self.seqs.get(&seq).copied().filter(|s| !self.recurrent && at + n <= s.len)?;
+        let mut out = Vec::with_capacity(n * self.row_bytes());
+        // SAFETY: reads rows of this sequence's slot of tensors this cache owns, within the
+        // slot (at + n <= len <= capacity); nothing computes while the cache is borrowed.
+        unsafe {
+            for t in self.row_tensors() {
+                let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
+                let start = out.len();
+                out.resize(start + n * row, 0);
+                sys::ggml_backend_tensor_get(t, out[start..].as_mut_ptr().cast(), (s.slot * self.slot_cells + at) * row, n * row);
+            }
+        }
+        Some(out)
+    }
+
+    /// Puts a block read by [`KvCache::read_rows`] back as positions `[at, at + n)` of
+    /// `seq`, which keeps its first `at` positions and holds `at + n` then (`n` from the
+    /// block's length). False, with nothing changed, where `seq` holds fewer than `at`
+    /// positions, the block is not whole rows of this layout, it would pass the context,
+    /// the model keeps a recurrent state, or no slot is free for a new `seq`.
+    pub fn write_rows(&mut self, seq: SeqId, at: usize, block: &[u8]) -> bool {
+        let row_bytes = self.row_bytes();
+        if self.recurrent || row_bytes == 0 || block.len() % row_bytes != 0 || self.len(seq) < at {
+            return false;
+        }
+        let n = block.len() / row_bytes;
+        if at + n > self.capacity {
+            return false;
+        }
+        let Ok(slot) = self.slot_for(seq, &[]) else { return false };
+        let mut offset = 0;
+        // SAFETY: writes rows of this sequence's slot of tensors this cache owns, within the
+        // slot (at + n <= capacity <= slot_cells); nothing computes while the cache is borrowed.
+        unsafe {
+            for t in self.row_tensors() {
+                let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
+                sys::ggml_backend_tensor_set(t, block[offset..].as_ptr().cast(), (slot * self.slot_cells + at) * row, n * row);
+                offset += n * row;
+            }
+        }
+        self.snapshots.remove(&seq);
+        self.commit(seq, slot, at + n, None);
+        true
     }
 
     /// Copies `seq`'s recurrent state as it is now (at its current length) so that a

@@ -95,6 +95,49 @@ impl LocalPipeline {
         copied
     }
 
+    /// What a block of rows holds (see `Stage::row_layout`), stage by stage in layer
+    /// order; `None` for a model with a recurrent state (a state is a whole past, not rows).
+    pub fn row_layout(&self) -> Option<String> {
+        if self.keeps_state() {
+            return None;
+        }
+        let parts: Vec<String> = self.stages.iter().map(Stage::row_layout).collect();
+        Some(parts.join("|"))
+    }
+
+    /// Positions `[at, at + n)` of `seq`, every stage's rows one after another (see
+    /// `Stage::read_rows`): a block [`LocalPipeline::write_rows`] puts back, here or in a
+    /// pipeline of the same [`LocalPipeline::row_layout`] (after a restart).
+    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        for s in &self.stages {
+            out.extend_from_slice(&s.read_rows(seq, at, n)?);
+        }
+        Some(out)
+    }
+
+    /// Puts a block of `n` positions read by [`LocalPipeline::read_rows`] back as
+    /// positions `[at, at + n)` of `seq`, which keeps its first `at`; false where it cannot
+    /// (see `KvCache::write_rows`), and then `seq` keeps only its first `at` positions.
+    pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        if self.sequence_len(seq) < at {
+            return false;
+        }
+        let sizes: Vec<usize> = self.stages.iter().map(|s| s.read_rows_len(n)).collect();
+        if sizes.iter().sum::<usize>() != block.len() {
+            return false;
+        }
+        let mut offset = 0;
+        for i in 0..self.stages.len() {
+            if !self.stages[i].write_rows(seq, at, n, &block[offset..offset + sizes[i]]) {
+                self.truncate_sequence(seq, at);
+                return false;
+            }
+            offset += sizes[i];
+        }
+        true
+    }
+
     /// Whether the model keeps a recurrent state per sequence.
     pub fn keeps_state(&self) -> bool {
         self.stages.first().is_some_and(|s| s.spec().recurrent.is_some())

@@ -386,6 +386,47 @@ impl Stage {
         copied
     }
 
+    /// What a block of this stage's rows holds (see `KvCache::row_layout`): each window's
+    /// layers and layout. Blocks move only between stages whose layouts are equal.
+    pub fn row_layout(&self) -> String {
+        let parts: Vec<String> = self.windows.iter().map(|w| format!("{}..{}:{}", w.layers.start, w.layers.end, w.cache.row_layout())).collect();
+        parts.join(";")
+    }
+
+    /// Positions `[at, at + n)` of `seq` in every window, one window's rows after another
+    /// (see `KvCache::read_rows`); `None` where a window cannot give them.
+    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        for w in &self.windows {
+            out.extend_from_slice(&w.cache.read_rows(seq, at, n)?);
+        }
+        Some(out)
+    }
+
+    /// Bytes of a block of `n` positions of this stage (see [`Stage::read_rows`]).
+    pub fn read_rows_len(&self, n: usize) -> usize {
+        self.windows.iter().map(|w| n * w.cache.row_bytes()).sum()
+    }
+
+    /// Puts a block read by [`Stage::read_rows`] (of `n` positions) back as positions
+    /// `[at, at + n)` of `seq` in every window; false where any window cannot take it
+    /// (see `KvCache::write_rows`), and then `seq` keeps only its first `at` positions.
+    pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        if self.read_rows_len(n) != block.len() {
+            return false;
+        }
+        let sizes: Vec<usize> = self.windows.iter().map(|w| n * w.cache.row_bytes()).collect();
+        let mut offset = 0;
+        for (w, size) in self.windows.iter_mut().zip(sizes) {
+            if !w.cache.write_rows(seq, at, &block[offset..offset + size]) {
+                self.truncate_sequence(seq, at);
+                return false;
+            }
+            offset += size;
+        }
+        true
+    }
+
     /// Copies `seq`'s recurrent state in every window at its current length, so that a
     /// later truncation can come back here (see `truncate_sequence`); the ring's members
     /// are told together, so all keep the same checkpoints. No effect without recurrent

@@ -347,3 +347,76 @@ fn a_prefix_copied_from_another_sequence_computes_what_the_cold_prompt_computes(
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn rows_read_from_one_pipeline_and_written_into_another_compute_what_the_cold_prompt_computes() {
+    // What the prompt cache does across a restart: a prefix's rows read in blocks from one
+    // pipeline (the server before), written into a fresh one (the server after), the rest
+    // of another prompt computed on top: logits and greedy tokens bit for bit the cold
+    // prompt's, whatever the cache's types and however its tensors are shared.
+    let default = common::default_model();
+    let tk = Tokenizer::load(&default).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
+    let shared = tk.tokenize(&text[..cut], true);
+    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
+    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
+    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
+    const BLOCK: usize = 128;
+    let n = shared.len().min(b.len() - 64) / BLOCK * BLOCK;
+    assert!(n >= 2 * BLOCK && b.len() - n >= 64, "shared {}, b {} tokens", shared.len(), b.len());
+    let dir = std::env::temp_dir().join(format!("hearth-rows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut gemma4e = common::tiny::model("gemma4");
+    (gemma4e.n_layer, gemma4e.full_every, gemma4e.per_layer_embd, gemma4e.shared_kv_layers) = (6, 3, 32, 3);
+    (gemma4e.n_expert, gemma4e.n_expert_used, gemma4e.n_swa, gemma4e.seed) = (0, 0, 40, 45);
+    let f16 = engine::CacheTypes::default();
+    let quantized = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
+    let cases: Vec<(&str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>, engine::CacheTypes)> = vec![
+        ("default model, one window", default.clone(), vec![vec![0..30]], f16),
+        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]], f16),
+        ("default model, quantized cache", default.clone(), vec![vec![0..30]], quantized),
+        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, &dir), vec![vec![0..3], vec![3..6]], f16),
+        ("tiny deepseek2", common::tiny::write(&common::tiny::model("deepseek2"), &dir), vec![vec![0..3]], f16),
+    ];
+    for (what, path, stages, kv) in cases {
+        let mut before = common::pipeline_with(&path, &stages, 3, kv);
+        let cold = feed(&mut before, 2, &b);
+        let mut cold_tokens = vec![argmax(&cold)];
+        for i in 0..7 {
+            let l = before.forward(&[tok(2, (b.len() + i) as u32)], &cold_tokens[i..i + 1]).unwrap();
+            cold_tokens.push(argmax(l.row(0)));
+        }
+        feed(&mut before, 0, &a);
+        let blocks: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK).unwrap()).collect();
+        assert!(before.read_rows(0, a.len() - 10, 11).is_none(), "{what}: rows past the sequence");
+        let layout = before.row_layout().unwrap();
+        drop(before);
+
+        let mut after = common::pipeline_with(&path, &stages, 3, kv);
+        assert_eq!(after.row_layout().unwrap(), layout, "{what}");
+        // The slot held another text before: the blocks replace it.
+        feed(&mut after, 1, &a[a.len() - 100..]);
+        assert!(!after.write_rows(1, 101, BLOCK, &blocks[0]), "{what}: a block after a gap");
+        assert!(!after.write_rows(1, 0, BLOCK, &blocks[0][1..]), "{what}: not whole rows");
+        assert!(!after.write_rows(1, 0, BLOCK - 1, &blocks[0]), "{what}: another length");
+        assert_eq!(after.sequence_len(1), 100, "{what}: a refused block changes nothing");
+        for (i, block) in blocks.iter().enumerate() {
+            assert!(after.write_rows(1, i * BLOCK, BLOCK, block), "{what}: block {i}");
+        }
+        assert_eq!(after.sequence_len(1), n, "{what}");
+        let got = feed(&mut after, 1, &b[n..]);
+        assert!(got == cold, "{what}: logits after the restored prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
+        let mut tokens = vec![argmax(&got)];
+        for i in 0..7 {
+            let l = after.forward(&[tok(1, (b.len() + i) as u32)], &tokens[i..i + 1]).unwrap();
+            tokens.push(argmax(l.row(0)));
+        }
+        assert_eq!(tokens, cold_tokens, "{what}");
+        // Another cache type is another layout: its blocks are never mixed in.
+        let f32 = engine::CacheTypes { k: engine::CacheType::F32, v: engine::CacheType::F32 };
+        let other = common::pipeline_with(&path, &stages, 1, if kv == f16 { f32 } else { f16 });
+        assert_ne!(other.row_layout().unwrap(), layout, "{what}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

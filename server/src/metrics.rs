@@ -18,6 +18,10 @@ const UNLABELLED_COUNTERS: &[&str] = &[
     "hearth_prompt_tokens_total",
     "hearth_prompt_cached_tokens_total",
     "hearth_prompt_copied_tokens_total",
+    "hearth_prompt_cache_restored_tokens_total",
+    "hearth_prompt_cache_misses_total",
+    "hearth_prompt_cache_written_bytes_total",
+    "hearth_prompt_cache_saved_milliseconds_total",
     "hearth_generated_tokens_total",
     "hearth_cancelled_total",
     "hearth_ring_breaks_total",
@@ -69,6 +73,14 @@ fn describe() {
     describe_counter!("hearth_prompt_tokens_total", "Prompt tokens computed (not counting reused cache)");
     describe_counter!("hearth_prompt_cached_tokens_total", "Prompt tokens whose KV was reused from an earlier request");
     describe_counter!("hearth_prompt_copied_tokens_total", "Prompt tokens whose KV was copied from another slot (a prefix shared with another conversation)");
+    describe_counter!("hearth_prompt_cache_hits_total", "Prompt-cache blocks found, by tier (ram, disk), each of 256 positions' K/V rows (--prompt-cache-ram, --prompt-cache-dir)");
+    describe_counter!("hearth_prompt_cache_misses_total", "Prompt-cache blocks a prompt could have restored but that were not kept (never computed, evicted, or of another model file, cache type or plan)");
+    describe_counter!("hearth_prompt_cache_restored_tokens_total", "Prompt tokens whose K/V rows were restored from the prompt cache instead of computed (also counted as cached)");
+    describe_counter!("hearth_prompt_cache_read_bytes_total", Unit::Bytes, "Bytes of prompt-cache blocks read, by tier (ram, disk)");
+    describe_counter!("hearth_prompt_cache_written_bytes_total", Unit::Bytes, "Bytes of prompt-cache blocks written to disk");
+    describe_counter!("hearth_prompt_cache_saved_milliseconds_total", Unit::Milliseconds, "Time the prompt cache saved: restored tokens at the measured prompt rate, less the time restoring them took");
+    describe_gauge!("hearth_prompt_cache_blocks", "Prompt-cache blocks kept, by tier (ram, disk; disk counts every model's blocks in the directory)");
+    describe_gauge!("hearth_prompt_cache_bytes", Unit::Bytes, "Bytes of prompt-cache blocks kept, by tier (ram, disk)");
     describe_counter!("hearth_generated_tokens_total", "Tokens generated");
     describe_counter!("hearth_cancelled_total", "Sequences cancelled because the client went away");
     describe_counter!("hearth_state_checkpoints_total", "Copies of a sequence's recurrent state taken near its prompt's end (models with recurrent layers, Qwen3.5), which a later prompt sharing that prefix starts from");
@@ -265,6 +277,34 @@ pub fn prompt_tokens(cached: usize, computed: usize) {
 /// by `prompt_tokens`).
 pub fn prefix_copied(tokens: usize) {
     counter!("hearth_prompt_copied_tokens_total").increment(tokens as u64);
+}
+
+/// A prompt-cache block found in `tier` ("ram" or "disk"); `bytes` read from disk (0 for RAM).
+pub fn prefix_cache_hit(tier: &'static str, bytes: usize) {
+    counter!("hearth_prompt_cache_hits_total", "tier" => tier).increment(1);
+    if bytes > 0 {
+        counter!("hearth_prompt_cache_read_bytes_total", "tier" => tier).increment(bytes as u64);
+    }
+}
+
+/// Blocks a prompt could have restored that the cache did not hold.
+pub fn prefix_cache_misses(blocks: usize) {
+    counter!("hearth_prompt_cache_misses_total").increment(blocks as u64);
+}
+
+pub fn prefix_cache_written(bytes: usize) {
+    counter!("hearth_prompt_cache_written_bytes_total").increment(bytes as u64);
+}
+
+/// Tokens restored from the prompt cache, and the seconds that saved (never negative).
+pub fn prefix_cache_restored(tokens: usize, saved_s: f64) {
+    counter!("hearth_prompt_cache_restored_tokens_total").increment(tokens as u64);
+    counter!("hearth_prompt_cache_saved_milliseconds_total").increment((saved_s.max(0.0) * 1e3).round() as u64);
+}
+
+pub fn prefix_cache_size(tier: &'static str, blocks: usize, bytes: u64) {
+    gauge!("hearth_prompt_cache_blocks", "tier" => tier).set(blocks as f64);
+    gauge!("hearth_prompt_cache_bytes", "tier" => tier).set(bytes as f64);
 }
 
 pub fn generated_token() {

@@ -21,7 +21,8 @@ struct Server {
 
 async fn start(extra: &[&str]) -> Server {
     let model = common::default_model();
-    let mut argv = vec!["hearth", "serve", "--port", "0", "--threads", "1", "--ctx-size", "1024"];
+    // The prompt cache in RAM only: nothing read from or left in the user's cache directory.
+    let mut argv = vec!["hearth", "serve", "--port", "0", "--threads", "1", "--ctx-size", "1024", "--prompt-cache-size", "0"];
     argv.extend_from_slice(extra);
     if !extra.contains(&"--parallel") {
         argv.extend_from_slice(&["--parallel", "4"]);

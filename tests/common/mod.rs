@@ -100,6 +100,9 @@ impl Served {
             // machine's network would gather other tests' workers (and that traffic must stay
             // inside what a test made). Discovery's own test turns it on in namespaces.
             .env("HEARTH_NO_DISCOVERY", "true")
+            // Nor does one read the blocks others computed: each keeps its prompt cache in
+            // RAM only, unless its test gives it a directory.
+            .env("HEARTH_PROMPT_CACHE_SIZE", "0")
             .envs(env.iter().copied())
             .env("HEARTH_LOG", "info")
             .stderr(Stdio::piped())

@@ -427,6 +427,22 @@ pub struct ServeArgs {
     /// Tokens per engine step: decode tokens plus prompt chunks.
     #[arg(long, env = "HEARTH_MAX_BATCH", default_value_t = 512)]
     pub max_batch: usize,
+    /// MiB of RAM for computed prompt prefixes kept beyond the slots (blocks of 256 tokens'
+    /// K/V rows): a request that starts with a kept prefix (a system prompt and tools sent
+    /// again, a conversation whose slot was reused) has those rows written back instead of
+    /// computed, and answers as it would have cold. 0: none kept in RAM.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_RAM", default_value_t = 1024)]
+    pub prompt_cache_ram: u64,
+    /// Directory where prompt-cache blocks are also written, to be read back after they
+    /// leave RAM and after a restart (a subdirectory per model file, cache type and layout;
+    /// a block of another one is never read). Default: $XDG_CACHE_HOME/hearth/prompt-cache
+    /// (~/.cache/hearth/prompt-cache). `--prompt-cache-size 0`: nothing on disk.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_DIR")]
+    pub prompt_cache_dir: Option<PathBuf>,
+    /// MiB of disk the prompt cache's directory may hold (every model's blocks together;
+    /// the least recently used go first). 0: nothing on disk.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_SIZE", default_value_t = 8192)]
+    pub prompt_cache_size: u64,
     /// Largest request body in bytes; bigger ones get HTTP 413.
     #[arg(long, env = "HEARTH_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,

@@ -9,7 +9,7 @@ use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
 
 use super::gpu_layers::{GpuLayers, GpuPlacement};
 
-use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, Proposer, SubmitError};
+use super::generation::{Batcher, BatcherConfig, DraftModel, GenerationRequest, Pipeline, PrefixCacheConfig, Proposer, SubmitError};
 use super::ring::board::{PlanBoard, ReplanRequest};
 use super::views::{ClusterView, PlanView};
 use super::ring::head::RingConfig;
@@ -40,6 +40,8 @@ pub struct HeadConfig {
     pub repack: bool,
     /// The KV cache's element types (`--cache-type-k/-v`), on every ring member.
     pub kv: engine::CacheTypes,
+    /// Computed prompt prefixes kept beyond the slots (`--prompt-cache-*`).
+    pub prompt_cache: PrefixCacheConfig,
     /// `None`: every layer on this machine.
     pub ring: Option<RingSetup>,
     /// Layers of each of this machine's windows on its accelerator, and of those with
@@ -86,6 +88,9 @@ impl Head {
             tracing::warn!(asked = cfg.n_ctx_seq, model = spec.n_ctx_train, "--ctx-size is past the model's trained context: each sequence gets {n_ctx_seq} cells");
         }
         let stage = StageConfig { n_seq: parallel, n_ctx_seq, max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, draft_snapshots, ..StageConfig::whole(&spec) };
+        // How this node computes rows, for the prompt cache's namespace (a ring keeps no
+        // blocks yet: its pipeline gives no row layout).
+        let mut compute = format!("batch_invariant={batch_invariant}");
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {
                 let mut pinned = ring.windows.as_ref().map(|w| scheduler::Plan::from_windows(spec.n_layer, w)).transpose()?;
@@ -126,6 +131,7 @@ impl Head {
                     tracing::info!(layers, of = spec.n_layer, experts_in_ram, output_layer = accel_layers > spec.n_layer, "layers on the accelerator (of them, with their routed experts in RAM; and the output layer)");
                 }
                 let whole = StageConfig { repack: stage.repack && !paged, read_chosen_experts: paged, accel_layers, experts_in_ram, ..stage.clone() };
+                compute = format!("{compute} repack={} accel_layers={accel_layers} experts_in_ram={experts_in_ram} accel={:?}", whole.repack, engine::accelerators().first().filter(|_| accel_layers > 0).map(|a| &a.description));
                 let board = Arc::new(PlanBoard::single(spec.n_layer));
                 board.placed(0, layers, experts_in_ram);
                 (Box::new(LocalPipeline::new(vec![Stage::new(file, whole)?])?), board)
@@ -140,7 +146,7 @@ impl Head {
                 Some(Proposer::Model(Box::new(model)))
             }
         };
-        let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens, files: vec![watched] }, proposer);
+        let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens, files: vec![watched], prompt_cache: cfg.prompt_cache.clone(), compute }, proposer);
         tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = stage.n_ctx_seq, cache = %stage.kv, "model loaded");
         Ok(Head { batcher, board, parallel })
     }

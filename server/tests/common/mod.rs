@@ -26,7 +26,8 @@ pub fn build(model: &std::path::Path, args: &[&str]) -> Result<(std::sync::Arc<h
     use clap::Parser;
     use hearth::cli::{Cli, Command};
     let model = model.to_string_lossy().into_owned();
-    let mut argv = vec!["hearth", "serve", "--port", "0"];
+    // The prompt cache in RAM only: nothing read from or left in the user's cache directory.
+    let mut argv = vec!["hearth", "serve", "--port", "0", "--prompt-cache-size", "0"];
     argv.extend_from_slice(args);
     argv.extend_from_slice(&["--model", &model]);
     let Command::Serve(args) = Cli::parse_from(argv).command else { unreachable!() };

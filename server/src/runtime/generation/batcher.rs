@@ -21,6 +21,7 @@ use engine::BatchToken;
 
 use super::logprobs::logprobs;
 use super::pipeline::Pipeline;
+use super::prefix_cache::{self, PrefixCache, PrefixCacheConfig, BLOCK_TOKENS};
 use super::speculation::{DraftRequest, Drafter, Proposer};
 use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 use super::stop::StopMatcher;
@@ -40,6 +41,13 @@ pub struct BatcherConfig {
     /// `engine::gguf::GgufFile::changed`), nothing computed from it is sent, and the node
     /// serves nothing more until it is restarted.
     pub files: Vec<Arc<engine::ModelFile>>,
+    /// Computed prompt prefixes kept beyond the slots (`--prompt-cache-*`); used where the
+    /// pipeline can read and write its rows.
+    pub prompt_cache: PrefixCacheConfig,
+    /// How this node computes rows, in words (what changes their rounding: kernels,
+    /// accelerator layers): part of the prompt cache's namespace beside the model files'
+    /// fingerprints and the rows' layout.
+    pub compute: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -175,10 +183,19 @@ impl Batcher {
         let degraded: Degraded = Arc::new(Mutex::new(None));
         let n_ctx = pipeline.n_ctx_seq();
         let parallel = cfg.parallel;
+        let blocks = match pipeline.row_layout() {
+            Some(layout) if cfg.prompt_cache.enabled() => {
+                let fingerprints: Vec<String> = cfg.files.iter().map(|f| f.fingerprint()).collect();
+                let mut parts: Vec<&str> = fingerprints.iter().map(String::as_str).collect();
+                parts.extend([layout.as_str(), cfg.compute.as_str()]);
+                PrefixCache::open(prefix_cache::namespace(&parts), &cfg.prompt_cache)
+            }
+            _ => None,
+        };
         let mut lp = Loop {
             pipeline,
             tokenizer,
-            slots: (0..cfg.parallel).map(|i| Slot { seq: i as u64, cached: Vec::new(), active: None, in_flight: 0, clear_on_landing: false }).collect(),
+            slots: (0..cfg.parallel).map(|i| Slot { seq: i as u64, cached: Vec::new(), exact: 0, save_to: None, active: None, in_flight: 0, clear_on_landing: false }).collect(),
             queue: queue.clone(),
             shutting_down: shutting_down.clone(),
             degraded: degraded.clone(),
@@ -194,6 +211,8 @@ impl Batcher {
             next_ticket: 0,
             files: cfg.files,
             file_changed: false,
+            blocks,
+            prompt_rate: 0.0,
         };
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
         Batcher { queue, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
@@ -256,6 +275,14 @@ struct Slot {
     /// Tokens whose K/V this slot holds (or will, once its micro-batches in flight land),
     /// in order: what a later request can reuse.
     cached: Vec<i32>,
+    /// Leading rows of `cached` that equal what a cold prompt computes (prompt rows
+    /// computed in whole tiles after rows that did): what the prompt cache may keep.
+    /// Decode rows, and a short rest of a prompt, are computed one row at a time and round
+    /// otherwise.
+    exact: usize,
+    /// Once this slot's prompt has landed, its rows up to here are exact: `exact` becomes
+    /// this and their whole blocks go to the prompt cache.
+    save_to: Option<usize>,
     active: Option<Active>,
     /// Micro-batches in flight holding tokens of this sequence.
     in_flight: usize,
@@ -360,6 +387,11 @@ struct Loop {
     /// A model file changed under this node: degraded for good (no recovery brings the
     /// old weights back).
     file_changed: bool,
+    /// Prompt prefixes kept beyond the slots; `None`: off, or this pipeline cannot.
+    blocks: Option<PrefixCache>,
+    /// Prompt rows computed per second (a running mean of steps with prompt rows): what
+    /// reading a block from disk is weighed against.
+    prompt_rate: f64,
 }
 
 /// One batch on its way through the pipeline, and what its rows belong to.
@@ -440,6 +472,8 @@ impl Loop {
     fn forget_caches(&mut self) {
         for s in &mut self.slots {
             s.cached.clear();
+            s.exact = 0;
+            s.save_to = None;
         }
     }
 
@@ -500,12 +534,28 @@ impl Loop {
             .map(|(i, s)| (i, common_prefix(&s.cached, &req.prompt)))
             .max_by_key(|&(i, l)| (l, std::cmp::Reverse(i)))
             .expect("admit is called with a free slot");
-        let keep = lcp.min(req.prompt.len().saturating_sub(1));
+        let mut keep = lcp.min(req.prompt.len().saturating_sub(1));
+        // Where every row kept equals a cold prompt's, they are kept as a copy takes them
+        // (whole tiles, a tile before the prompt's end): the rest is then computed as a
+        // cold prompt computes it, and a prompt sent again answers as it did the first
+        // time. A prompt under a tile is computed one row at a time anyway.
+        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+        if req.prompt.len() >= tile && keep <= self.slots[idx].exact && !self.pipeline.keeps_state() {
+            keep = self.copyable(&req.prompt, keep);
+        }
         let slot = &mut self.slots[idx];
         // A recurrent model keeps less: back to its last checkpoint at or before `keep`.
         let keep = self.pipeline.truncate_sequence(slot.seq, keep).min(keep);
         slot.cached.truncate(keep);
+        slot.exact = slot.exact.min(keep);
+        slot.save_to = None;
         let keep = self.copy_prefix_from_another_slot(idx, keep, &req.prompt);
+        let keep = self.restore_blocks(idx, keep, &req.prompt);
+        // The prompt's rows are exact when every row before them is and the rest is long
+        // enough to be computed in tiles (see `no_short_rest`).
+        if self.slots[idx].exact == keep && req.prompt.len() - keep >= tile {
+            self.slots[idx].save_to = Some(req.prompt.len());
+        }
         // A recurrent model's state is copied a few tokens before the prompt's end, where
         // the next turn of a conversation still agrees with this one (its template renders
         // this turn's generation prompt differently once answered).
@@ -560,13 +610,95 @@ impl Loop {
             // copy; what it holds now is what it keeps.
             let kept = self.pipeline.truncate_sequence(to, keep).min(keep);
             self.slots[idx].cached.truncate(kept);
+            self.slots[idx].exact = self.slots[idx].exact.min(kept);
             return kept;
         }
         let cached = self.slots[src].cached[..copied].to_vec();
         self.slots[idx].cached = cached;
+        self.slots[idx].exact = self.slots[src].exact.min(copied);
         m::prefix_copied(copied);
         tracing::debug!(from, to, copied, "prompt prefix copied from another slot");
         copied
+    }
+
+    /// Where the prompt cache holds `prompt`'s blocks beyond what slot `idx` holds (`keep`
+    /// tokens), their rows are written into the slot instead of computed; returns what the
+    /// slot holds then. Blocks start where the slot's exact rows end (a block after rows
+    /// that round otherwise would not be what a cold prompt computes) and end, as a copy
+    /// does, at least a tile before the prompt's end, so the answer is the cold answer's. A
+    /// block on disk is read only while reading it is faster than computing it (both rates
+    /// as measured here).
+    fn restore_blocks(&mut self, idx: usize, keep: usize, prompt: &[i32]) -> usize {
+        let limit = self.copyable(prompt, prompt.len());
+        let Some(cache) = self.blocks.as_mut() else { return keep };
+        let first = self.slots[idx].exact.min(keep) / BLOCK_TOKENS;
+        let last = limit / BLOCK_TOKENS;
+        if last <= first || last * BLOCK_TOKENS <= keep {
+            return keep;
+        }
+        let ids = cache.chain(&prompt[..last * BLOCK_TOKENS]);
+        let compute_s = if self.prompt_rate > 0.0 { BLOCK_TOKENS as f64 / self.prompt_rate } else { f64::INFINITY };
+        let read_rate = cache.disk_read_rate();
+        let held = ids[first..].iter().take_while(|id| cache.contains(id)).count();
+        let end = (first + held) * BLOCK_TOKENS;
+        m::prefix_cache_misses(last - (first + held).max(keep.div_ceil(BLOCK_TOKENS)).min(last));
+        if end <= keep {
+            return keep;
+        }
+        let started = Instant::now();
+        let seq = self.slots[idx].seq;
+        let mut at = first * BLOCK_TOKENS;
+        let mut touched = false;
+        let mut block_bytes = 0usize;
+        for (i, id) in ids.iter().enumerate().take(first + held).skip(first) {
+            // Past what the slot holds, a block on disk is read only where that beats
+            // computing its rows.
+            if at >= keep && !cache.in_ram(id) && read_rate.is_some_and(|r| block_bytes as f64 / r > compute_s) {
+                break;
+            }
+            let Some(rows) = cache.get(id, &prompt[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]) else { break };
+            block_bytes = rows.len();
+            // The first write cuts the slot at `at`; a failed one leaves it there.
+            touched = true;
+            if !self.pipeline.write_rows(seq, at, BLOCK_TOKENS, &rows) {
+                tracing::warn!(seq, at, "a prompt-cache block could not be written into the KV cache");
+                break;
+            }
+            at += BLOCK_TOKENS;
+        }
+        if !touched {
+            return keep;
+        }
+        // The slot's tokens before `keep` are the prompt's: it holds the prompt's first `at`.
+        let slot = &mut self.slots[idx];
+        slot.cached = prompt[..at].to_vec();
+        slot.exact = at;
+        let gained = at.saturating_sub(keep);
+        let saved_s = if self.prompt_rate > 0.0 { gained as f64 / self.prompt_rate - started.elapsed().as_secs_f64() } else { 0.0 };
+        m::prefix_cache_restored(at - first * BLOCK_TOKENS, saved_s);
+        tracing::debug!(seq, from = first * BLOCK_TOKENS, to = at, kept = keep, "prompt prefix restored from the prompt cache");
+        at
+    }
+
+    /// Once slot `i`'s prompt has landed everywhere, its rows up to `save_to` are exact,
+    /// and their whole blocks that the prompt cache lacks are read and kept there.
+    fn prompt_landed(&mut self, i: usize) {
+        let s = &mut self.slots[i];
+        if s.in_flight > 0 || s.active.as_ref().is_some_and(|a| !a.pending.is_empty()) {
+            return;
+        }
+        let Some(to) = s.save_to.take() else { return };
+        s.exact = to.min(s.cached.len());
+        let (seq, exact) = (s.seq, s.exact);
+        let Some(cache) = self.blocks.as_mut() else { return };
+        let tokens = &self.slots[i].cached[..exact / BLOCK_TOKENS * BLOCK_TOKENS];
+        for (b, id) in cache.chain(tokens).into_iter().enumerate() {
+            if cache.contains(&id) {
+                continue;
+            }
+            let Some(rows) = self.pipeline.read_rows(seq, b * BLOCK_TOKENS, BLOCK_TOKENS) else { break };
+            cache.put(id, &tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS], rows);
+        }
     }
 
     /// Whether a running prompt is computing more of `prompt`'s prefix than any slot holds
@@ -606,6 +738,7 @@ impl Loop {
                 tracing::info!(request = %s.active.as_ref().map_or("", |a| a.req.id.as_str()), "client went away; generation cancelled");
                 m::cancelled();
                 s.active = None;
+                s.save_to = None;
             }
         }
     }
@@ -789,6 +922,12 @@ impl Loop {
             let s = took.as_secs_f64();
             self.decode_step_s = if self.decode_step_s == 0.0 { s } else { self.decode_step_s + STEP_TIME_WEIGHT * (s - self.decode_step_s) };
         }
+        // Only steps with a real prompt piece: a few rows cost as much per row as one.
+        let prompt_rows = mb.batch.len() - mb.n_decode;
+        if prompt_rows >= scheduler::pipelining::MIN_PROMPT_CHUNK && result.is_ok() {
+            let rate = prompt_rows as f64 / took.as_secs_f64().max(1e-6);
+            self.prompt_rate = if self.prompt_rate == 0.0 { rate } else { self.prompt_rate + STEP_TIME_WEIGHT * (rate - self.prompt_rate) };
+        }
         for &i in &mb.slots {
             self.slots[i].in_flight -= 1;
         }
@@ -810,7 +949,13 @@ impl Loop {
             }
         }
         match result {
-            Ok(logits) => self.sample_landed(&mb, &logits),
+            Ok(logits) => {
+                self.sample_landed(&mb, &logits);
+                // After sampling: the first token is on its way before the rows are kept.
+                for &i in &mb.slots {
+                    self.prompt_landed(i);
+                }
+            }
             Err(e) => {
                 tracing::error!("engine step failed: {e}");
                 let unavailable = matches!(e, crate::Error::RingBroken(_) | crate::Error::ModelChanged(_));
@@ -834,6 +979,8 @@ impl Loop {
                 s.clear_on_landing = false;
                 self.pipeline.clear_sequence(s.seq);
                 s.cached.clear();
+                s.exact = 0;
+                s.save_to = None;
             }
         }
     }
@@ -1071,7 +1218,7 @@ mod tests {
         let tokenizer = Arc::new(Tokenizer::load(crate::models::vocabulary_fixture()).unwrap());
         let say = tokenizer.tokenize("a", false)[0] as usize;
         let pipeline = Box::new(Endless { n_vocab: tokenizer.n_vocab(), say });
-        Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0, files: Vec::new() }, None)
+        Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue, max_batch: 64, spec_tokens: 0, files: Vec::new(), prompt_cache: super::prefix_cache::PrefixCacheConfig::off(), compute: String::new() }, None)
     }
 
     fn request() -> (GenerationRequest, mpsc::UnboundedReceiver<Event>) {

@@ -49,8 +49,17 @@ impl Rig {
     fn start(pipeline: Scripted, parallel: usize, queue: usize, max_batch: usize, proposer: Option<Proposer>) -> Rig {
         crate::metrics::install();
         let (log, controls) = (pipeline.log.clone(), pipeline.controls.clone());
-        let cfg = BatcherConfig { parallel, queue, max_batch, spec_tokens: 4, files: Vec::new() };
+        let cfg = BatcherConfig { parallel, queue, max_batch, spec_tokens: 4, files: Vec::new(), prompt_cache: super::prefix_cache::PrefixCacheConfig::off(), compute: String::new() };
         Rig { batcher: Batcher::start(Box::new(pipeline), vocabulary(), cfg, proposer), log, controls }
+    }
+
+    /// [`Rig::start`] with a prompt cache in RAM.
+    fn with_prompt_cache(pipeline: Scripted, parallel: usize, max_batch: usize) -> Rig {
+        crate::metrics::install();
+        let (log, controls) = (pipeline.log.clone(), pipeline.controls.clone());
+        let prompt_cache = super::prefix_cache::PrefixCacheConfig { ram_bytes: 1 << 24, dir: None, disk_bytes: 0 };
+        let cfg = BatcherConfig { parallel, queue: 4, max_batch, spec_tokens: 0, files: Vec::new(), prompt_cache, compute: String::new() };
+        Rig { batcher: Batcher::start(Box::new(pipeline), vocabulary(), cfg, None), log, controls }
     }
 
     fn simple(script: Script) -> Rig {
@@ -331,6 +340,56 @@ fn a_prefix_another_slot_holds_is_copied_not_computed() {
         drop(log);
         assert_eq!(rig.violations(), Vec::<String>::new());
     }
+}
+
+/// The prompt cache: once a prompt has landed, the whole blocks of its rows are kept; a
+/// later request starting with them, in a slot that served another conversation since,
+/// has them written back — up to a block's end at least a tile before its own end — and
+/// only the rest is fed. Rows after generated tokens (which a cold prompt would compute
+/// as prompt rows, rounding otherwise) are never kept; prompt rows after kept exact ones
+/// are.
+#[test]
+fn blocks_of_a_prompt_that_left_its_slot_are_written_back_and_only_the_rest_is_fed() {
+    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(60));
+    assert!(system.len() > 2 * block + tile, "{} tokens", system.len());
+    let with = |question: &str| [system.clone(), prompt(question)].concat();
+    let (first, again) = (with(" Count with me:"), with(&" Now count backwards, slowly, from the top, please.".repeat(8)));
+    let other = prompt(&" Something else entirely, about the weather and the sea.".repeat(30));
+    let rig = Rig::with_prompt_cache(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_rows(), 1, 512);
+    let kept = |rig: &Rig| rig.log.lock().unwrap().reads.iter().map(|&(_, at, n)| (at, n)).collect::<Vec<_>>();
+    assert_eq!(answer(rig.submit(&first, 4, &[])).cached, Some(0));
+    let first_blocks: Vec<(usize, usize)> = (0..first.len() / block).map(|i| (i * block, block)).collect();
+    assert_eq!(kept(&rig), first_blocks, "the first prompt's whole blocks");
+    // Another conversation takes the only slot.
+    assert_eq!(answer(rig.submit(&other, 4, &[])).cached, Some(0));
+    let lcp = (0..first.len().min(again.len())).take_while(|&i| first[i] == again[i]).count();
+    let expected = lcp.min(again.len() - tile) / block * block;
+    assert!(expected >= 2 * block);
+    let batches_before = rig.log.lock().unwrap().batches.len();
+    let c = answer(rig.submit(&again, 4, &[]));
+    assert_eq!(c.cached, Some(expected), "{lcp} tokens shared");
+    assert_eq!(c.completion_tokens, 4);
+    {
+        let log = rig.log.lock().unwrap();
+        let written: Vec<(usize, usize)> = log.writes.iter().map(|&(_, at, n)| (at, n)).collect();
+        assert_eq!(written, (0..expected / block).map(|i| (i * block, block)).collect::<Vec<_>>());
+        // The rest of the prompt, then 3 generated tokens (the 4th is not fed).
+        let fed: Vec<u32> = log.batches[batches_before..].iter().flatten().map(|r| r.1).collect();
+        assert_eq!(fed.len(), again.len() - expected + 3);
+        assert_eq!(fed.iter().min().copied(), Some(expected as u32), "feeding starts after the restored prefix");
+    }
+    // The prompt after the restored blocks was exact: its new whole blocks are kept too.
+    let after_again: Vec<(usize, usize)> = (expected / block..again.len() / block).map(|i| (i * block, block)).collect();
+    assert_eq!(kept(&rig)[first_blocks.len() + other.len() / block..], after_again[..]);
+    // A prompt continuing after the generated tokens: its rows follow rows a cold prompt
+    // would compute otherwise, so none is kept.
+    let before = kept(&rig).len();
+    let continued = [again.clone(), prompt(" one two three four"), prompt(&" And once more, the other way round.".repeat(30))].concat();
+    let d = answer(rig.submit(&continued, 2, &[]));
+    assert!(d.cached.unwrap() > again.len(), "{:?}", d.cached);
+    assert_eq!(kept(&rig).len(), before, "nothing kept after generated rows");
+    assert_eq!(rig.violations(), Vec::<String>::new());
 }
 
 /// Requests with one long prefix arriving together (the `n` choices of a request, agents

@@ -56,6 +56,25 @@ pub trait Pipeline: Send {
         let _ = (from, to, len);
         0
     }
+    /// What a block of rows read by `read_rows` holds (layers, K/V types and widths), for
+    /// the prompt cache's namespace; `None`: this pipeline keeps no blocks (a ring: its
+    /// rows live on several devices; a model with a recurrent state).
+    fn row_layout(&self) -> Option<String> {
+        None
+    }
+    /// Positions `[at, at + n)` of a sequence's K/V rows, for the prompt cache. Only called
+    /// when nothing of the sequence is in flight.
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        let _ = (seq, at, n);
+        None
+    }
+    /// Puts a block from `read_rows` back as positions `[at, at + n)` of `seq`, which keeps
+    /// its first `at`; false where it cannot (and then `seq` keeps only its first `at`).
+    /// Only called when nothing of the sequence is in flight.
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        let _ = (seq, at, n, block);
+        false
+    }
     /// Whether the model keeps a recurrent state per sequence (Qwen3.5): then a sequence
     /// goes back only to a checkpoint (`checkpoint_sequence`), not to any length.
     fn keeps_state(&self) -> bool {
@@ -101,6 +120,18 @@ impl Pipeline for LocalPipeline {
 
     fn copy_sequence(&mut self, from: SeqId, to: SeqId, len: usize) -> usize {
         LocalPipeline::copy_sequence(self, from, to, len)
+    }
+
+    fn row_layout(&self) -> Option<String> {
+        LocalPipeline::row_layout(self)
+    }
+
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        LocalPipeline::read_rows(self, seq, at, n)
+    }
+
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        LocalPipeline::write_rows(self, seq, at, n, block)
     }
 
     fn keeps_state(&self) -> bool {

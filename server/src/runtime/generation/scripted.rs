@@ -35,6 +35,10 @@ pub struct Log {
     pub truncates: Vec<(SeqId, usize)>,
     /// Every prefix copy, as (from, to, positions copied).
     pub copies: Vec<(SeqId, SeqId, usize)>,
+    /// Every block of rows read for the prompt cache, as (sequence, at, positions).
+    pub reads: Vec<(SeqId, usize, usize)>,
+    /// Every block of rows written back, as (sequence, at, positions).
+    pub writes: Vec<(SeqId, usize, usize)>,
     pub clears: Vec<SeqId>,
     pub recovers: usize,
     pub idles: usize,
@@ -76,6 +80,8 @@ pub struct Scripted {
     snapshots: Option<HashMap<SeqId, usize>>,
     /// Batches past this many rows are violations.
     max_batch: Option<usize>,
+    /// Whether it reads and writes rows for the prompt cache: a row is its token's 4 bytes.
+    rows: bool,
     pub log: Arc<Mutex<Log>>,
     pub controls: Arc<Mutex<Controls>>,
 }
@@ -87,7 +93,7 @@ const SCRIPTED_LOGIT: f32 = 10.0;
 
 impl Scripted {
     pub fn new(n_vocab: usize, n_ctx: usize, script: Script) -> Scripted {
-        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, log: Arc::default(), controls: Arc::default() }
+        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, rows: false, log: Arc::default(), controls: Arc::default() }
     }
 
     /// Truncates as a model keeping a recurrent state does under speculation: only back
@@ -100,6 +106,12 @@ impl Scripted {
     /// Records a batch of more than `rows` rows as a violation.
     pub fn with_max_batch(mut self, rows: usize) -> Scripted {
         self.max_batch = Some(rows);
+        self
+    }
+
+    /// Reads and writes rows for the prompt cache (a row is its token's bytes).
+    pub fn with_rows(mut self) -> Scripted {
+        self.rows = true;
         self
     }
 
@@ -278,6 +290,37 @@ impl Pipeline for Scripted {
         self.failed.remove(&to);
         self.log.lock().unwrap().copies.push((from, to, copied));
         copied
+    }
+
+    fn row_layout(&self) -> Option<String> {
+        self.rows.then(|| "scripted tokens".to_string())
+    }
+
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        self.touch(seq, "read");
+        let held = self.cache.get(&seq)?;
+        if !self.rows || at + n > held.len() {
+            self.violation(format!("rows {at}..{} of sequence {seq} read, which holds {}", at + n, held.len()));
+            return None;
+        }
+        let block = held[at..at + n].iter().flat_map(|t| t.to_le_bytes()).collect();
+        self.log.lock().unwrap().reads.push((seq, at, n));
+        Some(block)
+    }
+
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        self.touch(seq, "written");
+        let cache = self.cache.entry(seq).or_default();
+        if at > cache.len() || block.len() != 4 * n {
+            let v = format!("a block of {} bytes written as rows {at}..{} of sequence {seq}, which holds {}", block.len(), at + n, cache.len());
+            self.violation(v);
+            return false;
+        }
+        cache.truncate(at);
+        cache.extend(block.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))));
+        self.failed.remove(&seq);
+        self.log.lock().unwrap().writes.push((seq, at, n));
+        true
     }
 
     fn n_ctx_seq(&self) -> usize {

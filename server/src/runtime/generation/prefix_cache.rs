@@ -1,0 +1,588 @@
+//! Computed prompt prefixes kept beyond the slots: blocks of `BLOCK_TOKENS` positions'
+//! K/V rows, keyed by their content, in a RAM budget and (with a directory) on disk, where
+//! they survive a restart. Any request whose prompt starts with a stored chain of blocks
+//! gets their rows written into its slot instead of computing them (see the batcher's
+//! `restore_blocks`): agents resending a long system prompt and tools, a conversation
+//! coming back after its slot was reused, the same documents asked about again.
+//!
+//! A block's id chains every token before it and the namespace: the model file's
+//! fingerprint, what a block of rows holds (layers, K/V types and widths) and how the rows
+//! were computed. A block of another model file, cache type or plan simply misses. Disk
+//! files are written to a temporary name, synced and renamed, and carry a checksum of
+//! their rows: a crash or a damaged file is a miss, never rows read as valid.
+//!
+//! Owned by the batching loop (one thread); only disk writes and removals go to a writer
+//! thread, in order, so that a request never waits on a disk write.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Instant, SystemTime};
+
+use sha2::{Digest, Sha256};
+
+use crate::metrics as m;
+
+/// Positions per block. A restore ends on a block's end at least a tile before the
+/// prompt's end (the rest is computed as a cold prompt computes it), so a prompt
+/// recomputes up to this many tokens past its stored prefix; a smaller block would mean
+/// more files and more lookups per prompt. 256 = 4 of the attention's 64-row tiles, and a
+/// block of a 70B model's rows is ~80 MB, of the default model's ~6 MB.
+pub const BLOCK_TOKENS: usize = 256;
+
+/// Identifies a disk file as a block of this format (and its version).
+const MAGIC: &[u8; 8] = b"HRTHBLK1";
+
+/// Temporary files older than this in the cache directory are what a crash left: removed
+/// at start. Younger ones may be another server's writes in progress.
+const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
+
+pub type BlockId = [u8; 32];
+
+/// Where blocks are kept and how much of them (`--prompt-cache-ram`, `--prompt-cache-dir`,
+/// `--prompt-cache-size`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrefixCacheConfig {
+    /// RAM for blocks beyond the slots, bytes; 0: none kept in RAM.
+    pub ram_bytes: u64,
+    /// The directory blocks are written to and read back from; `None`: RAM only.
+    pub dir: Option<PathBuf>,
+    /// Bytes of blocks kept on disk (least recently used go first); 0: no disk.
+    pub disk_bytes: u64,
+}
+
+impl PrefixCacheConfig {
+    pub fn off() -> PrefixCacheConfig {
+        PrefixCacheConfig { ram_bytes: 0, dir: None, disk_bytes: 0 }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.ram_bytes > 0 || self.disk()
+    }
+
+    fn disk(&self) -> bool {
+        self.dir.is_some() && self.disk_bytes > 0
+    }
+}
+
+/// The default directory: `$XDG_CACHE_HOME/hearth/prompt-cache`, else under `~/.cache`.
+pub fn default_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("hearth").join("prompt-cache"))
+}
+
+/// The namespace of blocks computed by one model file, layout and way of computing:
+/// `parts` are hashed in order.
+pub fn namespace(parts: &[&str]) -> BlockId {
+    let mut h = Sha256::new();
+    h.update(b"hearth prompt blocks v1");
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p.as_bytes());
+    }
+    h.update((BLOCK_TOKENS as u64).to_le_bytes());
+    h.finalize().into()
+}
+
+struct RamBlock {
+    rows: Arc<Vec<u8>>,
+    last_used: u64,
+}
+
+struct DiskFile {
+    size: u64,
+    last_used: u64,
+}
+
+enum DiskOp {
+    Write { path: PathBuf, header: Vec<u8>, rows: Arc<Vec<u8>> },
+    Remove(PathBuf),
+}
+
+struct Disk {
+    /// This namespace's files: `root/<namespace hex>/<id hex>`.
+    dir: PathBuf,
+    budget: u64,
+    used: u64,
+    /// Every block file under the root, this namespace's and others' (older models, other
+    /// cache types): all share the budget, the least recently used going first.
+    files: HashMap<PathBuf, DiskFile>,
+    writer: Option<mpsc::Sender<DiskOp>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Measured read speed, bytes per second (a running mean); 0 before the first read.
+    read_rate: f64,
+}
+
+pub struct PrefixCache {
+    namespace: BlockId,
+    ram: HashMap<BlockId, RamBlock>,
+    ram_used: u64,
+    ram_budget: u64,
+    disk: Option<Disk>,
+    clock: u64,
+}
+
+impl PrefixCache {
+    /// A cache for blocks of `namespace`; its disk part indexes what the directory holds
+    /// (from earlier runs too). `None` when `cfg` keeps nothing.
+    pub fn open(namespace: BlockId, cfg: &PrefixCacheConfig) -> Option<PrefixCache> {
+        if !cfg.enabled() {
+            return None;
+        }
+        let disk = match cfg.dir.as_ref().filter(|_| cfg.disk()) {
+            Some(root) => match Disk::open(root, &namespace, cfg.disk_bytes) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!(dir = %root.display(), "prompt cache: the directory cannot be used ({e}); blocks are kept in RAM only");
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Some(d) = &disk {
+            tracing::info!(dir = %d.dir.display(), blocks = d.files.len(), bytes = d.used, budget = d.budget, "prompt cache on disk");
+        }
+        // Files found on disk were used before anything this run uses.
+        let clock = disk.as_ref().map_or(0, |d| d.files.len() as u64);
+        let cache = PrefixCache { namespace, ram: HashMap::new(), ram_used: 0, ram_budget: cfg.ram_bytes, disk, clock };
+        cache.export();
+        Some(cache)
+    }
+
+    /// The ids of `tokens`' whole blocks, in order: each names its block's tokens and
+    /// everything before them.
+    pub fn chain(&self, tokens: &[i32]) -> Vec<BlockId> {
+        let mut prev = self.namespace;
+        tokens
+            .chunks_exact(BLOCK_TOKENS)
+            .map(|block| {
+                let mut h = Sha256::new();
+                h.update(prev);
+                for t in block {
+                    h.update(t.to_le_bytes());
+                }
+                prev = h.finalize().into();
+                prev
+            })
+            .collect()
+    }
+
+    /// Whether block `id` is kept (in RAM or on disk).
+    pub fn contains(&self, id: &BlockId) -> bool {
+        self.ram.contains_key(id) || self.disk.as_ref().is_some_and(|d| d.files.contains_key(&d.path(id)))
+    }
+
+    /// Whether block `id` is in RAM (reading it costs nothing measurable).
+    pub fn in_ram(&self, id: &BlockId) -> bool {
+        self.ram.contains_key(id)
+    }
+
+    /// The disk's measured read speed, bytes per second; `None` before a read.
+    pub fn disk_read_rate(&self) -> Option<f64> {
+        self.disk.as_ref().map(|d| d.read_rate).filter(|&r| r > 0.0)
+    }
+
+    /// Block `id`'s rows, which hold `tokens`: from RAM, or read from disk (checked: its
+    /// namespace, id, tokens and checksum) and kept in RAM then. `None`: not kept, or its
+    /// file is damaged (and removed).
+    pub fn get(&mut self, id: &BlockId, tokens: &[i32]) -> Option<Arc<Vec<u8>>> {
+        self.clock += 1;
+        let now = self.clock;
+        if let Some(b) = self.ram.get_mut(id) {
+            b.last_used = now;
+            m::prefix_cache_hit("ram", 0);
+            return Some(b.rows.clone());
+        }
+        let disk = self.disk.as_mut()?;
+        let path = disk.path(id);
+        let entry = disk.files.get_mut(&path)?;
+        entry.last_used = now;
+        let started = Instant::now();
+        match read_block(&path, &self.namespace, id, tokens) {
+            Ok(rows) => {
+                let s = started.elapsed().as_secs_f64().max(1e-6);
+                let rate = rows.len() as f64 / s;
+                disk.read_rate = if disk.read_rate == 0.0 { rate } else { disk.read_rate + 0.25 * (rate - disk.read_rate) };
+                // Recently used survives a restart too: the file's time orders eviction.
+                let _ = fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(SystemTime::now()));
+                m::prefix_cache_hit("disk", rows.len());
+                let rows = Arc::new(rows);
+                self.keep_in_ram(*id, rows.clone());
+                self.export();
+                Some(rows)
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), "prompt cache: a block file is not usable ({e}); removed");
+                disk.forget(&path);
+                self.export();
+                None
+            }
+        }
+    }
+
+    /// Keeps block `id` (whose rows hold `tokens`): in RAM within its budget, and written
+    /// to disk (by the writer thread) unless it is there already.
+    pub fn put(&mut self, id: BlockId, tokens: &[i32], rows: Vec<u8>) {
+        self.clock += 1;
+        let rows = Arc::new(rows);
+        if let Some(disk) = self.disk.as_mut() {
+            let path = disk.path(&id);
+            if !disk.files.contains_key(&path) {
+                let header = header(&self.namespace, &id, tokens, &rows);
+                let size = (header.len() + rows.len()) as u64;
+                disk.files.insert(path.clone(), DiskFile { size, last_used: self.clock });
+                disk.used += size;
+                disk.send(DiskOp::Write { path, header, rows: rows.clone() });
+                m::prefix_cache_written(size as usize);
+                disk.evict();
+            }
+        }
+        self.keep_in_ram(id, rows);
+        self.export();
+    }
+
+    fn keep_in_ram(&mut self, id: BlockId, rows: Arc<Vec<u8>>) {
+        let size = rows.len() as u64;
+        if size > self.ram_budget || self.ram.contains_key(&id) {
+            return;
+        }
+        while self.ram_used + size > self.ram_budget {
+            let Some(oldest) = self.ram.iter().min_by_key(|(_, b)| b.last_used).map(|(k, _)| *k) else { break };
+            if let Some(b) = self.ram.remove(&oldest) {
+                self.ram_used -= b.rows.len() as u64;
+            }
+        }
+        self.ram_used += size;
+        self.ram.insert(id, RamBlock { rows, last_used: self.clock });
+    }
+
+    fn export(&self) {
+        m::prefix_cache_size("ram", self.ram.len(), self.ram_used);
+        if let Some(d) = &self.disk {
+            m::prefix_cache_size("disk", d.files.len(), d.used);
+        }
+    }
+
+    /// Waits for the disk writes sent so far (tests, and a clean shutdown).
+    pub fn flush(&mut self) {
+        if let Some(d) = self.disk.as_mut() {
+            d.writer.take();
+            if let Some(t) = d.thread.take() {
+                let _ = t.join();
+            }
+            let (tx, thread) = spawn_writer();
+            (d.writer, d.thread) = (Some(tx), Some(thread));
+        }
+    }
+}
+
+impl Drop for PrefixCache {
+    fn drop(&mut self) {
+        if let Some(d) = self.disk.as_mut() {
+            d.writer.take();
+            if let Some(t) = d.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Disk {
+    fn open(root: &Path, namespace: &BlockId, budget: u64) -> std::io::Result<Disk> {
+        let dir = root.join(hex(namespace));
+        fs::create_dir_all(&dir)?;
+        let mut files = HashMap::new();
+        let mut used = 0;
+        // Every namespace's files, ordered by when they were last used (their times).
+        let mut found: Vec<(PathBuf, u64, SystemTime)> = Vec::new();
+        for ns in fs::read_dir(root)?.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+            for f in fs::read_dir(ns.path())?.flatten() {
+                let Ok(meta) = f.metadata() else { continue };
+                let name = f.file_name();
+                let name = name.to_string_lossy();
+                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                if name.ends_with(".tmp") {
+                    if modified.elapsed().is_ok_and(|age| age > STALE_TEMP) {
+                        let _ = fs::remove_file(f.path());
+                    }
+                    continue;
+                }
+                if meta.is_file() && name.len() == 64 {
+                    found.push((f.path(), meta.len(), modified));
+                }
+            }
+        }
+        found.sort_by_key(|(_, _, t)| *t);
+        for (i, (path, size, _)) in found.into_iter().enumerate() {
+            used += size;
+            files.insert(path, DiskFile { size, last_used: i as u64 });
+        }
+        let (tx, thread) = spawn_writer();
+        let mut disk = Disk { dir, budget, used, files, writer: Some(tx), thread: Some(thread), read_rate: 0.0 };
+        disk.evict();
+        Ok(disk)
+    }
+
+    fn path(&self, id: &BlockId) -> PathBuf {
+        self.dir.join(hex(id))
+    }
+
+    fn send(&mut self, op: DiskOp) {
+        if let Some(w) = &self.writer {
+            let _ = w.send(op);
+        }
+    }
+
+    /// Removes least recently used files until the budget holds.
+    fn evict(&mut self) {
+        while self.used > self.budget {
+            let Some(oldest) = self.files.iter().min_by_key(|(_, f)| f.last_used).map(|(p, _)| p.clone()) else { break };
+            self.forget(&oldest);
+        }
+    }
+
+    fn forget(&mut self, path: &Path) {
+        if let Some(f) = self.files.remove(path) {
+            self.used -= f.size;
+            self.send(DiskOp::Remove(path.to_path_buf()));
+        }
+    }
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The thread that carries out disk writes and removals in the order they were sent.
+fn spawn_writer() -> (mpsc::Sender<DiskOp>, std::thread::JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel::<DiskOp>();
+    let thread = std::thread::Builder::new()
+        .name("hearth-prompt-cache".into())
+        .spawn(move || {
+            for op in rx {
+                match op {
+                    DiskOp::Write { path, header, rows } => {
+                        if let Err(e) = write_atomically(&path, &header, &rows) {
+                            tracing::warn!(file = %path.display(), "prompt cache: a block could not be written ({e})");
+                        }
+                    }
+                    DiskOp::Remove(path) => {
+                        let _ = fs::remove_file(&path);
+                    }
+                }
+            }
+        })
+        .expect("spawn the prompt cache's writer");
+    (tx, thread)
+}
+
+/// Writes a block to a temporary file beside `path`, syncs it and renames it: a reader
+/// (this server after a crash, another one sharing the directory) sees a whole file or none.
+fn write_atomically(path: &Path, header: &[u8], rows: &[u8]) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = path.with_file_name(format!(".{name}.{}.{}.tmp", std::process::id(), TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
+    let result = (|| {
+        let mut f = fs::File::create(&temp)?;
+        f.write_all(header)?;
+        f.write_all(rows)?;
+        f.sync_all()?;
+        fs::rename(&temp, path)?;
+        if let Some(dir) = path.parent() {
+            // The rename itself survives a power loss once the directory is synced.
+            fs::File::open(dir).and_then(|d| d.sync_all()).ok();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+/// A file's header: magic, namespace, id, the block's tokens, the rows' length and checksum.
+fn header(namespace: &BlockId, id: &BlockId, tokens: &[i32], rows: &[u8]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(8 + 32 + 32 + 4 + 8 + 32 + tokens.len() * 4);
+    h.extend_from_slice(MAGIC);
+    h.extend_from_slice(namespace);
+    h.extend_from_slice(id);
+    h.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
+    h.extend_from_slice(&(rows.len() as u64).to_le_bytes());
+    h.extend_from_slice(&Sha256::digest(rows));
+    for t in tokens {
+        h.extend_from_slice(&t.to_le_bytes());
+    }
+    h
+}
+
+/// Reads and checks a block file: every header field must be what was asked, and the rows
+/// must match their checksum.
+fn read_block(path: &Path, namespace: &BlockId, id: &BlockId, tokens: &[i32]) -> std::io::Result<Vec<u8>> {
+    let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
+    let mut f = fs::File::open(path)?;
+    let len = f.metadata()?.len();
+    let fixed = 8 + 32 + 32 + 4 + 8 + 32;
+    let mut head = vec![0u8; fixed];
+    f.read_exact(&mut head)?;
+    if &head[..8] != MAGIC || head[8..40] != namespace[..] || head[40..72] != id[..] {
+        return Err(bad("not this block"));
+    }
+    let n_tokens = u32::from_le_bytes(head[72..76].try_into().expect("4 bytes")) as usize;
+    let n_rows = u64::from_le_bytes(head[76..84].try_into().expect("8 bytes"));
+    if n_tokens != tokens.len() || len != (fixed + 4 * n_tokens) as u64 + n_rows {
+        return Err(bad("truncated or of another length"));
+    }
+    let mut stored = vec![0u8; 4 * n_tokens];
+    f.read_exact(&mut stored)?;
+    if stored.chunks_exact(4).zip(tokens).any(|(b, &t)| i32::from_le_bytes(b.try_into().expect("4 bytes")) != t) {
+        return Err(bad("other tokens"));
+    }
+    let mut rows = vec![0u8; usize::try_from(n_rows).map_err(|_| bad("too large"))?];
+    f.read_exact(&mut rows)?;
+    if Sha256::digest(&rows)[..] != head[84..116] {
+        return Err(bad("checksum mismatch"));
+    }
+    Ok(rows)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens(n: usize, seed: i32) -> Vec<i32> {
+        (0..n as i32).map(|i| i * 7 + seed).collect()
+    }
+
+    fn temp_dir(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("hearth-prefix-cache-{what}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn ids_chain_the_whole_prefix_and_the_namespace() {
+        let cfg = PrefixCacheConfig { ram_bytes: 1 << 20, dir: None, disk_bytes: 0 };
+        let a = PrefixCache::open(namespace(&["model a"]), &cfg).unwrap();
+        let b = PrefixCache::open(namespace(&["model b"]), &cfg).unwrap();
+        let t = tokens(3 * BLOCK_TOKENS + 10, 1);
+        let ids = a.chain(&t);
+        assert_eq!(ids.len(), 3, "whole blocks only");
+        assert_ne!(ids, b.chain(&t), "another namespace, other ids");
+        // A change in the first block changes every id after it.
+        let mut u = t.clone();
+        u[5] += 1;
+        let other = a.chain(&u);
+        assert!(ids.iter().zip(&other).all(|(x, y)| x != y));
+        // A change in the third leaves the first two.
+        let mut w = t.clone();
+        w[2 * BLOCK_TOKENS] += 1;
+        assert_eq!(a.chain(&w)[..2], ids[..2]);
+        assert_ne!(a.chain(&w)[2], ids[2]);
+    }
+
+    #[test]
+    fn ram_keeps_the_most_recently_used_within_its_budget() {
+        let cfg = PrefixCacheConfig { ram_bytes: 250, dir: None, disk_bytes: 0 };
+        let mut c = PrefixCache::open(namespace(&["m"]), &cfg).unwrap();
+        let t = tokens(4 * BLOCK_TOKENS, 0);
+        let ids = c.chain(&t);
+        for (i, id) in ids.iter().take(2).enumerate() {
+            c.put(*id, &t[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS], vec![i as u8; 100]);
+        }
+        // Using the first makes the second the oldest: the third pushes it out.
+        assert!(c.get(&ids[0], &t[..BLOCK_TOKENS]).is_some());
+        c.put(ids[2], &t[2 * BLOCK_TOKENS..3 * BLOCK_TOKENS], vec![2; 100]);
+        assert!(c.contains(&ids[0]) && !c.contains(&ids[1]) && c.contains(&ids[2]));
+        // A block larger than the whole budget is not kept.
+        c.put(ids[3], &t[3 * BLOCK_TOKENS..], vec![3; 300]);
+        assert!(!c.contains(&ids[3]));
+    }
+
+    #[test]
+    fn blocks_on_disk_survive_a_restart_and_a_damaged_or_foreign_file_is_a_miss() {
+        let root = temp_dir("restart");
+        let cfg = PrefixCacheConfig { ram_bytes: 0, dir: Some(root.clone()), disk_bytes: 1 << 20 };
+        let ns = namespace(&["m", "layout"]);
+        let t = tokens(3 * BLOCK_TOKENS, 3);
+        let rows: Vec<Vec<u8>> = (0..3).map(|i| (0..1000).map(|j| (i * 31 + j) as u8).collect()).collect();
+        let ids = {
+            let mut c = PrefixCache::open(ns, &cfg).unwrap();
+            let ids = c.chain(&t);
+            for i in 0..3 {
+                c.put(ids[i], &t[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS], rows[i].clone());
+            }
+            ids
+        };
+        // Another server (a restart) finds them.
+        let mut c = PrefixCache::open(ns, &cfg).unwrap();
+        for i in 0..3 {
+            assert!(c.contains(&ids[i]));
+            assert_eq!(c.get(&ids[i], &t[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]).as_deref(), Some(&rows[i]));
+        }
+        assert!(c.disk_read_rate().is_some());
+        drop(c);
+        // One file damaged (a byte of its rows flipped), one cut short, as a crash or a
+        // failing disk would leave them: both are misses, and removed.
+        let dir = root.join(hex(&ns));
+        let flip = dir.join(hex(&ids[1]));
+        let mut bytes = fs::read(&flip).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&flip, bytes).unwrap();
+        let cut = dir.join(hex(&ids[2]));
+        let bytes = fs::read(&cut).unwrap();
+        fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
+        let mut c = PrefixCache::open(ns, &cfg).unwrap();
+        assert!(c.get(&ids[0], &t[..BLOCK_TOKENS]).is_some());
+        assert!(c.get(&ids[1], &t[BLOCK_TOKENS..2 * BLOCK_TOKENS]).is_none());
+        assert!(c.get(&ids[2], &t[2 * BLOCK_TOKENS..]).is_none());
+        assert!(!c.contains(&ids[1]) && !c.contains(&ids[2]));
+        // Asked with other tokens than it holds (a hash collision, in principle): a miss.
+        assert!(c.get(&ids[0], &t[BLOCK_TOKENS..2 * BLOCK_TOKENS]).is_none());
+        drop(c);
+        // Another namespace (another model file, cache type or plan) finds none of them.
+        let other = PrefixCache::open(namespace(&["m", "other layout"]), &cfg).unwrap();
+        assert!(ids.iter().all(|id| !other.contains(id)));
+        assert!(other.chain(&t).iter().all(|id| !other.contains(id)));
+        drop(other);
+        fs::remove_dir_all(&root).ok();
+    }
+
+    #[test]
+    fn the_disk_budget_removes_the_least_recently_used_across_restarts() {
+        let root = temp_dir("budget");
+        let t = tokens(4 * BLOCK_TOKENS, 5);
+        let block = |i: usize| (i * BLOCK_TOKENS)..((i + 1) * BLOCK_TOKENS);
+        let one = (8 + 32 + 32 + 4 + 8 + 32 + 4 * BLOCK_TOKENS + 1000) as u64;
+        let cfg = PrefixCacheConfig { ram_bytes: 0, dir: Some(root.clone()), disk_bytes: 3 * one };
+        let ns = namespace(&["m"]);
+        let ids = {
+            let mut c = PrefixCache::open(ns, &cfg).unwrap();
+            let ids = c.chain(&t);
+            // Apart in time: file times are as coarse as the kernel's clock tick.
+            for i in 0..3 {
+                c.put(ids[i], &t[block(i)], vec![i as u8; 1000]);
+                c.flush();
+                std::thread::sleep(std::time::Duration::from_millis(30));
+            }
+            // Block 0 used last: block 1 is the least recently used.
+            assert!(c.get(&ids[0], &t[block(0)]).is_some());
+            ids
+        };
+        // After a restart the file times order them: the fourth pushes block 1 out.
+        let mut c = PrefixCache::open(ns, &cfg).unwrap();
+        c.put(ids[3], &t[block(3)], vec![3; 1000]);
+        c.flush();
+        let dir = root.join(hex(&ns));
+        let on_disk: Vec<bool> = ids.iter().map(|id| dir.join(hex(id)).exists()).collect();
+        assert_eq!(on_disk, [true, false, true, true]);
+        // No temporary file is left behind.
+        assert!(fs::read_dir(&dir).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+        drop(c);
+        fs::remove_dir_all(&root).ok();
+    }
+}
