@@ -461,3 +461,63 @@ fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The prompt cache through a ring of three (the head keeps the blocks; each holds every
+/// member's rows of its positions, read and written round the ring in-band): a prefix
+/// comes back after its slot served another conversation, and after the head and a worker
+/// restarted, with the single node's cold answer; a plan that moves the layers lays rows
+/// out otherwise, so its ring restores none of them (and still answers as cold).
+#[test]
+fn through_a_ring_the_prompt_cache_restores_a_prefix_after_restarts_and_a_new_plan_reads_none() {
+    const SHARED: usize = 1100;
+    let tk = Tokenizer::load(&common::default_model()).unwrap();
+    let ids: Vec<u32> = tk.tokenize(&excerpt(), false).iter().map(|&t| t as u32).collect();
+    let first = [&ids[..SHARED], &ids[1200..1300]].concat();
+    let other = ids[1300..1900].to_vec();
+    let again = [&ids[..SHARED], &ids[1900..1990]].concat();
+    let restored = (SHARED / 256 * 256) as u64;
+    let dir = std::env::temp_dir().join(format!("hearth-prompt-cache-ring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let ctx = CTX.to_string();
+    let cached = |addr: &str| -> (String, u64) {
+        let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": again, "max_tokens": 24, "temperature": 0}));
+        (v["choices"][0]["text"].as_str().unwrap().to_string(), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
+    };
+    let cold = {
+        let node = Served::start(&["--threads", "1", "--parallel", "1", "--ctx-size", ctx.as_str(), "--prompt-cache-ram", "0", "--prompt-cache-size", "0"]);
+        cached(&node.addr).0
+    };
+    let (w1, w2, list) = workers();
+    let ring = |list: &str, windows: &str| Served::start(&["--threads", "1", "--parallel", "1", "--ctx-size", ctx.as_str(), "--workers", list, "--windows", windows, "--prompt-cache-dir", dir_arg.as_str(), "--prompt-cache-size", "256"]);
+    {
+        let mut h = ring(&list, "8,11,11");
+        complete(&h.addr, &first, 8);
+        complete(&h.addr, &other, 8);
+        assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the slot was reused");
+        assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"ram\""), (restored / 256) as f64);
+        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(&dir).len() >= 6).then_some(()));
+        h.child.kill().unwrap();
+        h.child.wait().unwrap();
+    }
+    // The head and a worker restart (the worker where it was).
+    let w1_addr = w1.addr.clone();
+    drop(w1);
+    let w1 = (0..50).find_map(|_| Served::worker_at(&w1_addr, &common::default_model(), &["--threads", "1"]).ok().or_else(|| {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        None
+    }));
+    let w1 = w1.expect("the worker starts again where it was");
+    {
+        let h = ring(&list, "8,11,11");
+        assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the head and a worker restarted");
+        assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"disk\""), (restored / 256) as f64);
+    }
+    {
+        let h = ring(&list, "10,10,10");
+        assert_eq!(cached(&h.addr), (cold.clone(), 0), "another plan");
+        assert_eq!(metric(&h.addr, "hearth_prompt_cache_restored_tokens_total"), 0.0);
+    }
+    drop((w1, w2));
+    std::fs::remove_dir_all(&dir).ok();
+}

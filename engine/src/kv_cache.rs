@@ -569,16 +569,15 @@ impl KvCache {
     }
 
     /// Puts a block read by [`KvCache::read_rows`] back as positions `[at, at + n)` of
-    /// `seq`, which keeps its first `at` positions and holds `at + n` then (`n` from the
-    /// block's length). False, with nothing changed, where `seq` holds fewer than `at`
-    /// positions, the block is not whole rows of this layout, it would pass the context,
-    /// the model keeps a recurrent state, or no slot is free for a new `seq`.
-    pub fn write_rows(&mut self, seq: SeqId, at: usize, block: &[u8]) -> bool {
-        let row_bytes = self.row_bytes();
-        if self.recurrent || row_bytes == 0 || block.len() % row_bytes != 0 || self.len(seq) < at {
+    /// `seq`, which keeps its first `at` positions and holds `at + n` then. False, with
+    /// nothing changed, where `seq` holds fewer than `at` positions, the block is not `n`
+    /// rows of this layout (a cache without layers, the output window's, takes an empty
+    /// one), it would pass the context, the model keeps a recurrent state, or no slot is
+    /// free for a new `seq`.
+    pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        if self.recurrent || block.len() != n * self.row_bytes() || self.len(seq) < at {
             return false;
         }
-        let n = block.len() / row_bytes;
         if at + n > self.capacity {
             return false;
         }

@@ -418,7 +418,7 @@ impl Stage {
         let sizes: Vec<usize> = self.windows.iter().map(|w| n * w.cache.row_bytes()).collect();
         let mut offset = 0;
         for (w, size) in self.windows.iter_mut().zip(sizes) {
-            if !w.cache.write_rows(seq, at, &block[offset..offset + size]) {
+            if !w.cache.write_rows(seq, at, n, &block[offset..offset + size]) {
                 self.truncate_sequence(seq, at);
                 return false;
             }

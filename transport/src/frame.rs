@@ -10,6 +10,8 @@
 //!             n_tokens × n_embd hidden values in dtype (f32 or f16), token-major
 //!             n_reports × (compute_us u32 | read_bytes u64 | prefetch_bytes u64)
 //! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32 | from u64)
+//! Rows        step u64 | seq u64 | at u32 | n u32 | write u8 | 3 reserved bytes
+//!             | count u32 | count × (len u64 | len bytes)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
 //! Auth*       Hello: 33-byte key share; Challenge: key share and 16-byte server id;
@@ -30,7 +32,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 5;
+pub const VERSION: u16 = 6;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -44,6 +46,8 @@ const REPORT_LEN: u64 = 20;
 pub const MAX_REPORTS: usize = u8::MAX as usize;
 const KV_OPS_FIXED_LEN: u64 = 12;
 const KV_OP_LEN: u64 = 21;
+const ROWS_FIXED_LEN: u64 = 32;
+const ROWS_PART_LEN: u64 = 8;
 const WANTS_LOGITS: u32 = 1;
 
 const KIND_ACTIVATIONS: u8 = 1;
@@ -51,6 +55,7 @@ const KIND_KV_OPS: u8 = 2;
 const KIND_ERROR: u8 = 3;
 const KIND_PING: u8 = 4;
 const KIND_PONG: u8 = 5;
+const KIND_ROWS: u8 = 6;
 // Handshake kinds sit apart so application kinds can grow without renumbering.
 const KIND_AUTH_HELLO: u8 = 16;
 const KIND_AUTH_CHALLENGE: u8 = 17;
@@ -176,6 +181,20 @@ pub enum Frame {
         step: u64,
         ops: Vec<KvOp>,
     },
+    /// K/V rows of positions `at..at + n` of a sequence, for the head's prompt cache, in
+    /// ring order one part per worker. Read (`write` false): the head sends no parts and
+    /// each worker appends its windows' rows (an empty part: it has none, or cannot read
+    /// them). Write: each worker takes the first part, writes it as those positions (its
+    /// sequence keeps its first `at`), and passes the rest on. In-band, like `KvOps`, so
+    /// every member reads or writes at the same point in the step order.
+    Rows {
+        step: u64,
+        seq: u64,
+        at: u32,
+        n: u32,
+        write: bool,
+        parts: Vec<Vec<u8>>,
+    },
     /// A member failed this step; the link stays up for the next one.
     Error {
         step: u64,
@@ -212,6 +231,7 @@ impl Frame {
         match self {
             Frame::Activations(_) => KIND_ACTIVATIONS,
             Frame::KvOps { .. } => KIND_KV_OPS,
+            Frame::Rows { .. } => KIND_ROWS,
             Frame::Error { .. } => KIND_ERROR,
             Frame::Ping(_) => KIND_PING,
             Frame::Pong(_) => KIND_PONG,
@@ -230,6 +250,7 @@ fn kind_name(kind: u8) -> Option<&'static str> {
         KIND_ERROR => "error",
         KIND_PING => "ping",
         KIND_PONG => "pong",
+        KIND_ROWS => "rows",
         KIND_AUTH_HELLO => "auth-hello",
         KIND_AUTH_CHALLENGE => "auth-challenge",
         KIND_AUTH_PROOF => "auth-proof",
@@ -285,6 +306,19 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
                 buf.put_u64_le(from);
             }
         }
+        Frame::Rows { step, seq, at, n, write, parts } => {
+            buf.put_u64_le(*step);
+            buf.put_u64_le(*seq);
+            buf.put_u32_le(*at);
+            buf.put_u32_le(*n);
+            buf.put_u8(u8::from(*write));
+            buf.put_bytes(0, 3);
+            buf.put_u32_le(parts.len() as u32);
+            for p in parts {
+                buf.put_u64_le(p.len() as u64);
+                buf.put_slice(p);
+            }
+        }
         Frame::Error { step, message } => {
             buf.put_u64_le(*step);
             buf.put_slice(message.as_bytes());
@@ -327,6 +361,12 @@ fn body_len(frame: &Frame) -> Result<u32> {
                 return Err(Error::Encode(format!("{} kv ops do not fit a frame", ops.len())));
             }
             KV_OPS_FIXED_LEN + ops.len() as u64 * KV_OP_LEN
+        }
+        Frame::Rows { parts, .. } => {
+            if u32::try_from(parts.len()).is_err() {
+                return Err(Error::Encode(format!("{} row parts do not fit a frame", parts.len())));
+            }
+            ROWS_FIXED_LEN + parts.iter().map(|p| ROWS_PART_LEN + p.len() as u64).sum::<u64>()
         }
         Frame::Error { message, .. } => 8 + message.len() as u64,
         Frame::Ping(_) | Frame::Pong(_) => 8,
@@ -504,6 +544,30 @@ impl FrameDecoder {
                     });
                 }
                 Frame::KvOps { step, ops }
+            }
+            KIND_ROWS => {
+                let (step, seq, at, n) = (r.u64()?, r.u64()?, r.u32()?, r.u32()?);
+                let write = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(r.bad(format!("write flag {other}"))),
+                };
+                if r.take(3)? != [0, 0, 0] {
+                    return Err(r.bad("reserved bytes are not zero"));
+                }
+                let count = r.u32()?;
+                // Each part takes at least its length's 8 bytes: the count cannot promise
+                // more parts than the body holds.
+                if u64::from(count) * ROWS_PART_LEN > r.rest.len() as u64 {
+                    return Err(r.bad(format!("{count} parts in {} bytes", r.rest.len())));
+                }
+                let mut parts = Vec::with_capacity(count as usize);
+                for _ in 0..count {
+                    let len = r.u64()?;
+                    let len = usize::try_from(len).ok().filter(|&l| l <= r.rest.len()).ok_or_else(|| r.bad(format!("a part of {len} bytes past the body")))?;
+                    parts.push(r.take(len)?.to_vec());
+                }
+                Frame::Rows { step, seq, at, n, write, parts }
             }
             KIND_ERROR => {
                 let step = r.u64()?;
@@ -791,6 +855,8 @@ mod tests {
         prop_oneof![
             acts,
             (any::<u64>(), proptest::collection::vec(op, 0..8)).prop_map(|(step, ops)| Frame::KvOps { step, ops }),
+            (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<bool>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4))
+                .prop_map(|(step, seq, at, n, write, parts)| Frame::Rows { step, seq, at, n, write, parts }),
             (any::<u64>(), ".{0,40}").prop_map(|(step, message)| Frame::Error { step, message }),
             any::<u64>().prop_map(Frame::Ping),
             any::<u64>().prop_map(Frame::Pong),

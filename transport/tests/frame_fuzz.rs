@@ -61,6 +61,8 @@ fn seed_frames() -> Vec<Frame> {
         acts(Dtype::F32, 1, 1, 2),
         Frame::KvOps { step: 7, ops: vec![KvOp::Clear { seq: 1 }, KvOp::Truncate { seq: 2, len: 5 }, KvOp::Copy { seq: 3, from: 1, len: 300 }] },
         Frame::KvOps { step: 0, ops: vec![] },
+        Frame::Rows { step: 8, seq: 2, at: 256, n: 256, write: true, parts: vec![vec![1, 2, 3], vec![], vec![9; 40]] },
+        Frame::Rows { step: 9, seq: 0, at: 0, n: 64, write: false, parts: vec![] },
         Frame::Error { step: 4, message: "stage failed: ünïcode".into() },
         Frame::Ping(11),
         Frame::Pong(12),
@@ -147,6 +149,22 @@ fn mutate_fields(rng: &mut Rng, wire: &mut Vec<u8>) {
                 set_u32(wire, body + 8, rng.interesting_u64() as u32);
             } else if let Some(b) = wire.get_mut(body + 12) {
                 *b = rng.below(4) as u8;
+            }
+        }
+        4 | 5 if kind == Some(6) => {
+            // Rows: the write flag, the part count, or the first part's length.
+            match rng.below(3) {
+                0 => {
+                    if let Some(b) = wire.get_mut(body + 24) {
+                        *b = *rng.pick(&[2, 255]);
+                    }
+                }
+                1 => set_u32(wire, body + 28, rng.interesting_u64() as u32),
+                _ => {
+                    if let Some(f) = wire.get_mut(body + 32..body + 40) {
+                        f.copy_from_slice(&rng.interesting_u64().to_le_bytes());
+                    }
+                }
             }
         }
         4 | 5 if kind == Some(3) => {

@@ -183,15 +183,16 @@ impl Batcher {
         let degraded: Degraded = Arc::new(Mutex::new(None));
         let n_ctx = pipeline.n_ctx_seq();
         let parallel = cfg.parallel;
-        let blocks = match pipeline.row_layout() {
-            Some(layout) if cfg.prompt_cache.enabled() => {
-                let fingerprints: Vec<String> = cfg.files.iter().map(|f| f.fingerprint()).collect();
-                let mut parts: Vec<&str> = fingerprints.iter().map(String::as_str).collect();
-                parts.extend([layout.as_str(), cfg.compute.as_str()]);
-                PrefixCache::open(prefix_cache::namespace(&parts), &cfg.prompt_cache)
+        // What names the rows besides their layout: the model files, how they are computed.
+        let identity = match PrefixCache::open(&cfg.prompt_cache) {
+            Some(cache) => {
+                let mut parts: Vec<String> = cfg.files.iter().map(|f| f.fingerprint()).collect();
+                parts.push(cfg.compute.clone());
+                Some((cache, parts))
             }
-            _ => None,
+            None => None,
         };
+        let (blocks, identity) = identity.map_or((None, Vec::new()), |(c, p)| (Some(c), p));
         let mut lp = Loop {
             pipeline,
             tokenizer,
@@ -212,8 +213,10 @@ impl Batcher {
             files: cfg.files,
             file_changed: false,
             blocks,
+            identity,
             prompt_rate: 0.0,
         };
+        lp.rows_changed();
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
         Batcher { queue, shutting_down, thread: std::sync::Mutex::new(Some(thread)), degraded, n_ctx, parallel }
     }
@@ -387,8 +390,12 @@ struct Loop {
     /// A model file changed under this node: degraded for good (no recovery brings the
     /// old weights back).
     file_changed: bool,
-    /// Prompt prefixes kept beyond the slots; `None`: off, or this pipeline cannot.
+    /// Prompt prefixes kept beyond the slots; `None`: off. Inactive while the pipeline
+    /// gives no row layout (a model with a recurrent state, a ring not formed).
     blocks: Option<PrefixCache>,
+    /// The model files' fingerprints and how rows are computed: with the pipeline's row
+    /// layout, the prompt cache's namespace.
+    identity: Vec<String>,
     /// Prompt rows computed per second (a running mean of steps with prompt rows): what
     /// reading a block from disk is weighed against.
     prompt_rate: f64,
@@ -468,13 +475,26 @@ impl Loop {
         }
     }
 
-    /// Every cache of the pipeline was emptied: nothing cached is reusable any more.
+    /// Every cache of the pipeline was emptied: nothing cached is reusable any more. (A
+    /// ring re-formed, perhaps with another plan: its rows' layout may have changed.)
     fn forget_caches(&mut self) {
         for s in &mut self.slots {
             s.cached.clear();
             s.exact = 0;
             s.save_to = None;
         }
+        self.rows_changed();
+    }
+
+    /// The prompt cache's namespace for the pipeline's rows as they are laid out now.
+    fn rows_changed(&mut self) {
+        let Some(cache) = self.blocks.as_mut() else { return };
+        let namespace = self.pipeline.row_layout().map(|layout| {
+            let mut parts: Vec<&str> = self.identity.iter().map(String::as_str).collect();
+            parts.push(&layout);
+            prefix_cache::namespace(&parts)
+        });
+        cache.set_namespace(namespace);
     }
 
     fn set_degraded(&self, why: Option<String>) {
@@ -630,7 +650,7 @@ impl Loop {
     /// as measured here).
     fn restore_blocks(&mut self, idx: usize, keep: usize, prompt: &[i32]) -> usize {
         let limit = self.copyable(prompt, prompt.len());
-        let Some(cache) = self.blocks.as_mut() else { return keep };
+        let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return keep };
         let first = self.slots[idx].exact.min(keep) / BLOCK_TOKENS;
         let last = limit / BLOCK_TOKENS;
         if last <= first || last * BLOCK_TOKENS <= keep {
@@ -690,7 +710,7 @@ impl Loop {
         let Some(to) = s.save_to.take() else { return };
         s.exact = to.min(s.cached.len());
         let (seq, exact) = (s.seq, s.exact);
-        let Some(cache) = self.blocks.as_mut() else { return };
+        let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return };
         let tokens = &self.slots[i].cached[..exact / BLOCK_TOKENS * BLOCK_TOKENS];
         for (b, id) in cache.chain(tokens).into_iter().enumerate() {
             if cache.contains(&id) {

@@ -103,7 +103,8 @@ enum DiskOp {
 }
 
 struct Disk {
-    /// This namespace's files: `root/<namespace hex>/<id hex>`.
+    root: PathBuf,
+    /// The namespace's files: `root/<namespace hex>/<id hex>`.
     dir: PathBuf,
     budget: u64,
     used: u64,
@@ -117,7 +118,9 @@ struct Disk {
 }
 
 pub struct PrefixCache {
-    namespace: BlockId,
+    /// What blocks are read and written now; `None`: none (the pipeline cannot give its
+    /// rows at the moment: a ring that is not formed).
+    namespace: Option<BlockId>,
     ram: HashMap<BlockId, RamBlock>,
     ram_used: u64,
     ram_budget: u64,
@@ -126,14 +129,15 @@ pub struct PrefixCache {
 }
 
 impl PrefixCache {
-    /// A cache for blocks of `namespace`; its disk part indexes what the directory holds
-    /// (from earlier runs too). `None` when `cfg` keeps nothing.
-    pub fn open(namespace: BlockId, cfg: &PrefixCacheConfig) -> Option<PrefixCache> {
+    /// A cache whose disk part indexes what the directory holds (from earlier runs too),
+    /// for blocks of no namespace yet (see [`PrefixCache::set_namespace`]). `None` when
+    /// `cfg` keeps nothing.
+    pub fn open(cfg: &PrefixCacheConfig) -> Option<PrefixCache> {
         if !cfg.enabled() {
             return None;
         }
         let disk = match cfg.dir.as_ref().filter(|_| cfg.disk()) {
-            Some(root) => match Disk::open(root, &namespace, cfg.disk_bytes) {
+            Some(root) => match Disk::open(root, cfg.disk_bytes) {
                 Ok(d) => Some(d),
                 Err(e) => {
                     tracing::warn!(dir = %root.display(), "prompt cache: the directory cannot be used ({e}); blocks are kept in RAM only");
@@ -143,19 +147,51 @@ impl PrefixCache {
             None => None,
         };
         if let Some(d) = &disk {
-            tracing::info!(dir = %d.dir.display(), blocks = d.files.len(), bytes = d.used, budget = d.budget, "prompt cache on disk");
+            tracing::info!(dir = %d.root.display(), blocks = d.files.len(), bytes = d.used, budget = d.budget, "prompt cache on disk");
         }
         // Files found on disk were used before anything this run uses.
         let clock = disk.as_ref().map_or(0, |d| d.files.len() as u64);
-        let cache = PrefixCache { namespace, ram: HashMap::new(), ram_used: 0, ram_budget: cfg.ram_bytes, disk, clock };
+        let cache = PrefixCache { namespace: None, ram: HashMap::new(), ram_used: 0, ram_budget: cfg.ram_bytes, disk, clock };
         cache.export();
         Some(cache)
+    }
+
+    /// [`PrefixCache::open`] for blocks of `namespace`.
+    pub fn open_for(namespace: BlockId, cfg: &PrefixCacheConfig) -> Option<PrefixCache> {
+        let mut c = PrefixCache::open(cfg)?;
+        c.set_namespace(Some(namespace));
+        Some(c)
+    }
+
+    /// Blocks of `namespace` from now on (another model file, layout or way of computing:
+    /// what RAM holds goes; the disk keeps every namespace's files under one budget);
+    /// `None`: no blocks for now.
+    pub fn set_namespace(&mut self, namespace: Option<BlockId>) {
+        if namespace == self.namespace {
+            return;
+        }
+        self.namespace = namespace;
+        self.ram.clear();
+        self.ram_used = 0;
+        if let (Some(ns), Some(d)) = (namespace, self.disk.as_mut()) {
+            d.dir = d.root.join(hex(&ns));
+            if let Err(e) = fs::create_dir_all(&d.dir) {
+                tracing::warn!(dir = %d.dir.display(), "prompt cache: the directory cannot be made ({e}); blocks are kept in RAM only");
+                self.disk = None;
+            }
+        }
+        self.export();
+    }
+
+    /// Whether blocks are read and written now.
+    pub fn active(&self) -> bool {
+        self.namespace.is_some()
     }
 
     /// The ids of `tokens`' whole blocks, in order: each names its block's tokens and
     /// everything before them.
     pub fn chain(&self, tokens: &[i32]) -> Vec<BlockId> {
-        let mut prev = self.namespace;
+        let Some(mut prev) = self.namespace else { return Vec::new() };
         tokens
             .chunks_exact(BLOCK_TOKENS)
             .map(|block| {
@@ -201,7 +237,7 @@ impl PrefixCache {
         let entry = disk.files.get_mut(&path)?;
         entry.last_used = now;
         let started = Instant::now();
-        match read_block(&path, &self.namespace, id, tokens) {
+        match read_block(&path, &self.namespace?, id, tokens) {
             Ok(rows) => {
                 let s = started.elapsed().as_secs_f64().max(1e-6);
                 let rate = rows.len() as f64 / s;
@@ -228,10 +264,11 @@ impl PrefixCache {
     pub fn put(&mut self, id: BlockId, tokens: &[i32], rows: Vec<u8>) {
         self.clock += 1;
         let rows = Arc::new(rows);
+        let Some(namespace) = self.namespace else { return };
         if let Some(disk) = self.disk.as_mut() {
             let path = disk.path(&id);
             if !disk.files.contains_key(&path) {
-                let header = header(&self.namespace, &id, tokens, &rows);
+                let header = header(&namespace, &id, tokens, &rows);
                 let size = (header.len() + rows.len()) as u64;
                 disk.files.insert(path.clone(), DiskFile { size, last_used: self.clock });
                 disk.used += size;
@@ -291,9 +328,8 @@ impl Drop for PrefixCache {
 }
 
 impl Disk {
-    fn open(root: &Path, namespace: &BlockId, budget: u64) -> std::io::Result<Disk> {
-        let dir = root.join(hex(namespace));
-        fs::create_dir_all(&dir)?;
+    fn open(root: &Path, budget: u64) -> std::io::Result<Disk> {
+        fs::create_dir_all(root)?;
         let mut files = HashMap::new();
         let mut used = 0;
         // Every namespace's files, ordered by when they were last used (their times).
@@ -321,7 +357,7 @@ impl Disk {
             files.insert(path, DiskFile { size, last_used: i as u64 });
         }
         let (tx, thread) = spawn_writer();
-        let mut disk = Disk { dir, budget, used, files, writer: Some(tx), thread: Some(thread), read_rate: 0.0 };
+        let mut disk = Disk { root: root.to_path_buf(), dir: root.to_path_buf(), budget, used, files, writer: Some(tx), thread: Some(thread), read_rate: 0.0 };
         disk.evict();
         Ok(disk)
     }
@@ -466,8 +502,8 @@ mod tests {
     #[test]
     fn ids_chain_the_whole_prefix_and_the_namespace() {
         let cfg = PrefixCacheConfig { ram_bytes: 1 << 20, dir: None, disk_bytes: 0 };
-        let a = PrefixCache::open(namespace(&["model a"]), &cfg).unwrap();
-        let b = PrefixCache::open(namespace(&["model b"]), &cfg).unwrap();
+        let a = PrefixCache::open_for(namespace(&["model a"]), &cfg).unwrap();
+        let b = PrefixCache::open_for(namespace(&["model b"]), &cfg).unwrap();
         let t = tokens(3 * BLOCK_TOKENS + 10, 1);
         let ids = a.chain(&t);
         assert_eq!(ids.len(), 3, "whole blocks only");
@@ -487,7 +523,7 @@ mod tests {
     #[test]
     fn ram_keeps_the_most_recently_used_within_its_budget() {
         let cfg = PrefixCacheConfig { ram_bytes: 250, dir: None, disk_bytes: 0 };
-        let mut c = PrefixCache::open(namespace(&["m"]), &cfg).unwrap();
+        let mut c = PrefixCache::open_for(namespace(&["m"]), &cfg).unwrap();
         let t = tokens(4 * BLOCK_TOKENS, 0);
         let ids = c.chain(&t);
         for (i, id) in ids.iter().take(2).enumerate() {
@@ -510,7 +546,7 @@ mod tests {
         let t = tokens(3 * BLOCK_TOKENS, 3);
         let rows: Vec<Vec<u8>> = (0..3).map(|i| (0..1000).map(|j| (i * 31 + j) as u8).collect()).collect();
         let ids = {
-            let mut c = PrefixCache::open(ns, &cfg).unwrap();
+            let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
             let ids = c.chain(&t);
             for i in 0..3 {
                 c.put(ids[i], &t[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS], rows[i].clone());
@@ -518,7 +554,7 @@ mod tests {
             ids
         };
         // Another server (a restart) finds them.
-        let mut c = PrefixCache::open(ns, &cfg).unwrap();
+        let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
         for i in 0..3 {
             assert!(c.contains(&ids[i]));
             assert_eq!(c.get(&ids[i], &t[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]).as_deref(), Some(&rows[i]));
@@ -536,7 +572,7 @@ mod tests {
         let cut = dir.join(hex(&ids[2]));
         let bytes = fs::read(&cut).unwrap();
         fs::write(&cut, &bytes[..bytes.len() - 10]).unwrap();
-        let mut c = PrefixCache::open(ns, &cfg).unwrap();
+        let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
         assert!(c.get(&ids[0], &t[..BLOCK_TOKENS]).is_some());
         assert!(c.get(&ids[1], &t[BLOCK_TOKENS..2 * BLOCK_TOKENS]).is_none());
         assert!(c.get(&ids[2], &t[2 * BLOCK_TOKENS..]).is_none());
@@ -545,7 +581,7 @@ mod tests {
         assert!(c.get(&ids[0], &t[BLOCK_TOKENS..2 * BLOCK_TOKENS]).is_none());
         drop(c);
         // Another namespace (another model file, cache type or plan) finds none of them.
-        let other = PrefixCache::open(namespace(&["m", "other layout"]), &cfg).unwrap();
+        let other = PrefixCache::open_for(namespace(&["m", "other layout"]), &cfg).unwrap();
         assert!(ids.iter().all(|id| !other.contains(id)));
         assert!(other.chain(&t).iter().all(|id| !other.contains(id)));
         drop(other);
@@ -561,7 +597,7 @@ mod tests {
         let cfg = PrefixCacheConfig { ram_bytes: 0, dir: Some(root.clone()), disk_bytes: 3 * one };
         let ns = namespace(&["m"]);
         let ids = {
-            let mut c = PrefixCache::open(ns, &cfg).unwrap();
+            let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
             let ids = c.chain(&t);
             // Apart in time: file times are as coarse as the kernel's clock tick.
             for i in 0..3 {
@@ -574,7 +610,7 @@ mod tests {
             ids
         };
         // After a restart the file times order them: the fourth pushes block 1 out.
-        let mut c = PrefixCache::open(ns, &cfg).unwrap();
+        let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
         c.put(ids[3], &t[block(3)], vec![3; 1000]);
         c.flush();
         let dir = root.join(hex(&ns));

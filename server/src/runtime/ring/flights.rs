@@ -86,9 +86,9 @@ pub struct Flights {
     in_ring: VecDeque<Flight>,
     /// Done (logits or error), waiting for `finish`.
     done: VecDeque<(u64, Result<Logits>)>,
-    /// KV operations for the workers, sent in-band ahead of the next frame instead of a
-    /// round trip of their own.
-    pending_kv: Vec<KvOp>,
+    /// KV operations and rows for the workers, in order, sent in-band ahead of the next
+    /// frame instead of a round trip of their own (consecutive operations as one frame).
+    pending: Vec<Frame>,
     step: u64,
     n_embd: usize,
     dtype: Dtype,
@@ -97,7 +97,7 @@ pub struct Flights {
 
 impl Flights {
     pub fn new(n_embd: usize, dtype: Dtype, step_timeout: Duration) -> Flights {
-        Flights { in_ring: VecDeque::new(), done: VecDeque::new(), pending_kv: Vec::new(), step: 0, n_embd, dtype, step_timeout }
+        Flights { in_ring: VecDeque::new(), done: VecDeque::new(), pending: Vec::new(), step: 0, n_embd, dtype, step_timeout }
     }
 
     /// A fresh step number (the ring's probe frames take theirs from here too).
@@ -109,7 +109,7 @@ impl Flights {
     /// The workers' caches start empty (a ring formed again or a new plan): nothing of
     /// the old ones is left to send them.
     pub fn forget_pending_kv(&mut self) {
-        self.pending_kv.clear();
+        self.pending.clear();
     }
 
     /// Starts a micro-batch: the head embeds it and runs its own first window, then sends
@@ -197,8 +197,8 @@ impl Flights {
 
     /// Sends a frame to the first worker, after any pending KV operations.
     fn send<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, frame: Frame) -> std::result::Result<(), String> {
-        if !self.pending_kv.is_empty() {
-            ring.links.send(Frame::KvOps { step: self.step, ops: std::mem::take(&mut self.pending_kv) })?;
+        for pending in std::mem::take(&mut self.pending) {
+            ring.links.send(pending)?;
         }
         ring.links.send(frame)
     }
@@ -234,8 +234,8 @@ impl Flights {
     fn take_back<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>) {
         let frame = loop {
             match ring.links.receive(self.step_timeout) {
-                // The KV operations sent ahead, coming back: every worker applied them.
-                Ok(Frame::KvOps { .. }) => continue,
+                // The KV operations (and rows) sent ahead, coming back: every worker applied them.
+                Ok(Frame::KvOps { .. } | Frame::Rows { write: true, .. }) => continue,
                 Ok(Frame::Error { message, .. }) => break Err(format!("a worker failed: {message}")),
                 Ok(Frame::Activations(a)) => break Ok(a),
                 Ok(other) => break Err(format!("out-of-order {} frame from the ring", other.kind_name())),
@@ -291,13 +291,67 @@ impl Flights {
         }
     }
 
+    /// Rows `at..at + n` of `seq` from every worker, in ring order (an empty part: a worker
+    /// without layers, or one that could not read them), read round the ring in-band: the
+    /// micro-batches ahead of the frame are taken back first (and sent on), then the frame.
+    /// Only asked while nothing of `seq` is in flight. An error: the ring broke.
+    pub fn read_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
+        let step = self.next_step();
+        self.send(ring, Frame::Rows { step, seq, at: at as u32, n: n as u32, write: false, parts: Vec::new() })?;
+        // Frames come back in the order they left: those of the micro-batches in the ring now
+        // come first (their next rounds leave after this frame).
+        for _ in 0..self.in_ring.len() {
+            self.take_back(ring);
+            if !ring.links.formed() {
+                return Err(ring.links.why());
+            }
+        }
+        loop {
+            match ring.links.receive(self.step_timeout) {
+                Ok(Frame::KvOps { .. } | Frame::Rows { write: true, .. }) => continue,
+                Ok(Frame::Rows { step: back, write: false, parts, .. }) if back == step => return Ok(parts),
+                Ok(Frame::Error { message, .. }) => {
+                    let why = format!("a worker failed: {message}");
+                    self.broke(ring, why.clone());
+                    return Err(why);
+                }
+                Ok(other) => {
+                    let why = format!("out-of-order {} frame from the ring while reading rows", other.kind_name());
+                    self.broke(ring, why.clone());
+                    return Err(why);
+                }
+                Err(why) => {
+                    self.broke(ring, why.clone());
+                    return Err(why);
+                }
+            }
+        }
+    }
+
+    /// Writes rows `at..at + n` of `seq` on every worker, `parts` in ring order, in-band
+    /// ahead of the next frame after the KV operations queued before (the head writes its
+    /// own part itself). A worker that
+    /// cannot take its part answers with an error frame, which breaks the ring at the next
+    /// frame taken back. An error: the ring is broken.
+    pub fn write_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, parts: Vec<Vec<u8>>) -> std::result::Result<(), String> {
+        if !ring.links.formed() {
+            return Err(ring.links.why());
+        }
+        let step = self.next_step();
+        self.pending.push(Frame::Rows { step, seq, at: at as u32, n: n as u32, write: true, parts });
+        Ok(())
+    }
+
     /// Applies KV operations on the head now and queues them for the workers' next frame.
     pub fn kv<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, ops: impl IntoIterator<Item = KvOp>) {
         for op in ops {
             ring.head.apply(&op);
             // A broken ring's workers start empty when it forms again.
             if ring.head.workers_compute() && ring.links.formed() {
-                self.pending_kv.push(op);
+                match self.pending.last_mut() {
+                    Some(Frame::KvOps { ops, .. }) => ops.push(op),
+                    _ => self.pending.push(Frame::KvOps { step: self.step, ops: vec![op] }),
+                }
             }
         }
     }
@@ -323,6 +377,8 @@ mod tests {
         /// Kinds of the frames the head sent, in order.
         sent: Vec<&'static str>,
         kv_seen: Vec<KvOp>,
+        /// Row parts written, as (sequence, at, parts).
+        rows_written: Vec<(u64, u32, Vec<Vec<u8>>)>,
         receives: usize,
         /// The n-th receive (1-based) fails: a link reset mid-flight.
         fail_receive: Option<usize>,
@@ -359,6 +415,17 @@ mod tests {
                 Frame::KvOps { step, ops } => {
                     w.kv_seen.extend(ops.iter().cloned());
                     w.queue.push_back(Frame::KvOps { step, ops });
+                }
+                // Each worker appends its rows (worker i's: bytes i + 1, `n` of them), or takes
+                // its part.
+                Frame::Rows { step, seq, at, n, write, mut parts } => {
+                    if write {
+                        w.rows_written.push((seq, at, parts.clone()));
+                        parts.clear();
+                    } else {
+                        parts.extend((0..WORKERS).map(|i| vec![i as u8 + 1; n as usize]));
+                    }
+                    w.queue.push_back(Frame::Rows { step, seq, at, n, write, parts });
                 }
                 other => return Err(format!("unexpected {} frame", other.kind_name())),
             }
@@ -495,6 +562,41 @@ mod tests {
         assert!(t == NOTHING && e.is_err(), "nothing left in flight");
         // Two rounds each: six activations frames, nothing else.
         assert_eq!(rig.wire.wire().sent, vec!["activations"; 6]);
+    }
+
+    #[test]
+    fn rows_read_round_a_ring_with_micro_batches_in_the_air_come_back_after_them_and_leave_them_whole() {
+        let mut rig = Rig::new();
+        rig.launch(0, 0, 0, &[5, 6, 7]);
+        rig.launch(1, 1, 0, &[8]);
+        // Rows of another sequence, read while both are in the ring: they come back after
+        // the frames ahead of them, which go on round.
+        let parts = rig.run(|f, r| f.read_rows(r, 2, 64, 3)).unwrap();
+        assert_eq!(parts, vec![vec![1; 3], vec![2; 3]]);
+        assert_eq!(rig.wire.wire().sent, vec!["activations", "activations", "rows", "activations", "activations"]);
+        for (ticket, last) in [(0, 7), (1, 8)] {
+            let (t, logits) = rig.finish();
+            assert_eq!((t, logits.unwrap().data), (ticket, vec![expected(last); N_EMBD]));
+        }
+        // Rows written go ahead of the next frame, after the KV operations queued before.
+        rig.run(|f, r| {
+            f.kv(r, [KvOp::Truncate { seq: 2, len: 0 }]);
+            f.write_rows(r, 2, 0, 3, vec![vec![9; 3], vec![8; 3]]).unwrap();
+        });
+        assert_eq!(rig.wire.wire().rows_written, vec![]);
+        rig.launch(2, 2, 3, &[4]);
+        let (t, r) = rig.finish();
+        assert_eq!((t, r.unwrap().data), (2, vec![expected(4); N_EMBD]));
+        let w = rig.wire.wire();
+        assert_eq!(w.rows_written, vec![(2, 0, vec![vec![9; 3], vec![8; 3]])]);
+        assert_eq!(w.sent[5..], ["kv-ops", "rows", "activations", "activations"]);
+        drop(w);
+        // A broken ring reads nothing.
+        let next = rig.wire.wire().receives + 1;
+        rig.wire.wire().fail_receive = Some(next);
+        assert!(rig.run(|f, r| f.read_rows(r, 2, 0, 3)).is_err());
+        assert!(!rig.links.formed());
+        assert!(rig.run(|f, r| f.write_rows(r, 2, 0, 3, Vec::new())).is_err());
     }
 
     #[test]

@@ -472,6 +472,29 @@ impl RingPipeline {
     }
 }
 
+/// A ring's block of rows: each member's part (the head first, then the workers in ring
+/// order) as its length (u64) and its bytes.
+fn pack_parts(parts: impl Iterator<Item = Vec<u8>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in parts {
+        out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+        out.extend_from_slice(&p);
+    }
+    out
+}
+
+/// The parts of a block [`pack_parts`] made; `None` when it is not one.
+fn unpack_parts(mut block: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let mut parts = Vec::new();
+    while !block.is_empty() {
+        let len = usize::try_from(u64::from_le_bytes(block.get(..8)?.try_into().ok()?)).ok()?;
+        let part = block.get(8..8usize.checked_add(len)?)?;
+        parts.push(part.to_vec());
+        block = &block[8 + len..];
+    }
+    Some(parts)
+}
+
 /// The cluster as deciding and forming the ring reach it, from the head's parts.
 fn live<'a>(rt: &'a tokio::runtime::Runtime, cfg: &'a RingConfig, link_config: &'a LinkConfig, server: &LinkServer, fingerprint: &'a str) -> LiveCluster<'a> {
     LiveCluster { rt, setup: &cfg.setup, link_config, listen: server.local_addr(), fingerprint }
@@ -536,6 +559,54 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
 
     fn keeps_state(&self) -> bool {
         self.file.spec.recurrent.is_some()
+    }
+
+    fn row_layout(&self) -> Option<String> {
+        if self.keeps_state() || (self.head.workers_compute && !self.links.formed()) {
+            return None;
+        }
+        // Each worker's rows follow from its windows, the cache types and where its layers
+        // run; the head's from its stage. A plan that moves a layer is another layout.
+        let workers: Vec<String> = (1..self.plan.devices.len()).map(|i| format!("{:?} gpu {}", self.plan.windows_of(i), self.plan.devices[i].gpu_layers)).collect();
+        Some(format!("ring; head {} gpu {:?}; workers {}; kv {}; batch_invariant {}", self.head.stage.row_layout(), self.head.placed, workers.join(", "), self.cfg.kv, self.cfg.batch_invariant))
+    }
+
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+        let own = self.head.stage.read_rows(seq, at, n)?;
+        let workers = self.members.len();
+        let parts = if self.head.workers_compute {
+            let (flights, mut ring) = self.ring();
+            let parts = flights.read_rows(&mut ring, seq, at, n).map_err(|e| tracing::warn!("rows for the prompt cache not read: {e}")).ok()?;
+            // Every worker holding layers gave its rows.
+            let whole = parts.len() == workers && parts.iter().enumerate().all(|(i, p)| !p.is_empty() || self.plan.devices[i + 1].window == 0);
+            whole.then_some(parts)?
+        } else {
+            vec![Vec::new(); workers]
+        };
+        Some(pack_parts(std::iter::once(own).chain(parts)))
+    }
+
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+        let Some(mut parts) = unpack_parts(block).filter(|p| p.len() == self.members.len() + 1) else { return false };
+        let own = parts.remove(0);
+        if !self.head.stage.write_rows(seq, at, n, &own) {
+            // As the trait says: every member keeps the first `at` positions then.
+            crate::runtime::generation::Pipeline::truncate_sequence(self, seq, at);
+            return false;
+        }
+        if !self.head.workers_compute {
+            return true;
+        }
+        let (flights, mut ring) = self.ring();
+        match flights.write_rows(&mut ring, seq, at, n, parts) {
+            Ok(()) => true,
+            Err(e) => {
+                // The ring is broken: every member starts empty when it forms again.
+                tracing::warn!("rows from the prompt cache not written: {e}");
+                self.head.stage.truncate_sequence(seq, at);
+                false
+            }
+        }
     }
 
     fn checkpoint_sequence(&mut self, seq: SeqId) {

@@ -468,6 +468,32 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
                 }
                 Frame::KvOps { step, ops }
             }
+            Frame::Rows { step, seq, at, n, write, mut parts } => {
+                let mut c = state.compute();
+                if c.generation != generation {
+                    return Err(Error::RingBroken(REPLACED.into()));
+                }
+                let (at, n) = (at as usize, n as usize);
+                if write {
+                    // This worker's part is the first; a relay's is empty.
+                    let part = if parts.is_empty() { Vec::new() } else { parts.remove(0) };
+                    let written = match c.stage.as_mut() {
+                        Some(stage) => stage.write_rows(seq, at, n, &part),
+                        None => part.is_empty(),
+                    };
+                    if !written {
+                        // The head planned rows this worker cannot take (it never should:
+                        // blocks are kept per plan): the ring breaks rather than compute on
+                        // a cache the head does not know.
+                        Frame::Error { step, message: format!("rows {at}..{} of sequence {seq} ({} bytes) do not fit this worker's windows", at + n, part.len()) }
+                    } else {
+                        Frame::Rows { step, seq, at: at as u32, n: n as u32, write, parts }
+                    }
+                } else {
+                    parts.push(c.stage.as_ref().and_then(|stage| stage.read_rows(seq, at, n)).unwrap_or_default());
+                    Frame::Rows { step, seq, at: at as u32, n: n as u32, write, parts }
+                }
+            }
             other => other,
         };
         out.sink.send(&reply).await?;
