@@ -5,6 +5,7 @@
     scripts/load.py URL streams N [--max-tokens 128] [--reps 1]
     scripts/load.py URL ttft    TOKENS [--reps 3]
     scripts/load.py URL shared  TOKENS [--reps 3]
+    scripts/load.py URL agents  TOKENS [--agents 4] [--turns 20] [--max-tokens 24]
 
 tpot:    one greedy stream at a time; prints the median time per output token (s).
 streams: N concurrent greedy streams, each its own prompt; prints the aggregate generated
@@ -20,6 +21,15 @@ shared:  an agent's request arriving while another agent's answer streams: a sys
          ("unshared", what every request costs without a prefix cache across slots),
          alternating. Prints the median seconds to the arriving request's answer (one
          token) of each, and the cached prompt tokens the server reported for each.
+
+agents:  --agents coding agents at once, each a --turns-turn conversation through
+         /v1/chat/completions (streamed) with its own system prompt of about TOKENS tokens
+         of the text (another part of it per agent, as agents on different projects) and
+         tools, each turn a new user message and the answer sent back. Prints one line per
+         turn: the turn, the median and largest seconds to the first answer chunk over the
+         agents, and the median cached prompt tokens; then "all" with the means over
+         turns 2 on. The same TOKENS, agents and turns give the same conversations (greedy),
+         so a run after a restart sends what the run before sent.
 
 Standard library only; text from testdata/prima-cpp-excerpt.txt (or --text FILE).
 """
@@ -100,11 +110,76 @@ def text(path):
     sys.exit("load.py: no text to make prompts from")
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "read_file", "description": "Read a file of the project.", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "grep", "description": "Search the project for a pattern.", "parameters": {"type": "object", "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}}, "required": ["pattern"]}}},
+    {"type": "function", "function": {"name": "run", "description": "Run a shell command in the project.", "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}},
+]
+
+
+def chat_turn(url, messages, max_tokens, timeout):
+    """One streamed greedy chat turn: (seconds to the first chunk carrying any answer, the
+    answer's text, cached prompt tokens)."""
+    u = urllib.parse.urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    body = {"model": "", "messages": messages, "tools": TOOLS, "max_tokens": max_tokens, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        sys.exit(f"load.py: HTTP {resp.status}: {resp.read()[:500]!r}")
+    first, text, cached = None, [], 0
+    for line in resp:
+        line = line.strip()
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        for c in chunk.get("choices", []):
+            d = c.get("delta", {})
+            piece = (d.get("content") or "") + (d.get("reasoning_content") or "") + json.dumps(d.get("tool_calls") or "")
+            if first is None and piece.strip('"'):
+                first = time.monotonic() - t0
+            text.append(d.get("content") or "")
+        if chunk.get("usage"):
+            cached = chunk["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    conn.close()
+    return (first if first is not None else time.monotonic() - t0), "".join(text), cached
+
+
+def agents(a, words):
+    n_chars = int(a.n * CHARS_PER_TOKEN)
+    ttft = [[None] * a.agents for _ in range(a.turns)]
+    cached = [[0] * a.agents for _ in range(a.turns)]
+
+    def agent(i):
+        start = (i * n_chars + i * 977) % max(1, len(words) - n_chars)
+        system = "You are a coding agent working on this project. Its design document:\n" + words[start:start + n_chars]
+        messages = [{"role": "system", "content": system}]
+        for turn in range(a.turns):
+            q = (i * 104729 + turn * 7919) % max(1, len(words) - 400)
+            messages.append({"role": "user", "content": "Next step: " + words[q:q + 400]})
+            took, answer, hit = chat_turn(a.url, messages, a.max_tokens, a.timeout)
+            ttft[turn][i], cached[turn][i] = took, hit
+            messages.append({"role": "assistant", "content": answer})
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(a.agents)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for turn in range(a.turns):
+        print(f"{turn + 1} {statistics.median(ttft[turn]):.3f} {max(ttft[turn]):.3f} {statistics.median(cached[turn]):.0f}")
+    later = [x for row in ttft[1:] for x in row]
+    print(f"all {statistics.mean(later) if later else float('nan'):.3f} {max(later) if later else float('nan'):.3f} {statistics.mean(x for row in cached[1:] for x in row) if later else 0:.0f}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("url")
-    p.add_argument("mode", choices=["tpot", "streams", "ttft", "shared"])
+    p.add_argument("mode", choices=["tpot", "streams", "ttft", "shared", "agents"])
     p.add_argument("n", nargs="?", type=int, default=1, help="streams: how many; ttft: prompt tokens")
+    p.add_argument("--agents", type=int, default=4, help="agents: how many at once")
+    p.add_argument("--turns", type=int, default=20, help="agents: turns per conversation")
     p.add_argument("--steady", action="store_true", help="streams: also print the tokens/s while every stream decodes (no prompt, no stream ended)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
@@ -186,6 +261,8 @@ def main():
             cached[kind].append(v.get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0))
             t.join()
         print(f"{statistics.median(took['shared']):.6f} {statistics.median(took['unshared']):.6f} {statistics.median(cached['shared']):.0f} {statistics.median(cached['unshared']):.0f}")
+    elif a.mode == "agents":
+        agents(a, words)
     else:
         n_chars = int(a.n * CHARS_PER_TOKEN)
         took, counts = [], []

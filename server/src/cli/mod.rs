@@ -430,9 +430,11 @@ pub struct ServeArgs {
     /// MiB of RAM for computed prompt prefixes kept beyond the slots (blocks of 256 tokens'
     /// K/V rows): a request that starts with a kept prefix (a system prompt and tools sent
     /// again, a conversation whose slot was reused) has those rows written back instead of
-    /// computed, and answers as it would have cold. 0: none kept in RAM.
-    #[arg(long, env = "HEARTH_PROMPT_CACHE_RAM", default_value_t = 1024)]
-    pub prompt_cache_ram: u64,
+    /// computed, and answers as it would have cold. Default: an eighth of the memory this
+    /// process may use (its cgroup's limit, else what is available), at most 1024. 0: none
+    /// kept in RAM. On a ring the head's plan leaves room for it.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_RAM")]
+    pub prompt_cache_ram: Option<u64>,
     /// Directory where prompt-cache blocks are also written, to be read back after they
     /// leave RAM and after a restart (a subdirectory per model file, cache type and layout;
     /// a block of another one is never read). Default: $XDG_CACHE_HOME/hearth/prompt-cache

@@ -174,7 +174,14 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
 fn prompt_cache(args: &ServeArgs) -> PrefixCacheConfig {
     const MIB: u64 = 1 << 20;
     let dir = args.prompt_cache_dir.clone().or_else(default_prompt_cache_dir);
-    PrefixCacheConfig { ram_bytes: args.prompt_cache_ram.saturating_mul(MIB), dir, disk_bytes: args.prompt_cache_size.saturating_mul(MIB) }
+    // A small device (a phone, a 1 GiB container) keeps a small cache beside its layers.
+    const DEFAULT_RAM: u64 = 1024 * MIB;
+    const SHARE_OF_MEMORY: u64 = 8;
+    let ram_bytes = match args.prompt_cache_ram {
+        Some(mib) => mib.saturating_mul(MIB),
+        None => engine::residency::memory_budget().map_or(DEFAULT_RAM, |b| (b.bytes / SHARE_OF_MEMORY).min(DEFAULT_RAM)),
+    };
+    PrefixCacheConfig { ram_bytes, dir, disk_bytes: args.prompt_cache_size.saturating_mul(MIB) }
 }
 
 fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error::Error>> {

@@ -111,6 +111,7 @@ impl Head {
                 // micro-batches may fly together.
                 let streams = if ring.micro_batches == Some(1) { 1 } else { stage.n_seq };
                 let mut planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, stage.kv, ring.strategy, streams);
+                planner.head_reserved = cfg.prompt_cache.ram_bytes as f64;
                 if draft_snapshots {
                     // A recurrent state kept twice per sequence (`StageConfig::draft_snapshots`).
                     planner.model.state_bytes *= 2.0;

@@ -36,6 +36,9 @@ pub struct Planner {
     file: Arc<ModelFile>,
     path: PathBuf,
     threads: usize,
+    /// Bytes of the head's RAM kept outside the plan (the prompt cache's RAM budget): the
+    /// layers Halda gives the head must fit beside them.
+    pub head_reserved: f64,
 }
 
 impl Planner {
@@ -45,7 +48,7 @@ impl Planner {
     pub fn new(file: Arc<ModelFile>, path: PathBuf, membership: Arc<Membership>, secret: ClusterSecret, threads: usize, ctx: usize, kv: engine::CacheTypes, strategy: Strategy, streams: usize) -> Planner {
         let name = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned());
         let model = crate::runtime::profiling::model::from_gguf(&file, &name, ctx, kv);
-        Planner { membership, model, options: Options { strategy, streams: streams.max(1), ..Options::default() }, secret, file, path, threads }
+        Planner { membership, model, options: Options { strategy, streams: streams.max(1), ..Options::default() }, secret, file, path, threads, head_reserved: 0.0 }
     }
 
     /// Fresh profiles of the head and every candidate worker, in that order; a device's
@@ -60,6 +63,7 @@ impl Planner {
         crate::runtime::profiling::refresh_memory(&mut head);
         head.name = HEAD_NAME.into();
         head.head = true;
+        head.ram_available = (head.ram_available - self.head_reserved).max(0.0);
         let deadline = Instant::now() + wait;
         let config = LinkConfig::default();
         let mut devices = vec![head];
