@@ -215,6 +215,7 @@ impl Batcher {
             blocks,
             identity,
             prompt_rate: 0.0,
+            unpriced: 0,
         };
         lp.rows_changed();
         let thread = std::thread::Builder::new().name("hearth-batcher".into()).spawn(move || lp.run()).expect("spawn the batching thread");
@@ -399,6 +400,9 @@ struct Loop {
     /// Prompt rows computed per second (a running mean of steps with prompt rows): what
     /// reading a block from disk is weighed against.
     prompt_rate: f64,
+    /// Tokens restored before any prompt was measured (right after a restart): the time
+    /// they saved is counted once the rate is known.
+    unpriced: usize,
 }
 
 /// One batch on its way through the pipeline, and what its rows belong to.
@@ -694,7 +698,12 @@ impl Loop {
         slot.cached = prompt[..at].to_vec();
         slot.exact = at;
         let gained = at.saturating_sub(keep);
-        let saved_s = if self.prompt_rate > 0.0 { gained as f64 / self.prompt_rate - started.elapsed().as_secs_f64() } else { 0.0 };
+        let saved_s = if self.prompt_rate > 0.0 {
+            gained as f64 / self.prompt_rate - started.elapsed().as_secs_f64()
+        } else {
+            self.unpriced += gained;
+            0.0
+        };
         m::prefix_cache_restored(at - first * BLOCK_TOKENS, saved_s);
         tracing::debug!(seq, from = first * BLOCK_TOKENS, to = at, kept = keep, "prompt prefix restored from the prompt cache");
         at
@@ -947,6 +956,9 @@ impl Loop {
         if prompt_rows >= scheduler::pipelining::MIN_PROMPT_CHUNK && result.is_ok() {
             let rate = prompt_rows as f64 / took.as_secs_f64().max(1e-6);
             self.prompt_rate = if self.prompt_rate == 0.0 { rate } else { self.prompt_rate + STEP_TIME_WEIGHT * (rate - self.prompt_rate) };
+            if self.unpriced > 0 {
+                m::prefix_cache_restored(0, std::mem::take(&mut self.unpriced) as f64 / self.prompt_rate);
+            }
         }
         for &i in &mb.slots {
             self.slots[i].in_flight -= 1;
