@@ -363,7 +363,7 @@ fn metric_with(addr: &str, name: &str, labels: &str) -> f64 {
 
 /// Every block file under a prompt-cache directory (one subdirectory per namespace).
 fn block_files(dir: &std::path::Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten().map(|f| f.path())).filter(|p| !p.to_string_lossy().ends_with(".tmp")).collect();
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten().map(|f| f.path())).filter(|p| !p.to_string_lossy().contains(".tmp.")).collect();
     out.sort();
     out
 }

@@ -263,6 +263,54 @@ fn a_prompt_chunk_that_wants_no_logits_passes_an_output_only_window() {
 /// Feeds `tokens` to `seq` in pieces of at most `MAX_PIECE` that start on whole tiles of
 /// `TILE` rows and leave no rest under a tile (as the server's batcher cuts prompts);
 /// returns the last token's logits.
+/// Two prompts of real text sharing a long prefix (a ~1,800-byte part of docs/scheduler.md):
+/// `a` asks a question after it, `b` goes on with the text; and the shared tokens' count.
+fn prefix_prompts() -> (Vec<i32>, Vec<i32>, usize) {
+    let tk = Tokenizer::load(&common::default_model()).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
+    let shared = tk.tokenize(&text[..cut], true);
+    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
+    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
+    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
+    (a, b, shared.len())
+}
+
+/// Every way a cache's rows are laid out that moving them must respect: the default model
+/// whole, in two stages, with a quantized cache (Q8_0 K, Q4_0 V); a tiny Gemma 3 (sliding
+/// window 48), a tiny Gemma 4 E cut after its donors (the second stage keeps its own copy
+/// of their cache) and a tiny DeepSeek 2 (latent attention: V inside the K rows). Tiny
+/// models are written under `dir`.
+fn cache_layouts(dir: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>, engine::CacheTypes)> {
+    std::fs::create_dir_all(dir).unwrap();
+    let default = common::default_model();
+    let mut gemma3 = common::tiny::model("gemma3");
+    gemma3.n_swa = 48;
+    let mut gemma4e = common::tiny::model("gemma4");
+    (gemma4e.n_layer, gemma4e.full_every, gemma4e.per_layer_embd, gemma4e.shared_kv_layers) = (6, 3, 32, 3);
+    (gemma4e.n_expert, gemma4e.n_expert_used, gemma4e.n_swa, gemma4e.seed) = (0, 0, 40, 45);
+    let f16 = engine::CacheTypes::default();
+    let quantized = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
+    vec![
+        ("default model, one window", default.clone(), vec![vec![0..30]], f16),
+        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]], f16),
+        ("default model, quantized cache", default, vec![vec![0..30]], quantized),
+        ("tiny gemma3", common::tiny::write(&gemma3, dir), vec![vec![0..3]], f16),
+        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, dir), vec![vec![0..3], vec![3..6]], f16),
+        ("tiny deepseek2", common::tiny::write(&common::tiny::model("deepseek2"), dir), vec![vec![0..3]], f16),
+    ]
+}
+
+/// The first token from `logits` (a prompt of `len` tokens in `seq`) and 7 greedy after it.
+fn greedy_after(p: &mut engine::LocalPipeline, seq: u64, len: usize, logits: &[f32]) -> Vec<i32> {
+    let mut tokens = vec![argmax(logits)];
+    for i in 0..7 {
+        let l = p.forward(&[tok(seq, (len + i) as u32)], &tokens[i..i + 1]).unwrap();
+        tokens.push(argmax(l.row(0)));
+    }
+    tokens
+}
+
 fn feed(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32]) -> Vec<f32> {
     const TILE: usize = 64;
     const MAX_PIECE: usize = 256;
@@ -290,41 +338,15 @@ fn feed(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32]) -> Vec<f32> {
 /// copies nothing and leaves the target as it was.
 #[test]
 fn a_prefix_copied_from_another_sequence_computes_what_the_cold_prompt_computes() {
-    let default = common::default_model();
-    let tk = Tokenizer::load(&default).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
-    let shared = tk.tokenize(&text[..cut], true);
-    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
-    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
-    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
-    let n = shared.len().min(b.len() - 64) / 64 * 64;
-    assert!(n >= 256 && b.len() - n >= 64 && b.len() < 1000, "shared {}, b {} tokens", shared.len(), b.len());
+    let (a, b, shared) = prefix_prompts();
+    let n = shared.min(b.len() - 64) / 64 * 64;
+    assert!(n >= 256 && b.len() - n >= 64 && b.len() < 1000, "shared {shared}, b {} tokens", b.len());
     let dir = std::env::temp_dir().join(format!("hearth-copy-prefix-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut gemma3 = common::tiny::model("gemma3");
-    gemma3.n_swa = 48;
-    let mut gemma4e = common::tiny::model("gemma4");
-    (gemma4e.n_layer, gemma4e.full_every, gemma4e.per_layer_embd, gemma4e.shared_kv_layers) = (6, 3, 32, 3);
-    (gemma4e.n_expert, gemma4e.n_expert_used, gemma4e.n_swa, gemma4e.seed) = (0, 0, 40, 45);
-    let f16 = engine::CacheTypes::default();
-    let quantized = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
-    let cases: Vec<(&str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>, engine::CacheTypes)> = vec![
-        ("default model, one window", default.clone(), vec![vec![0..30]], f16),
-        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]], f16),
-        ("default model, quantized cache", default.clone(), vec![vec![0..30]], quantized),
-        ("tiny gemma3", common::tiny::write(&gemma3, &dir), vec![vec![0..3]], f16),
-        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, &dir), vec![vec![0..3], vec![3..6]], f16),
-        ("tiny deepseek2", common::tiny::write(&common::tiny::model("deepseek2"), &dir), vec![vec![0..3]], f16),
-    ];
+    let cases = cache_layouts(&dir);
     for (what, path, stages, kv) in cases {
         let mut p = common::pipeline_with(&path, &stages, 3, kv);
         let cold = feed(&mut p, 2, &b);
-        let mut cold_tokens = vec![argmax(&cold)];
-        for i in 0..7 {
-            let l = p.forward(&[tok(2, (b.len() + i) as u32)], &cold_tokens[i..i + 1]).unwrap();
-            cold_tokens.push(argmax(l.row(0)));
-        }
+        let cold_tokens = greedy_after(&mut p, 2, b.len(), &cold);
         feed(&mut p, 0, &a);
         // The target held another text before: the copy replaces it.
         feed(&mut p, 1, &a[a.len() - 100..]);
@@ -332,12 +354,7 @@ fn a_prefix_copied_from_another_sequence_computes_what_the_cold_prompt_computes(
         assert_eq!(p.sequence_len(1), n, "{what}");
         let got = feed(&mut p, 1, &b[n..]);
         assert!(got == cold, "{what}: logits after the copied prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
-        let mut tokens = vec![argmax(&got)];
-        for i in 0..7 {
-            let l = p.forward(&[tok(1, (b.len() + i) as u32)], &tokens[i..i + 1]).unwrap();
-            tokens.push(argmax(l.row(0)));
-        }
-        assert_eq!(tokens, cold_tokens, "{what}");
+        assert_eq!(greedy_after(&mut p, 1, b.len(), &got), cold_tokens, "{what}");
         // Nothing to copy from: the target keeps what it holds.
         let held = p.sequence_len(1);
         assert_eq!(p.copy_sequence(9, 1, 64), 0, "{what}");
@@ -354,39 +371,17 @@ fn rows_read_from_one_pipeline_and_written_into_another_compute_what_the_cold_pr
     // pipeline (the server before), written into a fresh one (the server after), the rest
     // of another prompt computed on top: logits and greedy tokens bit for bit the cold
     // prompt's, whatever the cache's types and however its tensors are shared.
-    let default = common::default_model();
-    let tk = Tokenizer::load(&default).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
-    let shared = tk.tokenize(&text[..cut], true);
-    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
-    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
-    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
+    let (a, b, shared) = prefix_prompts();
     const BLOCK: usize = 128;
-    let n = shared.len().min(b.len() - 64) / BLOCK * BLOCK;
-    assert!(n >= 2 * BLOCK && b.len() - n >= 64, "shared {}, b {} tokens", shared.len(), b.len());
+    let n = shared.min(b.len() - 64) / BLOCK * BLOCK;
+    assert!(n >= 2 * BLOCK && b.len() - n >= 64, "shared {shared}, b {} tokens", b.len());
     let dir = std::env::temp_dir().join(format!("hearth-rows-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut gemma4e = common::tiny::model("gemma4");
-    (gemma4e.n_layer, gemma4e.full_every, gemma4e.per_layer_embd, gemma4e.shared_kv_layers) = (6, 3, 32, 3);
-    (gemma4e.n_expert, gemma4e.n_expert_used, gemma4e.n_swa, gemma4e.seed) = (0, 0, 40, 45);
+    let cases = cache_layouts(&dir);
     let f16 = engine::CacheTypes::default();
-    let quantized = engine::CacheTypes { k: engine::CacheType::Q8_0, v: engine::CacheType::Q4_0 };
-    let cases: Vec<(&str, std::path::PathBuf, Vec<Vec<std::ops::Range<usize>>>, engine::CacheTypes)> = vec![
-        ("default model, one window", default.clone(), vec![vec![0..30]], f16),
-        ("default model, two stages", default.clone(), vec![vec![0..10, 10..20], vec![20..30]], f16),
-        ("default model, quantized cache", default.clone(), vec![vec![0..30]], quantized),
-        ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, &dir), vec![vec![0..3], vec![3..6]], f16),
-        ("tiny deepseek2", common::tiny::write(&common::tiny::model("deepseek2"), &dir), vec![vec![0..3]], f16),
-    ];
     for (what, path, stages, kv) in cases {
         let mut before = common::pipeline_with(&path, &stages, 3, kv);
         let cold = feed(&mut before, 2, &b);
-        let mut cold_tokens = vec![argmax(&cold)];
-        for i in 0..7 {
-            let l = before.forward(&[tok(2, (b.len() + i) as u32)], &cold_tokens[i..i + 1]).unwrap();
-            cold_tokens.push(argmax(l.row(0)));
-        }
+        let cold_tokens = greedy_after(&mut before, 2, b.len(), &cold);
         feed(&mut before, 0, &a);
         let blocks: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK).unwrap()).collect();
         assert!(before.read_rows(0, a.len() - 10, 11).is_none(), "{what}: rows past the sequence");
@@ -407,12 +402,7 @@ fn rows_read_from_one_pipeline_and_written_into_another_compute_what_the_cold_pr
         assert_eq!(after.sequence_len(1), n, "{what}");
         let got = feed(&mut after, 1, &b[n..]);
         assert!(got == cold, "{what}: logits after the restored prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
-        let mut tokens = vec![argmax(&got)];
-        for i in 0..7 {
-            let l = after.forward(&[tok(1, (b.len() + i) as u32)], &tokens[i..i + 1]).unwrap();
-            tokens.push(argmax(l.row(0)));
-        }
-        assert_eq!(tokens, cold_tokens, "{what}");
+        assert_eq!(greedy_after(&mut after, 1, b.len(), &got), cold_tokens, "{what}");
         // Another cache type is another layout: its blocks are never mixed in.
         let f32 = engine::CacheTypes { k: engine::CacheType::F32, v: engine::CacheType::F32 };
         let other = common::pipeline_with(&path, &stages, 1, if kv == f16 { f32 } else { f16 });

@@ -104,6 +104,13 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
 /// through a link planted at its name, and the rename replaces a link at `path` rather
 /// than write through it: whoever can write the folder cannot aim hearth's writes outside it.
 pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_parts_atomically(path, &[bytes])
+}
+
+/// [`write_atomically`] of `parts` one after another (a header and a body without joining
+/// them), synced before the rename: after a power loss the name holds the whole file or
+/// what it held before.
+pub fn write_parts_atomically(path: &std::path::Path, parts: &[&[u8]]) -> std::io::Result<()> {
     use std::io::Write;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     path.parent().map_or(Ok(()), std::fs::create_dir_all)?;
@@ -113,8 +120,16 @@ pub fn write_atomically(path: &std::path::Path, bytes: &[u8]) -> std::io::Result
         _ => {}
     }
     let mut file = open_in_dir(&tmp, Open::CreateNew)?;
-    file.write_all(bytes)?;
+    for part in parts {
+        file.write_all(part)?;
+    }
+    file.sync_all()?;
     std::fs::rename(&tmp, path)
+}
+
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// How [`open_in_dir`] opens a file.

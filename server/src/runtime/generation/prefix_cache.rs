@@ -16,9 +16,8 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Instant, SystemTime};
 
@@ -36,11 +35,16 @@ pub const BLOCK_TOKENS: usize = 256;
 /// Identifies a disk file as a block of this format (and its version).
 const MAGIC: &[u8; 8] = b"HRTHBLK1";
 
-/// Temporary files older than this in the cache directory are what a crash left: removed
-/// at start. Younger ones may be another server's writes in progress.
+/// Temporary files (`process::write_atomically`'s `<name>.tmp.<pid>`) older than this in
+/// the cache directory are what a crash left: removed at start. Younger ones may be another
+/// server's writes in progress.
 const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 
 pub type BlockId = [u8; 32];
+
+/// A file header's bytes before the block's tokens: magic, namespace, id, token count, rows'
+/// length and checksum.
+const HEADER_FIXED: usize = 8 + 32 + 32 + 4 + 8 + 32;
 
 /// Where blocks are kept and how much of them (`--prompt-cache-ram`, `--prompt-cache-dir`,
 /// `--prompt-cache-size`).
@@ -68,10 +72,9 @@ impl PrefixCacheConfig {
     }
 }
 
-/// The default directory: `$XDG_CACHE_HOME/hearth/prompt-cache`, else under `~/.cache`.
+/// The default directory: `prompt-cache` in hearth's cache folder.
 pub fn default_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).or_else(|| std::env::var_os("HOME").filter(|v| !v.is_empty()).map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("hearth").join("prompt-cache"))
+    crate::process::cache_dir().map(|d| d.join("prompt-cache"))
 }
 
 /// The namespace of blocks computed by one model file, layout and way of computing:
@@ -98,7 +101,9 @@ struct DiskFile {
 }
 
 enum DiskOp {
-    Write { path: PathBuf, header: Vec<u8>, rows: Arc<Vec<u8>> },
+    /// The header (and its checksum of the rows) is made on the writer thread: hashing a
+    /// block is milliseconds per MB, not for the batching loop.
+    Write { path: PathBuf, namespace: BlockId, id: BlockId, tokens: Vec<i32>, rows: Arc<Vec<u8>> },
     Remove(PathBuf),
 }
 
@@ -268,11 +273,10 @@ impl PrefixCache {
         if let Some(disk) = self.disk.as_mut() {
             let path = disk.path(&id);
             if !disk.files.contains_key(&path) {
-                let header = header(&namespace, &id, tokens, &rows);
-                let size = (header.len() + rows.len()) as u64;
+                let size = (HEADER_FIXED + 4 * tokens.len() + rows.len()) as u64;
                 disk.files.insert(path.clone(), DiskFile { size, last_used: self.clock });
                 disk.used += size;
-                disk.send(DiskOp::Write { path, header, rows: rows.clone() });
+                disk.send(DiskOp::Write { path, namespace, id, tokens: tokens.to_vec(), rows: rows.clone() });
                 m::prefix_cache_written(size as usize);
                 disk.evict();
             }
@@ -340,7 +344,7 @@ impl Disk {
                 let name = f.file_name();
                 let name = name.to_string_lossy();
                 let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                if name.ends_with(".tmp") {
+                if name.contains(".tmp.") {
                     if modified.elapsed().is_ok_and(|age| age > STALE_TEMP) {
                         let _ = fs::remove_file(f.path());
                     }
@@ -388,8 +392,6 @@ impl Disk {
     }
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
 /// The thread that carries out disk writes and removals in the order they were sent.
 fn spawn_writer() -> (mpsc::Sender<DiskOp>, std::thread::JoinHandle<()>) {
     let (tx, rx) = mpsc::channel::<DiskOp>();
@@ -398,8 +400,11 @@ fn spawn_writer() -> (mpsc::Sender<DiskOp>, std::thread::JoinHandle<()>) {
         .spawn(move || {
             for op in rx {
                 match op {
-                    DiskOp::Write { path, header, rows } => {
-                        if let Err(e) = write_atomically(&path, &header, &rows) {
+                    DiskOp::Write { path, namespace, id, tokens, rows } => {
+                        let header = header(&namespace, &id, &tokens, &rows);
+                        // Written aside, synced and renamed, never through a link planted in
+                        // the directory: a reader sees a whole block or none.
+                        if let Err(e) = crate::process::write_parts_atomically(&path, &[&header, &rows]) {
                             tracing::warn!(file = %path.display(), "prompt cache: a block could not be written ({e})");
                         }
                     }
@@ -413,32 +418,9 @@ fn spawn_writer() -> (mpsc::Sender<DiskOp>, std::thread::JoinHandle<()>) {
     (tx, thread)
 }
 
-/// Writes a block to a temporary file beside `path`, syncs it and renames it: a reader
-/// (this server after a crash, another one sharing the directory) sees a whole file or none.
-fn write_atomically(path: &Path, header: &[u8], rows: &[u8]) -> std::io::Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temp = path.with_file_name(format!(".{name}.{}.{}.tmp", std::process::id(), TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)));
-    let result = (|| {
-        let mut f = fs::File::create(&temp)?;
-        f.write_all(header)?;
-        f.write_all(rows)?;
-        f.sync_all()?;
-        fs::rename(&temp, path)?;
-        if let Some(dir) = path.parent() {
-            // The rename itself survives a power loss once the directory is synced.
-            fs::File::open(dir).and_then(|d| d.sync_all()).ok();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
-}
-
 /// A file's header: magic, namespace, id, the block's tokens, the rows' length and checksum.
 fn header(namespace: &BlockId, id: &BlockId, tokens: &[i32], rows: &[u8]) -> Vec<u8> {
-    let mut h = Vec::with_capacity(8 + 32 + 32 + 4 + 8 + 32 + tokens.len() * 4);
+    let mut h = Vec::with_capacity(HEADER_FIXED + tokens.len() * 4);
     h.extend_from_slice(MAGIC);
     h.extend_from_slice(namespace);
     h.extend_from_slice(id);
@@ -457,7 +439,7 @@ fn read_block(path: &Path, namespace: &BlockId, id: &BlockId, tokens: &[i32]) ->
     let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
     let mut f = fs::File::open(path)?;
     let len = f.metadata()?.len();
-    let fixed = 8 + 32 + 32 + 4 + 8 + 32;
+    let fixed = HEADER_FIXED;
     let mut head = vec![0u8; fixed];
     f.read_exact(&mut head)?;
     if &head[..8] != MAGIC || head[8..40] != namespace[..] || head[40..72] != id[..] {
@@ -481,9 +463,7 @@ fn read_block(path: &Path, namespace: &BlockId, id: &BlockId, tokens: &[i32]) ->
     Ok(rows)
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use crate::process::hex;
 
 #[cfg(test)]
 mod tests {
@@ -593,19 +573,24 @@ mod tests {
         let root = temp_dir("budget");
         let t = tokens(4 * BLOCK_TOKENS, 5);
         let block = |i: usize| (i * BLOCK_TOKENS)..((i + 1) * BLOCK_TOKENS);
-        let one = (8 + 32 + 32 + 4 + 8 + 32 + 4 * BLOCK_TOKENS + 1000) as u64;
+        let one = (HEADER_FIXED + 4 * BLOCK_TOKENS + 1000) as u64;
         let cfg = PrefixCacheConfig { ram_bytes: 0, dir: Some(root.clone()), disk_bytes: 3 * one };
         let ns = namespace(&["m"]);
         let ids = {
             let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
             let ids = c.chain(&t);
-            // Apart in time: file times are as coarse as the kernel's clock tick.
             for i in 0..3 {
                 c.put(ids[i], &t[block(i)], vec![i as u8; 1000]);
-                c.flush();
-                std::thread::sleep(std::time::Duration::from_millis(30));
             }
-            // Block 0 used last: block 1 is the least recently used.
+            c.flush();
+            // Written a minute apart, in order (set, not slept: file times may be as coarse
+            // as a second on some file systems, and a host may be slow).
+            let dir = root.join(hex(&ns));
+            let old = SystemTime::now() - std::time::Duration::from_secs(600);
+            for (i, id) in ids.iter().take(3).enumerate() {
+                fs::File::options().write(true).open(dir.join(hex(id))).unwrap().set_modified(old + std::time::Duration::from_secs(60 * i as u64)).unwrap();
+            }
+            // Block 0 used last (its time now): block 1 is the least recently used.
             assert!(c.get(&ids[0], &t[block(0)]).is_some());
             ids
         };
@@ -617,7 +602,7 @@ mod tests {
         let on_disk: Vec<bool> = ids.iter().map(|id| dir.join(hex(id)).exists()).collect();
         assert_eq!(on_disk, [true, false, true, true]);
         // No temporary file is left behind.
-        assert!(fs::read_dir(&dir).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().ends_with(".tmp")));
+        assert!(fs::read_dir(&dir).unwrap().flatten().all(|e| !e.file_name().to_string_lossy().contains(".tmp.")));
         drop(c);
         fs::remove_dir_all(&root).ok();
     }

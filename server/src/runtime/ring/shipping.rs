@@ -80,9 +80,7 @@ fn header_name(k: usize) -> String {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
+use crate::process::hex;
 
 impl Manifest {
     /// Hashes the whole file once (SHA-256 runs at a GB/s or more with the CPU's SHA
