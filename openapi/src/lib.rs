@@ -13,6 +13,7 @@ mod sampling;
 mod anthropic;
 mod chat;
 mod completions;
+mod console;
 mod embeddings;
 mod error;
 mod generation;
@@ -26,6 +27,7 @@ mod validate;
 pub use anthropic::*;
 pub use chat::*;
 pub use completions::*;
+pub use console::*;
 pub use embeddings::*;
 pub use error::*;
 pub use generation::{

@@ -17,6 +17,7 @@ use crate::tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, To
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
 use crate::embeddings::{EmbeddingRequest, EmbeddingResponse, OllamaEmbedRequest, OllamaEmbedResponse, OllamaEmbeddingsRequest, OllamaEmbeddingsResponse};
+use crate::console::ConsoleState;
 use crate::error::ErrorResponse;
 use crate::models::{ModelCard, ModelList};
 
@@ -268,17 +269,42 @@ fn ollama_embed() {}
     security(("api_key" = [])))]
 fn ollama_embeddings() {}
 
-/// Answers that the server is up: clients probe the root (`HEAD /`) before anything else.
+/// The web console: the cluster, the plan, the load, a chat and the models, drawn live from
+/// `GET /console/state` (hearth extension). Clients also probe the root (`HEAD /`) to see
+/// that the server is up: it answers 200 without a key (the page asks for one when the
+/// server has `--api-key`).
 #[utoipa::path(
     get,
     path = "/",
     tag = "Operations",
     operation_id = "root",
     responses(
-        (status = 200, description = "`hearth is running`", body = String, content_type = "text/plain; charset=utf-8"),
+        (status = 200, description = "The console's page", body = String, content_type = "text/html; charset=utf-8"),
     )
 )]
 fn root() {}
+
+/// The head at a glance (hearth extension): the model, every device with its windows,
+/// memory, hop, compute time and disk reads, the running plan, and the load (gauges, and
+/// counters since the start for rates). With `Accept: text/event-stream` the answer is a
+/// stream of `state` events, one snapshot each time it changes (checked every second),
+/// with comments to keep idle connections open. Needs the API key when the server has one.
+#[utoipa::path(
+    get,
+    path = "/console/state",
+    tag = "Operations",
+    operation_id = "getConsoleState",
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A snapshot (JSON), or a stream of them (`text/event-stream`, events named `state` whose data is a snapshot)",
+            content(
+                (ConsoleState = "application/json"),
+                (String = "text/event-stream"),
+            )),
+        (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+    )
+)]
+fn console_state() {}
 
 /// Creates embeddings of the inputs with the embedding model served beside the chat model
 /// (`--embedding-model`): unit-length vectors, pooled as the model's GGUF says. Inputs of
@@ -624,7 +650,7 @@ impl Modify for SseEvents {
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
             and `Ollama` operations answer in their own APIs' envelopes."
     ),
-    paths(create_chat_completion, create_completion, create_embedding, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, list_models, retrieve_model, tokenize, detokenize, root, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_embedding, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, list_models, retrieve_model, tokenize, detokenize, root, console_state, health, metrics, get_plan, replan, get_cluster),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),

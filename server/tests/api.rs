@@ -390,6 +390,63 @@ async fn health_models_openapi_and_metrics() {
     assert!(metrics.contains("# HELP hearth_generated_tokens_total"));
 }
 
+/// The console's page and its data on a single node: the page served without a key (it
+/// says whether one is needed), guarded by its security headers; `/console/state` as JSON
+/// and as a stream, counting what the API did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_page_and_its_state_show_the_single_node_and_its_load() {
+    let s = start(&[]).await;
+    let page = s.get("/").await;
+    assert_eq!(page.status(), 200);
+    assert!(page.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
+    let policy = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(policy.contains("default-src 'none'") && policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert!(page.headers().get("access-control-allow-origin").is_none());
+    assert!(page.text().await.unwrap().contains("data-key=\"none\""));
+    assert_eq!(s.client.head(format!("{}/", s.base)).send().await.unwrap().status(), 200, "clients probe HEAD /");
+    for (path, kind) in [("/console/console.js", "text/javascript"), ("/console/console.css", "text/css"), ("/console/icon.svg", "image/svg+xml")] {
+        let r = s.get(path).await;
+        assert_eq!(r.status(), 200, "{path}");
+        assert!(r.headers()["content-type"].to_str().unwrap().starts_with(kind), "{path}");
+    }
+
+    let (status, answer) = s.post("/v1/chat/completions", chat("hi", json!({"max_tokens": 5, "temperature": 0}))).await;
+    assert_eq!(status, 200);
+    let generated = answer["usage"]["completion_tokens"].as_u64().unwrap();
+    let state: openapi::ConsoleState = s.get("/console/state").await.json().await.unwrap();
+    assert_eq!(state.status, "ok");
+    assert!(!state.admin);
+    assert_eq!(state.model.id, "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!((state.model.context_length, state.model.parallel), (1024, 4));
+    assert_eq!(state.devices.len(), 1, "{:?}", state.devices);
+    let head = &state.devices[0];
+    assert_eq!((head.name.as_str(), head.state.as_str(), head.member, head.layer_count), ("head", "ok", true, 30));
+    assert_eq!(head.layers, vec![[0, 30]]);
+    assert!(head.compute_steps_total >= generated && head.compute_seconds_total > 0.0, "{head:?}");
+    assert_eq!(state.plan.source, "single");
+    // Other tests of this binary share the metrics registry: at least this test's work.
+    assert!(state.load.generated_tokens_total >= generated && state.load.requests_total >= 1 && state.load.ttft_count >= 1, "{:?}", state.load);
+
+    // The stream: its first event is a snapshot now.
+    let mut r = s.client.get(format!("{}/console/state", s.base)).header("accept", "text/event-stream").send().await.unwrap();
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), r.chunk()).await.expect("a first event").unwrap().expect("an open stream");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(text.starts_with("event: state\n"), "{text}");
+    let data = text.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+    let streamed: openapi::ConsoleState = serde_json::from_str(data).unwrap();
+    assert_eq!(streamed.devices[0].name, "head");
+
+    // With a key: the page says one is needed; the data needs it.
+    let s = start(&["--api-key", "sekrit"]).await;
+    assert!(s.get("/").await.text().await.unwrap().contains("data-key=\"required\""));
+    assert_eq!(s.get("/console/state").await.status(), 401);
+    assert_eq!(s.client.get(format!("{}/console/state", s.base)).bearer_auth("sekrit").send().await.unwrap().status(), 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_share_steps_and_match_running_alone() {
     // Batch-invariant kernels on both sides: with llama.cpp's own, a sequence batched with

@@ -8,6 +8,7 @@ mod admin;
 mod anthropic;
 mod chat;
 mod completions;
+mod console;
 mod embeddings;
 mod error;
 mod generate;
@@ -102,6 +103,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve).delete(responses::delete))
         .route("/tokenize", post(tokenize::tokenize))
+        .route("/console/state", get(console::state))
         .route("/detokenize", post(tokenize::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_api_key));
     let anthropic = Router::new()
@@ -134,7 +136,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(admin)
         // Clients probe the server's root before anything else (Claude Code sends `HEAD /`
         // and reads anything but 2xx as "down").
-        .route("/", get(root))
+        .route("/", get(console::page))
+        .route("/console/console.js", get(console::script))
+        .route("/console/console.css", get(console::style))
+        .route("/console/icon.svg", get(console::icon))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
@@ -187,6 +192,7 @@ async fn record_metrics(req: Request, next: Next) -> Response {
         "/tokenize" | "/detokenize" => "tokenize",
         "/health" => "health",
         "/metrics" => "metrics",
+        p if p == "/" || p.starts_with("/console/") => "console",
         "/openapi.json" => "openapi",
         p if p.starts_with("/admin/") => "admin",
         _ => "other",
@@ -201,10 +207,6 @@ async fn record_metrics(req: Request, next: Next) -> Response {
 
 async fn not_found(req: Request) -> ApiError {
     ApiError::NotFound { method: req.method().to_string(), path: req.uri().path().to_string() }
-}
-
-async fn root() -> &'static str {
-    "hearth is running"
 }
 
 async fn health(State(state): State<Arc<AppState>>) -> Json<HealthResponse> {
