@@ -202,7 +202,10 @@ fn the_console_shows_a_live_ring_chats_and_guards_the_admin_key_in_a_real_browse
     let mut w2 = Served::worker(&["--threads", "1"]);
     let w2_addr = w2.addr.clone();
     let workers = format!("{},{}", w1.addr, w2.addr);
-    let head = Served::start(&["--threads", "1", "--parallel", "2", "--workers", &workers, "--plan-strategy", "even", "--api-key", KEY, "--admin-key", ADMIN]);
+    // The models folder is the default model's: the console lists it as served.
+    let model = common::default_model();
+    let folder = model.parent().unwrap().as_os_str().to_owned();
+    let head = Served::start_model_env(&model, &["--threads", "1", "--parallel", "2", "--workers", &workers, "--plan-strategy", "even", "--api-key", KEY, "--admin-key", ADMIN], &[("HEARTH_MODELS_DIR", &folder)]);
     let (expected, generated) = greedy_answer(&head.addr);
 
     // The page is served without a key and asks for it; its data needs the key.
@@ -230,6 +233,8 @@ fn the_console_shows_a_live_ring_chats_and_guards_the_admin_key_in_a_real_browse
     assert_eq!(browser.text("#status"), "ok");
     assert_eq!(browser.js("return document.getElementById('key-form').offsetParent === null;"), true, "the key form is out of sight once connected");
     assert_eq!(browser.js("return document.getElementById('admin-form').offsetParent !== null;"), true, "re-planning is offered where the server has an admin key");
+    let listed = browser.text("#local-models");
+    assert!(listed.contains("SmolLM2-135M-Instruct.Q4_1.gguf · ") && listed.contains(" · served"), "the models on the head's disk: {listed}");
     let ring = browser.js("return document.querySelectorAll('#ring circle.node').length;");
     assert_eq!(ring, 3, "the ring is drawn with its three members");
     let errors = browser.console_errors();

@@ -26,6 +26,22 @@ pub struct ConsoleState {
     pub devices: Vec<ConsoleDevice>,
     pub plan: ConsolePlan,
     pub load: ConsoleLoad,
+    /// Models on the head's disk: GGUF files in its models folder (`HEARTH_MODELS_DIR`,
+    /// else `./models`) and models pulled from the Hugging Face hub into its cache.
+    pub local_models: Vec<ConsoleLocalModel>,
+}
+
+/// A model on the head's disk.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ConsoleLocalModel {
+    /// What `hearth serve --model` takes to serve it: a file name in the models folder, or
+    /// `hf:owner/name:path` for a model in the hub cache.
+    #[schema(example = "SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub name: String,
+    /// Bytes of its file (every part of a split set).
+    pub bytes: u64,
+    /// Whether it is the model being served.
+    pub served: bool,
 }
 
 /// The model being served.

@@ -95,6 +95,8 @@ function draw(s) {
   record(s);
   drawLoad(s);
   if (!$("model-list").childElementCount) loadModels();
+  const local = s.local_models.map((m) => el("li", {}, `${m.name} · ${bytes(m.bytes)}${m.served ? " · served" : ""}`));
+  $("local-models").replaceChildren(...(local.length ? local : [el("li", {}, "none found")]));
 }
 
 function deviceDelta(d) {

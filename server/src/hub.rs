@@ -22,6 +22,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
+use crate::models::is_model;
 
 /// The prefix that makes `--model` a hub reference instead of a path.
 pub const PREFIX: &str = "hf:";
@@ -37,8 +38,6 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LOG_EVERY: Duration = Duration::from_secs(10);
 /// The terminal's progress line is redrawn at most this often.
 const DRAW_EVERY: Duration = Duration::from_millis(200);
-/// Files that sit beside models in GGUF repos but are not one.
-const NOT_MODELS: [&str; 3] = ["mmproj", "imatrix", "mtp-"];
 
 /// Where and as whom to reach the hub, from the environment as the hub's own tools read it.
 #[derive(Debug, Clone)]
@@ -151,10 +150,6 @@ struct Lfs {
 /// llama.cpp's split naming, as the engine reads it to find a set's parts.
 pub use engine::gguf::split::split_part;
 
-fn is_model(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path).to_ascii_lowercase();
-    name.ends_with(".gguf") && !NOT_MODELS.iter().any(|n| name.contains(n))
-}
 
 /// Whether `path` carries the quantization `tag`: `TAG` followed by `.` or `-`, in any case
 /// (`Q4_K_M` matches `model-Q4_K_M.gguf` and `Q4_K_M/model-Q4_K_M-00001-of-00002.gguf`, not
@@ -327,6 +322,27 @@ pub fn cached(hub: &Hub, model: &ModelRef) -> Option<Pulled> {
     list_files(&snapshot, &snapshot, &mut files);
     let (chosen, why) = choose(&files, model.tag.as_deref()).ok()?;
     Some(Pulled { path: snapshot.join(&chosen[0].path), files: chosen, commit, downloaded: 0, why })
+}
+
+/// Every model the cache holds (each repo's `refs/main` snapshot): its `hf:` name, the
+/// model file's path in the repo and the bytes of all its parts (a split set once, by its
+/// first part).
+pub fn local_models(hub: &Hub) -> Vec<(String, u64)> {
+    let Ok(entries) = std::fs::read_dir(&hub.cache) else { return Vec::new() };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(repo) = name.strip_prefix("models--").map(|r| r.replacen("--", "/", 1)) else { continue };
+        let Some(commit) = std::fs::read_to_string(e.path().join("refs").join("main")).ok().map(|c| c.trim().to_string()).filter(|c| hex_name(c)) else { continue };
+        let snapshot = e.path().join("snapshots").join(&commit);
+        let mut files = Vec::new();
+        list_files(&snapshot, &snapshot, &mut files);
+        for (path, bytes) in crate::models::model_sets(files.iter().map(|f| (f.path.as_str(), f.size))) {
+            out.push((format!("hf:{repo}:{path}"), bytes));
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Files under `dir` as repo paths (sizes as they are; no hashes).

@@ -18,7 +18,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use openapi::{ConsoleCheck, ConsoleDevice, ConsoleLoad, ConsoleModel, ConsolePlan, ConsoleState, ConsoleTimes};
+use openapi::{ConsoleCheck, ConsoleDevice, ConsoleLoad, ConsoleLocalModel, ConsoleModel, ConsolePlan, ConsoleState, ConsoleTimes};
 
 use super::AppState;
 use crate::runtime::views::{ClusterView, PlanView};
@@ -119,7 +119,23 @@ pub fn snapshot(state: &AppState) -> ConsoleState {
         devices,
         plan: plan_of(&plan),
         load: load(&metrics),
+        local_models: local_models(&state.model_id),
     }
+}
+
+/// The models folder's and the hub cache's models; `served` by the file name the served
+/// model's id comes from.
+fn local_models(served_id: &str) -> Vec<ConsoleLocalModel> {
+    let dir = crate::models::local_models(&crate::models::models_dir());
+    let hub = crate::hub::local_models(&crate::hub::Hub::from_env());
+    dir.into_iter()
+        .chain(hub)
+        .map(|(name, bytes)| {
+            let file = name.rsplit(['/', ':']).next().unwrap_or(&name);
+            let served = file.strip_suffix(".gguf").is_some_and(|stem| stem == served_id);
+            ConsoleLocalModel { name, bytes, served }
+        })
+        .collect()
 }
 
 fn devices(plan: &PlanView, cluster: &ClusterView, degraded: Option<&str>, metrics: &Samples) -> Vec<ConsoleDevice> {
