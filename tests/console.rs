@@ -263,6 +263,29 @@ fn the_console_shows_a_live_ring_chats_and_guards_the_admin_key_in_a_real_browse
     let done = browser.wait("the re-plan", Duration::from_secs(90), "const t = document.getElementById('replan-result').textContent; return (t.startsWith('Kept') || t.startsWith('Adopted')) && t;");
     eprintln!("re-plan from the console: {done}");
 
+    // What if: the plan without the second worker, shown beside the running one, adopted
+    // by nobody.
+    browser.click(&format!("#what-if-without input[value='{}']", w2.addr));
+    browser.click("#what-if");
+    let shown = browser.wait("the what-if plan", Duration::from_secs(90), "const t = document.getElementById('what-if-result').textContent; return t.includes('devices in the ring') && t;");
+    let shown = shown.as_str().unwrap();
+    assert!(shown.starts_with("even: 2 devices in the ring"), "{shown}");
+    let planned = browser.js("return [...document.querySelectorAll('#what-if-result tbody tr')].map(r => r.cells[0].textContent + ' ' + r.cells[1].textContent);");
+    assert_eq!(planned, json!(["head 15 (0–14)", format!("{} 15 (15–29)", w1.addr)]), "{shown}");
+    assert_eq!(rows(&browser).as_array().unwrap().len(), 3, "nothing adopted");
+    let admin = format!("Authorization: Bearer {ADMIN}\r\n");
+    for (body, code) in [(r#"{"without":["head"]}"#, 400), (r#"{"copies":["nowhere:1"]}"#, 400), (r#"{"strategy":"fastest"}"#, 400), ("[", 400)] {
+        let r = http(&head.addr, "POST", "/admin/what-if", &admin, body).unwrap();
+        assert_eq!(r.status, code, "{body}: {}", r.body);
+    }
+    assert_eq!(http(&head.addr, "POST", "/admin/what-if", &format!("Authorization: Bearer {KEY}\r\n"), "{}").unwrap().status, 401, "the API key is not the admin key");
+    let r = http(&head.addr, "POST", "/admin/what-if", &admin, &json!({"copies": ["head"], "strategy": "halda"}).to_string()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let layers: u64 = v["members"].as_array().unwrap().iter().map(|m| m["layers"].as_u64().unwrap()).sum();
+    assert_eq!(layers, 30, "every layer planned once: {v}");
+    assert_eq!(v["members"].as_array().unwrap().len() + v["dropped"].as_array().unwrap().len(), 4, "the head, two workers and the copy: {v}");
+
     // Screenshots at a desktop's and a phone's width.
     browser.screenshot(1440, 1300, "console-1440.png");
     browser.screenshot(390, 844, "console-390.png");

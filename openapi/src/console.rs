@@ -193,3 +193,53 @@ pub struct ConsoleLoad {
     pub draft_tokens_total: u64,
     pub accepted_tokens_total: u64,
 }
+
+/// The body of `POST /admin/what-if`: devices to plan without and devices to plan with a
+/// copy of (by `name` as `/console/state` lists them; a copy is another machine with that
+/// device's profile), and the strategy (without it: the running one).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(default)]
+pub struct WhatIfRequest {
+    #[schema(example = json!(["192.168.1.20:9090"]))]
+    pub without: Vec<String>,
+    #[schema(example = json!(["head"]))]
+    pub copies: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "halda", pattern = "^(halda|memory|compute|even)$")]
+    pub strategy: Option<String>,
+}
+
+/// What the scheduler would plan (`POST /admin/what-if`), beside the running plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfAnswer {
+    #[schema(example = "halda")]
+    pub strategy: String,
+    /// In ring order, the head first.
+    pub members: Vec<WhatIfMember>,
+    /// Devices the plan would leave out.
+    pub dropped: Vec<String>,
+    /// k: rounds each token would make around the ring.
+    pub rounds: u64,
+    pub predicted_tpot_ms: f64,
+    /// Micro-batches it would keep in flight.
+    pub micro_batches: u64,
+    /// Aggregate decode tokens/s it forecasts for 8 streams.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forecast_tokens_per_s: Option<f64>,
+    /// The running plan's predicted TPOT and 8-stream forecast.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_predicted_tpot_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_forecast_tokens_per_s: Option<f64>,
+}
+
+/// A member of a "what if" plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WhatIfMember {
+    pub name: String,
+    /// Layers per token it would run, and of them on its GPU.
+    pub layers: u64,
+    pub gpu_layers: u64,
+    /// Its layer windows, one per round, `[start, end)`.
+    pub windows: Vec<[u64; 2]>,
+}

@@ -17,7 +17,7 @@ use crate::tokenize::{DetokenizeRequest, DetokenizeResponse, TokenizeRequest, To
 use crate::chat::{ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse};
 use crate::completions::{CompletionChunk, CompletionRequest, CompletionResponse};
 use crate::embeddings::{EmbeddingRequest, EmbeddingResponse, OllamaEmbedRequest, OllamaEmbedResponse, OllamaEmbeddingsRequest, OllamaEmbeddingsResponse};
-use crate::console::ConsoleState;
+use crate::console::{ConsoleState, WhatIfAnswer, WhatIfRequest};
 use crate::error::ErrorResponse;
 use crate::models::{ModelCard, ModelList};
 
@@ -525,6 +525,28 @@ fn replan() {}
 )]
 fn get_cluster() {}
 
+/// What the scheduler would do with a device added or removed (hearth extension).
+///
+/// Solves a plan on the profiles last gathered, without the devices in `without` and with
+/// a copy of each device in `copies` (another machine like it), with `strategy` or the
+/// running one; nothing is adopted. Answers the plan beside the running plan's predicted
+/// TPOT and 8-stream forecast. One at a time (each is a full schedule).
+#[utoipa::path(
+    post,
+    path = "/admin/what-if",
+    tag = "Admin",
+    operation_id = "whatIf",
+    security(("admin_key" = [])),
+    request_body(content = WhatIfRequest, description = "Optional: an empty body solves the running devices again"),
+    responses(
+        (status = 200, description = "The plan the scheduler would choose", body = WhatIfAnswer),
+        (status = 400, description = "Malformed JSON, an unknown strategy or device, the head in `without`, or too many copies", body = ErrorResponse),
+        AdminRefusals,
+        (status = 409, description = "No workers to plan for, no plan yet, or no feasible plan (`conflict`)", body = ErrorResponse),
+    )
+)]
+fn what_if() {}
+
 /// Declares the `api_key` scheme the operations above refer to: the key given to
 /// `hearth serve --api-key`, sent as `Authorization: Bearer <key>` like OpenAI's.
 struct BearerApiKey;
@@ -650,7 +672,7 @@ impl Modify for SseEvents {
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
             and `Ollama` operations answer in their own APIs' envelopes."
     ),
-    paths(create_chat_completion, create_completion, create_embedding, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, list_models, retrieve_model, tokenize, detokenize, root, console_state, health, metrics, get_plan, replan, get_cluster),
+    paths(create_chat_completion, create_completion, create_embedding, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, list_models, retrieve_model, tokenize, detokenize, root, console_state, health, metrics, get_plan, replan, get_cluster, what_if),
     modifiers(&BearerApiKey, &SseEvents),
     tags(
         (name = "OpenAI", description = "OpenAI-compatible endpoints"),

@@ -194,6 +194,58 @@ function drawPlan(s) {
   const c = p.last_check;
   $("last-check").textContent = c ? `Last look ${new Date(c.at * 1000).toLocaleTimeString()}: ${c.applied ? "changed the plan" : "kept it"} — ${c.reason}${c.fetching ? " (fetching: " + c.fetching + ")" : ""}` : "";
   $("admin-form").hidden = !s.admin;
+  $("what-if-form").hidden = !s.admin || s.devices.length < 2;
+  whatIfChoices(s);
+}
+
+// The devices a "what if" may leave out (every one but the head) or copy, kept as the
+// person ticked them while snapshots arrive.
+function whatIfChoices(s) {
+  const box = $("what-if-without");
+  const names = s.devices.filter((d) => d.name !== "head").map((d) => d.name);
+  const shown = [...box.querySelectorAll("input")].map((i) => i.value);
+  if (shown.join("\n") !== names.join("\n")) {
+    const ticked = new Set([...box.querySelectorAll("input:checked")].map((i) => i.value));
+    box.replaceChildren(...names.map((n, i) => {
+      const id = "without-" + i;
+      const input = el("input", { type: "checkbox", id, value: n });
+      input.checked = ticked.has(n);
+      return el("label", { for: id }, input, " without " + n);
+    }));
+  }
+  const copy = $("what-if-copy");
+  const all = s.devices.map((d) => d.name);
+  if ([...copy.options].slice(1).map((o) => o.value).join("\n") !== all.join("\n")) {
+    const chosen = copy.value;
+    copy.replaceChildren(el("option", { value: "" }, "none"), ...all.map((n) => el("option", { value: n }, n)));
+    copy.value = all.includes(chosen) ? chosen : "";
+  }
+}
+
+async function whatIf(event) {
+  event.preventDefault();
+  const out = $("what-if-result");
+  const without = [...$("what-if-without").querySelectorAll("input:checked")].map((i) => i.value);
+  const copies = $("what-if-copy").value ? [$("what-if-copy").value] : [];
+  const strategy = $("strategy").value;
+  out.textContent = "solving…";
+  try {
+    const r = await fetch("/admin/what-if", { method: "POST", headers: headers({ "Content-Type": "application/json" }, $("admin-key").value), body: JSON.stringify(Object.assign({ without, copies }, strategy ? { strategy } : {})) });
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) {
+      out.textContent = `Refused (${r.status}): ${(body.error && body.error.message) || r.statusText}`;
+      return;
+    }
+    const rate = (x) => (x ? x.toFixed(1) + " tokens/s" : "–");
+    const table = el("table", { class: "what-if-plan" },
+      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "device"), el("th", { scope: "col" }, "layers"), el("th", { scope: "col" }, "GPU layers"))),
+      el("tbody", {}, ...body.members.map((m) => el("tr", {}, el("th", { scope: "row" }, m.name), el("td", {}, `${m.layers} (${m.windows.map(([a, b]) => `${a}–${b - 1}`).join(", ")})`), el("td", {}, String(m.gpu_layers))))));
+    out.replaceChildren(
+      el("p", { class: "note" }, `${body.strategy}: ${body.members.length} devices in the ring, k = ${body.rounds}${body.dropped.length ? ", leaving out " + body.dropped.join(", ") : ""}. TPOT ${ms(body.predicted_tpot_ms)} (now ${ms(body.current_predicted_tpot_ms)}); 8 streams ${rate(body.forecast_tokens_per_s)} (now ${rate(body.current_forecast_tokens_per_s)}).`),
+      el("div", { class: "table-wrap" }, table));
+  } catch (e) {
+    out.textContent = "The server could not be reached.";
+  }
 }
 
 function record(s) {
@@ -387,6 +439,7 @@ document.addEventListener("DOMContentLoaded", () => {
     connect();
   });
   $("admin-form").addEventListener("submit", replan);
+  $("what-if-form").addEventListener("submit", whatIf);
   $("chat-form").addEventListener("submit", send);
   $("prompt").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("chat-form").requestSubmit();

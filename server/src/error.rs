@@ -74,6 +74,9 @@ pub enum ReplanError {
     /// The server stopped before the re-plan ran.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A "what if" named a device the head does not know, or the head itself to leave out.
+    #[error("{message}")]
+    WhatIf { param: &'static str, message: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

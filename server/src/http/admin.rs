@@ -1,7 +1,8 @@
 //! The admin endpoints, behind `--admin-key`: the running plan with its predicted and
 //! measured TPOT (`GET /admin/plan`), the cluster's device profiles (`GET /admin/cluster`),
-//! and a re-plan on demand (`POST /admin/replan`), which the ring runs the next time the
-//! queue is idle.
+//! a re-plan on demand (`POST /admin/replan`), which the ring runs the next time the
+//! queue is idle, and what a plan with a device added or removed would be
+//! (`POST /admin/what-if`), which adopts nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,30 @@ pub async fn plan(State(state): State<Arc<AppState>>) -> Json<PlanView> {
 
 pub async fn cluster(State(state): State<Arc<AppState>>) -> Json<ClusterView> {
     Json(state.runtime.cluster())
+}
+
+pub async fn what_if(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Json<openapi::WhatIfAnswer>, ApiError> {
+    let body: openapi::WhatIfRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        openapi::WhatIfRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::InvalidJson(format!("invalid JSON body: {e}")))?
+    };
+    let strategy = body.strategy.map(|s| s.parse()).transpose().map_err(|e: String| ApiError::InvalidParameter { param: Some("strategy".into()), message: e })?;
+    let runtime = state.runtime.clone();
+    // Integer programs: off the async workers.
+    let v = tokio::task::spawn_blocking(move || runtime.what_if(&body.without, &body.copies, strategy)).await.map_err(|e| ApiError::Internal(format!("the what-if solve failed: {e}")))??;
+    let n = |x: usize| x as u64;
+    Ok(Json(openapi::WhatIfAnswer {
+        strategy: v.strategy,
+        members: v.members.into_iter().map(|m| openapi::WhatIfMember { name: m.name, layers: n(m.layers), gpu_layers: n(m.gpu_layers), windows: m.windows.into_iter().map(|[a, b]| [n(a), n(b)]).collect() }).collect(),
+        dropped: v.dropped,
+        rounds: n(v.rounds),
+        predicted_tpot_ms: v.predicted_tpot_ms,
+        micro_batches: n(v.micro_batches),
+        forecast_tokens_per_s: v.forecast_tokens_per_s,
+        current_predicted_tpot_ms: v.current_predicted_tpot_ms,
+        current_forecast_tokens_per_s: v.current_forecast_tokens_per_s,
+    }))
 }
 
 pub async fn replan(State(state): State<Arc<AppState>>, body: Bytes) -> Result<Response, ApiError> {

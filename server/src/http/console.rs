@@ -21,7 +21,7 @@ use axum::Json;
 use openapi::{ConsoleCheck, ConsoleDevice, ConsoleLoad, ConsoleLocalModel, ConsoleModel, ConsolePlan, ConsoleState, ConsoleTimes};
 
 use super::AppState;
-use crate::runtime::views::{ClusterView, PlanView};
+use crate::runtime::views::{streams_rate, ClusterView, PlanView};
 
 const PAGE: &str = include_str!("../../console/index.html");
 const SCRIPT: &str = include_str!("../../console/console.js");
@@ -212,8 +212,6 @@ fn devices(plan: &PlanView, cluster: &ClusterView, degraded: Option<&str>, metri
 }
 
 fn plan_of(p: &PlanView) -> ConsolePlan {
-    /// The stream count the console quotes the forecast at: a family's, an agent's fan-out.
-    const STREAMS: usize = 8;
     ConsolePlan {
         source: p.source.clone(),
         automatic: p.automatic,
@@ -223,7 +221,7 @@ fn plan_of(p: &PlanView) -> ConsolePlan {
         predicted_tpot_ms: p.predicted_tpot_ms,
         measured_tpot_ms: p.measured_tpot_ms,
         measured_hop_ms: p.measured_hop_ms,
-        forecast_tokens_per_s: p.forecast.as_ref().and_then(|f| f.streams.iter().find(|s| s.streams == STREAMS)).map(|s| s.pipelined_tokens_per_s),
+        forecast_tokens_per_s: streams_rate(p.forecast.as_ref()),
         replans: p.replans,
         dropped: p.dropped.clone(),
         last_check: p.last_check.as_ref().map(|c| ConsoleCheck { at: c.at, applied: c.applied, reason: c.reason.clone(), drift: c.drift.clone(), fetching: c.fetching.clone() }),

@@ -110,6 +110,7 @@ impl From<ReplanError> for ApiError {
         match e {
             ReplanError::ShuttingDown => ApiError::ShuttingDown,
             ReplanError::NotARing | ReplanError::Broken(_) | ReplanError::Failed(_) => ApiError::Conflict(e.to_string()),
+            ReplanError::WhatIf { param, message } => ApiError::InvalidParameter { param: Some(param.to_string()), message },
         }
     }
 }

@@ -128,6 +128,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/admin/plan", get(admin::plan))
         .route("/admin/replan", post(admin::replan))
         .route("/admin/cluster", get(admin::cluster))
+        .route("/admin/what-if", post(admin::what_if))
         .route_layer(middleware::from_fn_with_state(state.clone(), admin::require_admin_key));
     Router::new()
         .merge(api)

@@ -188,6 +188,10 @@ impl Runtime for Head {
         Ok(answer)
     }
 
+    fn what_if(&self, without: &[String], copies: &[String], strategy: Option<scheduler::Strategy>) -> Result<crate::runtime::views::WhatIfView, ReplanError> {
+        self.board.what_if(without, copies, strategy)
+    }
+
     fn shutdown(&self) {
         self.batcher.shutdown()
     }

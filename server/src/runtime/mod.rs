@@ -42,6 +42,13 @@ pub trait Runtime: Send + Sync + 'static {
     fn cluster(&self) -> ClusterView;
     /// Asks for a re-plan (with another strategy, if given) at the next idle moment.
     fn replan(&self, strategy: Option<scheduler::Strategy>) -> Result<ReplanReply, ReplanError>;
+    /// What the scheduler would plan without the devices named in `without` and with a
+    /// copy of each named in `copies` (another machine with its profile), on the profiles
+    /// last gathered; nothing is adopted. Blocks while it solves.
+    fn what_if(&self, without: &[String], copies: &[String], strategy: Option<scheduler::Strategy>) -> Result<views::WhatIfView, ReplanError> {
+        let _ = (without, copies, strategy);
+        Err(ReplanError::NotARing)
+    }
     /// Stops admitting requests, lets running and queued ones finish, and returns when
     /// they have. Blocks.
     fn shutdown(&self);

@@ -140,3 +140,39 @@ pub struct CandidateView {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_heard_s: Option<f64>,
 }
+
+/// What the scheduler would do with other devices (`POST /admin/what-if`): a plan solved
+/// on the last gathered profiles with some devices left out or copied, not adopted.
+#[derive(Debug, Clone, Serialize)]
+pub struct WhatIfView {
+    pub strategy: String,
+    /// In ring order, the head first: name, layers per token, GPU layers, windows.
+    pub members: Vec<WhatIfMember>,
+    /// Devices the plan would leave out.
+    pub dropped: Vec<String>,
+    pub rounds: usize,
+    pub predicted_tpot_ms: f64,
+    pub micro_batches: usize,
+    /// Aggregate decode tokens/s forecast for 8 streams.
+    pub forecast_tokens_per_s: Option<f64>,
+    /// The running plan's figures, to hold these against.
+    pub current_predicted_tpot_ms: Option<f64>,
+    pub current_forecast_tokens_per_s: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WhatIfMember {
+    pub name: String,
+    pub layers: usize,
+    pub gpu_layers: usize,
+    pub windows: Vec<[usize; 2]>,
+}
+
+/// The stream count plans are compared at in the console and "what if": a family's, an
+/// agent's fan-out.
+pub const FORECAST_STREAMS: usize = 8;
+
+/// `forecast`'s aggregate tokens/s at [`FORECAST_STREAMS`] streams, pipelined.
+pub fn streams_rate(forecast: Option<&scheduler::Forecast>) -> Option<f64> {
+    forecast?.streams.iter().find(|s| s.streams == FORECAST_STREAMS).map(|s| s.pipelined_tokens_per_s)
+}

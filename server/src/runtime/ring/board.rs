@@ -11,7 +11,11 @@ use scheduler::{DeviceProfile, ModelProfile, Plan, Prediction, Strategy};
 use tokio::sync::oneshot;
 
 use crate::error::ReplanError;
-use crate::runtime::views::{CheckView, ClusterView, MemberView, PlanView};
+use super::planning::HEAD_NAME;
+use crate::runtime::views::{streams_rate, CheckView, ClusterView, MemberView, PlanView, WhatIfMember, WhatIfView};
+
+/// Devices a "what if" may add at once: each is a device more in every integer program.
+const MAX_WHAT_IF_COPIES: usize = 8;
 
 /// Decode steps of one token the measured TPOT averages over: enough to smooth a busy
 /// moment, few enough to follow a plan change within a short answer.
@@ -31,6 +35,8 @@ pub struct Judge {
     pub model: ModelProfile,
     pub plan: Plan,
     pub disk_threshold: f64,
+    /// The scheduler's options with the running strategy: what a "what if" solves with.
+    pub options: scheduler::Options,
 }
 
 /// One single-token decode step as the ring timed it.
@@ -76,13 +82,15 @@ pub struct PlanBoard {
     membership: Mutex<Option<Arc<super::membership::Membership>>>,
     /// Whether anything can be re-planned (a ring head with a scheduler).
     plannable: bool,
+    /// Held while a "what if" solves.
+    what_if_lock: Mutex<()>,
 }
 
 impl PlanBoard {
     /// A head without workers: one member running every layer.
     pub fn single(n_layer: usize) -> PlanBoard {
         let plan = Plan { n_layer, devices: vec![scheduler::DevicePlan::new(n_layer, 0)] };
-        let board = PlanBoard::new(view("single", false, &plan, &[super::planning::HEAD_NAME.to_string()], None, Vec::new()), false);
+        let board = PlanBoard::new(view("single", false, &plan, &[HEAD_NAME.to_string()], None, Vec::new()), false);
         board.export();
         board
     }
@@ -93,7 +101,7 @@ impl PlanBoard {
     }
 
     fn new(view: PlanView, plannable: bool) -> PlanBoard {
-        PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), membership: Mutex::default(), plannable }
+        PlanBoard { view: Mutex::new(view), cluster: Mutex::default(), measured: Mutex::default(), judge: Mutex::default(), requests: Mutex::default(), membership: Mutex::default(), plannable, what_if_lock: Mutex::default() }
     }
 
     pub fn view(&self) -> PlanView {
@@ -210,6 +218,71 @@ impl PlanBoard {
             m.iter().map(|m| m.step).sum::<Duration>().as_secs_f64() / m.len() as f64
         };
         crate::metrics::measured_tpot(mean);
+    }
+
+    /// What the scheduler would plan on the last gathered profiles without the devices in
+    /// `without` and with a copy of each device in `copies` (another machine like it: its
+    /// profile on a host of its own), with `strategy` or the running one. Nothing is
+    /// adopted. One at a time: each is a full schedule (integer programs).
+    pub fn what_if(&self, without: &[String], copies: &[String], strategy: Option<Strategy>) -> Result<WhatIfView, ReplanError> {
+        if !self.plannable {
+            return Err(ReplanError::NotARing);
+        }
+        if copies.len() > MAX_WHAT_IF_COPIES {
+            return Err(ReplanError::WhatIf { param: "copies", message: format!("at most {MAX_WHAT_IF_COPIES} copies of devices at once") });
+        }
+        let _one_at_a_time = self.what_if_lock.lock().expect("what-if lock");
+        let (model, options) = match self.judge.lock().expect("judge").as_ref() {
+            Some(j) => (j.model.clone(), j.options.clone()),
+            None => return Err(ReplanError::Failed("the ring has no plan yet".into())),
+        };
+        let gathered = self.cluster.lock().expect("cluster view").devices.clone();
+        let known = |name: &str| gathered.iter().any(|d| d.name == name);
+        for name in without {
+            if name == HEAD_NAME {
+                return Err(ReplanError::WhatIf { param: "without", message: "the head leads every ring: it cannot be planned without".into() });
+            }
+            if !known(name) {
+                return Err(ReplanError::WhatIf { param: "without", message: format!("no device {name:?} among the gathered profiles") });
+            }
+        }
+        let mut devices: Vec<DeviceProfile> = gathered.iter().filter(|d| !without.contains(&d.name)).cloned().collect();
+        for (i, name) in copies.iter().enumerate() {
+            let Some(original) = gathered.iter().find(|d| &d.name == name) else {
+                return Err(ReplanError::WhatIf { param: "copies", message: format!("no device {name:?} among the gathered profiles") });
+            };
+            let mut copy = original.clone();
+            copy.name = format!("copy {} of {name}", i + 1);
+            copy.head = false;
+            copy.host = None;
+            devices.push(copy);
+        }
+        let options = scheduler::Options { strategy: strategy.unwrap_or(options.strategy), ..options };
+        let s = scheduler::schedule(&devices, &model, &options).map_err(|e| ReplanError::Failed(format!("the {} plan: {e}", options.strategy)))?;
+        let forecast = super::planning::forecast(&devices, &model, &s);
+        let current = self.view();
+        let members = s
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| WhatIfMember {
+                name: devices[m].name.clone(),
+                layers: s.plan.devices[i].window * s.plan.rounds(),
+                gpu_layers: s.plan.devices[i].gpu_layers * s.plan.rounds(),
+                windows: s.plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
+            })
+            .collect();
+        Ok(WhatIfView {
+            strategy: options.strategy.to_string(),
+            members,
+            dropped: s.dropped.iter().map(|&d| devices[d].name.clone()).collect(),
+            rounds: s.plan.rounds(),
+            predicted_tpot_ms: s.prediction.tpot_s * 1e3,
+            micro_batches: forecast.micro_batches,
+            forecast_tokens_per_s: streams_rate(Some(&forecast)),
+            current_predicted_tpot_ms: current.predicted_tpot_ms,
+            current_forecast_tokens_per_s: streams_rate(current.forecast.as_ref()),
+        })
     }
 
     /// Queues a re-plan for the next idle moment. Fails when there is nothing to plan.

@@ -368,6 +368,7 @@ impl RingPipeline {
             model: r.planner.model.clone(),
             plan: self.plan.clone(),
             disk_threshold: r.planner.options.disk_threshold,
+            options: scheduler::Options { strategy: r.strategy.unwrap_or(r.planner.options.strategy), ..r.planner.options.clone() },
         };
         let mut view = board::view(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped);
         view.micro_batches = self.depth;
