@@ -75,10 +75,16 @@ pub struct ConsoleDevice {
     /// The name it gave (`hearth worker --name`), or its address.
     pub label: String,
     /// `ok` (a member of the running ring), `lost` (the member the head cannot reach),
-    /// `degraded` (the other members while the ring is broken), `standby` (a candidate the
-    /// plan leaves out), `left` (it said it leaves, or was lost past `--member-grace`).
+    /// `degraded` (the other members while the ring is broken), `joining` (a candidate the
+    /// running plan has not weighed yet: it is planned at the head's next idle moment),
+    /// `fetching` (fetching its windows from the head for a plan chosen with it: see
+    /// `progress`), `standby` (a candidate the plan leaves out), `left` (it said it leaves,
+    /// or was lost past `--member-grace`).
     #[schema(example = "ok")]
     pub state: String,
+    /// A fetching device's progress, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
     /// Whether the running plan gives it layers (or it relays).
     pub member: bool,
     /// Its position in the ring (0: the head); absent for a candidate outside it.

@@ -9,7 +9,6 @@ const RETRY_MS = 2000; // between attempts to reach the server
 const $ = (id) => document.getElementById(id);
 const history = []; // {at, generated, ttftSum, ttftCount, tpotSum, tpotCount, running, queued}
 let latest = null;
-let previous = null;
 let chatAbort = null;
 const conversation = [];
 
@@ -84,27 +83,27 @@ function askKey() {
 }
 
 function draw(s) {
-  previous = latest;
   latest = s;
   const m = s.model;
   $("model").textContent = `${m.id} · ${m.arch}${m.quantization ? " " + m.quantization : ""} · ${(m.parameters / 1e9).toFixed(m.parameters < 1e9 ? 2 : 1)}B parameters · ${m.context_length} tokens of context · ${m.parallel} at once`;
   setStatus(s.status === "ok" ? "ok" : "degraded: " + (s.reason || ""), s.status);
+  record(s);
   drawDevices(s);
   drawRing(s);
   drawPlan(s);
-  record(s);
   drawLoad(s);
   if (!$("model-list").childElementCount) loadModels();
   const local = s.local_models.map((m) => el("li", {}, `${m.name} · ${bytes(m.bytes)}${m.served ? " · served" : ""}`));
   $("local-models").replaceChildren(...(local.length ? local : [el("li", {}, "none found")]));
 }
 
-function deviceDelta(d) {
-  const before = previous && previous.devices.find((p) => p.name === d.name);
-  const steps = d.compute_steps_total - (before ? before.compute_steps_total : 0);
-  const secsSpent = d.compute_seconds_total - (before ? before.compute_seconds_total : 0);
-  if (steps > 0) return (secsSpent / steps) * 1000;
-  return d.compute_steps_total > 0 ? (d.compute_seconds_total / d.compute_steps_total) * 1000 : null;
+// A device's compute (ms) and disk reads (bytes) per step over the charts' history: what
+// it does now, not since the head started.
+function perStep(d) {
+  const old = history.length ? history[0].devices[d.name] : undefined;
+  const [steps, spent, read] = old ? [d.compute_steps_total - old.steps, d.compute_seconds_total - old.compute, d.disk_read_bytes_total - old.read] : [d.compute_steps_total, d.compute_seconds_total, d.disk_read_bytes_total];
+  if (steps > 0) return [(spent / steps) * 1000, read / steps];
+  return d.compute_steps_total > 0 ? [(d.compute_seconds_total / d.compute_steps_total) * 1000, d.disk_read_bytes_total / d.compute_steps_total] : [null, null];
 }
 
 function drawDevices(s) {
@@ -115,15 +114,18 @@ function drawDevices(s) {
     const gpu = d.gpu_layers ? `${d.gpu_layers}${d.experts_in_ram ? " (" + d.experts_in_ram + " experts in RAM)" : ""}` : "0";
     const memory = d.ram_total_bytes ? `${bytes(d.ram_available_bytes)} / ${bytes(d.ram_total_bytes)}` : "–";
     const name = d.label && d.label !== d.name ? `${d.label} (${d.name})` : d.name;
+    const [compute, read] = perStep(d);
+    const state = el("td", { class: "state-" + d.state }, d.state);
+    if (d.progress) state.append(el("br"), el("small", {}, d.progress));
     return el("tr", { "data-device": d.name },
       el("th", { scope: "row" }, name),
-      el("td", { class: "state-" + d.state }, d.state),
+      state,
       el("td", {}, layers),
       el("td", {}, gpu),
       el("td", {}, memory),
       el("td", {}, ms(d.hop_ms)),
-      el("td", {}, ms(deviceDelta(d))),
-      el("td", {}, bytes(d.disk_read_bytes_total)));
+      el("td", {}, ms(compute)),
+      el("td", { title: bytes(d.disk_read_bytes_total) + " since the start" }, read === null ? "–" : bytes(read)));
   }));
 }
 
@@ -250,7 +252,9 @@ async function whatIf(event) {
 
 function record(s) {
   const l = s.load;
-  history.push({ at: s.at, generated: l.generated_tokens_total, ttftSum: l.ttft_seconds_sum, ttftCount: l.ttft_count, tpotSum: l.tpot_seconds_sum, tpotCount: l.tpot_count, running: l.running, queued: l.queued });
+  const devices = {};
+  for (const d of s.devices) devices[d.name] = { steps: d.compute_steps_total, compute: d.compute_seconds_total, read: d.disk_read_bytes_total };
+  history.push({ at: s.at, generated: l.generated_tokens_total, ttftSum: l.ttft_seconds_sum, ttftCount: l.ttft_count, tpotSum: l.tpot_seconds_sum, tpotCount: l.tpot_count, running: l.running, queued: l.queued, devices });
   while (history.length > 2 && history[0].at < s.at - HISTORY_S) history.shift();
 }
 

@@ -157,6 +157,7 @@ fn devices(plan: &PlanView, cluster: &ClusterView, degraded: Option<&str>, metri
             ConsoleDevice {
                 name: m.name.clone(),
                 label,
+                progress: None,
                 // While the ring is broken every member waits; the one the head cannot
                 // reach is named in the reason once it has tried to form the ring again.
                 state: match degraded {
@@ -187,10 +188,22 @@ fn devices(plan: &PlanView, cluster: &ClusterView, degraded: Option<&str>, metri
             continue;
         }
         let profile = cluster.devices.iter().find(|d| d.name == c.addr);
+        // The last look at the plan lists the workers still fetching, as `addr NN% of X MB`.
+        let progress = plan.last_check.as_ref().and_then(|k| k.fetching.as_deref()).and_then(|f| f.split(", ").find(|p| p.strip_prefix(c.addr.as_str()).is_some_and(|rest| rest.starts_with(' '))));
+        let state = if c.state == "left" {
+            "left"
+        } else if progress.is_some() {
+            "fetching"
+        } else if plan.dropped.contains(&c.addr) {
+            "standby"
+        } else {
+            "joining"
+        };
         out.push(ConsoleDevice {
             name: c.addr.clone(),
             label: c.name.clone(),
-            state: if c.state == "left" { "left".into() } else { "standby".into() },
+            state: state.into(),
+            progress: progress.map(|p| format!("fetching its windows: {}", p[c.addr.len()..].trim())),
             member: false,
             ring_index: None,
             layers: Vec::new(),
@@ -296,6 +309,33 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::views::{CandidateView, CheckView};
+
+    fn candidate(addr: &str, state: &'static str) -> CandidateView {
+        CandidateView { addr: addr.into(), name: format!("box-{addr}"), origin: "discovery", state, joined_at: Some(1), last_heard_s: Some(0.5) }
+    }
+
+    /// A ring of the head and one worker, a worker the plan left out, one that joined
+    /// since, one fetching its windows for a chosen plan and one that left.
+    #[test]
+    fn every_device_is_shown_in_its_state() {
+        let plan = scheduler::Plan { n_layer: 30, devices: vec![scheduler::DevicePlan::new(10, 0), scheduler::DevicePlan::new(20, 0)] };
+        let mut view = crate::runtime::ring::board::view("halda", true, &plan, &["head".to_string(), "w1:1".to_string()], None, vec!["w2:1".to_string(), "w5:1".to_string()]);
+        let mut check = CheckView::new(false, Vec::new(), "waiting".into());
+        check.fetching = Some("w4:1 40% of 35.0 MB, w44:1 10% of 1.0 MB".into());
+        view.last_check = Some(check);
+        let cluster = ClusterView { devices: Vec::new(), gathered_at: None, candidates: ["w1:1", "w2:1", "w3:1", "w4:1"].iter().map(|a| candidate(a, "candidate")).chain([candidate("w5:1", "left")]).collect() };
+        let samples = Samples::parse("hearth_device_compute_seconds_sum{device=\"w1:1\"} 2\nhearth_device_compute_seconds_count{device=\"w1:1\"} 4\n");
+        let got = devices(&view, &cluster, None, &samples);
+        let states: Vec<(&str, &str)> = got.iter().map(|d| (d.name.as_str(), d.state.as_str())).collect();
+        assert_eq!(states, [("head", "ok"), ("w1:1", "ok"), ("w2:1", "standby"), ("w3:1", "joining"), ("w4:1", "fetching"), ("w5:1", "left")]);
+        assert_eq!(got[4].progress.as_deref(), Some("fetching its windows: 40% of 35.0 MB"));
+        assert_eq!((got[1].label.as_str(), got[1].layer_count, got[1].compute_steps_total, got[1].compute_seconds_total), ("box-w1:1", 20, 4, 2.0));
+        assert_eq!(got[1].layers, vec![[10, 30]]);
+        // While the ring is broken the worker it names is lost, the others wait.
+        let got = devices(&view, &cluster, Some("worker w1:1 is unreachable"), &samples);
+        assert_eq!((got[0].state.as_str(), got[1].state.as_str()), ("degraded", "lost"));
+    }
 
     #[test]
     fn the_exposition_is_summed_by_series_and_device() {
