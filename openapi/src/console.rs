@@ -155,6 +155,9 @@ pub struct ConsolePlan {
     pub forecast_tokens_per_s: Option<f64>,
     /// Plans adopted after the first.
     pub replans: u64,
+    /// Unix seconds when the running plan started running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adopted_at: Option<u64>,
     /// Candidates the plan leaves out.
     pub dropped: Vec<String>,
     /// The last look at the plan (idle check or re-plan), if any.

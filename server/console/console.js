@@ -191,7 +191,8 @@ function drawPlan(s) {
     ["TPOT predicted / measured", `${ms(p.predicted_tpot_ms)} / ${ms(p.measured_tpot_ms)}`],
     ["8 streams forecast", p.forecast_tokens_per_s ? p.forecast_tokens_per_s.toFixed(1) + " tokens/s" : "–"],
     ["hop measured", ms(p.measured_hop_ms)],
-    ["re-plans", String(p.replans) + (p.dropped.length ? " · left out: " + p.dropped.join(", ") : "")],
+    ["running since", p.adopted_at ? new Date(p.adopted_at * 1000).toLocaleString() + (p.replans ? ` (re-planned ${p.replans}×)` : "") : "–"],
+    ["left out", p.dropped.length ? p.dropped.join(", ") : "none"],
   ]);
   const c = p.last_check;
   $("last-check").textContent = c ? `Last look ${new Date(c.at * 1000).toLocaleTimeString()}: ${c.applied ? "changed the plan" : "kept it"} — ${c.reason}${c.fetching ? " (fetching: " + c.fetching + ")" : ""}` : "";

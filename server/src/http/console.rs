@@ -140,6 +140,14 @@ fn local_models(served_id: &str) -> Vec<ConsoleLocalModel> {
 
 fn devices(plan: &PlanView, cluster: &ClusterView, degraded: Option<&str>, metrics: &Samples) -> Vec<ConsoleDevice> {
     let single = plan.members.len() <= 1;
+    // Each hop as the profiles estimate it (half a control round trip to that device) plus
+    // what the ring's traffic measured beyond their mean, as the scheduler judges plans
+    // (`board::with_measured_hop`): links keep their differences.
+    let estimates: Vec<f64> = plan.members.iter().filter_map(|m| cluster.devices.iter().find(|d| d.name == m.name)).map(|d| d.comm_s * 1e3).collect();
+    let extra = match (plan.measured_hop_ms, estimates.is_empty()) {
+        (Some(measured), false) => (measured - estimates.iter().sum::<f64>() / estimates.len() as f64).max(0.0),
+        _ => 0.0,
+    };
     let mut out: Vec<ConsoleDevice> = plan
         .members
         .iter()
@@ -147,7 +155,7 @@ fn devices(plan: &PlanView, cluster: &ClusterView, degraded: Option<&str>, metri
         .map(|(i, m)| {
             let profile = cluster.devices.iter().find(|d| d.name == m.name);
             let label = cluster.candidates.iter().find(|c| c.addr == m.name).map_or_else(|| m.name.clone(), |c| c.name.clone());
-            let hop_ms = plan.measured_hop_ms.filter(|_| !single).or_else(|| profile.filter(|_| !single).map(|p| p.comm_s * 1e3));
+            let hop_ms = profile.filter(|_| !single).map(|p| p.comm_s * 1e3 + extra).or(plan.measured_hop_ms.filter(|_| !single));
             // A single node has no ring reports: its engine steps are its compute.
             let (compute_seconds_total, compute_steps_total) = if single {
                 (metrics.sum("hearth_step_duration_seconds_sum", None), metrics.sum("hearth_step_duration_seconds_count", None) as u64)
@@ -236,6 +244,7 @@ fn plan_of(p: &PlanView) -> ConsolePlan {
         measured_hop_ms: p.measured_hop_ms,
         forecast_tokens_per_s: streams_rate(p.forecast.as_ref()),
         replans: p.replans,
+        adopted_at: p.adopted_at,
         dropped: p.dropped.clone(),
         last_check: p.last_check.as_ref().map(|c| ConsoleCheck { at: c.at, applied: c.applied, reason: c.reason.clone(), drift: c.drift.clone(), fetching: c.fetching.clone() }),
     }

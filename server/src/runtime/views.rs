@@ -105,6 +105,8 @@ pub struct PlanView {
     pub forecast: Option<scheduler::Forecast>,
     /// Plans adopted after the first.
     pub replans: u64,
+    /// Unix seconds when this plan started running.
+    pub adopted_at: Option<u64>,
     pub last_check: Option<CheckView>,
 }
 

@@ -167,6 +167,7 @@ impl PlanBoard {
         {
             let mut v = self.view.lock().expect("plan view");
             view.replans = v.replans + u64::from(replan);
+            view.adopted_at = Some(crate::process::now_secs());
             view.last_check = v.last_check.clone();
             *v = view;
         }
@@ -360,6 +361,7 @@ pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], predic
         micro_batches: 1,
         forecast: None,
         replans: 0,
+        adopted_at: None,
         last_check: None,
     }
 }
