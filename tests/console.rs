@@ -21,6 +21,10 @@ use serde_json::{json, Value};
 
 const KEY: &str = "console-key";
 const ADMIN: &str = "console-admin";
+/// WebDriver's keys: Control (held until RELEASE), Enter, and the release of every held key.
+const CONTROL: char = '\u{E009}';
+const ENTER: char = '\u{E007}';
+const RELEASE: char = '\u{E000}';
 /// The element reference key of the WebDriver protocol.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 const PROMPT: &str = "Name three things a home server is good for.";
@@ -255,6 +259,31 @@ fn the_console_shows_a_live_ring_chats_and_guards_the_admin_key_in_a_real_browse
     assert!(stats.contains(&format!("{generated} generated tokens")) && stats.contains("tokens/s"), "{stats}");
     // The load shows what was generated.
     browser.wait("the load to count the answer", Duration::from_secs(10), &format!("return document.getElementById('load-facts').textContent.match(/tokens generated(\\d+)/)?.[1] >= {};", 2 * generated));
+
+    // A second turn sent from the keyboard (Ctrl+Enter): the conversation goes on as the
+    // API's would.
+    let follow_up = "Which of them matters most?";
+    let body = json!({"model": "", "messages": [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": expected}, {"role": "user", "content": follow_up}], "temperature": 0, "max_tokens": MAX_TOKENS}).to_string();
+    let r = http(&head.addr, "POST", "/v1/chat/completions", &format!("Authorization: Bearer {KEY}\r\n"), &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let second = common::chat_content(&r.body, false);
+    browser.type_into("#prompt", &format!("{follow_up}{CONTROL}{ENTER}{RELEASE}"));
+    browser.wait("the second answer", Duration::from_secs(120), "const m = document.querySelectorAll('.msg.assistant'); return m.length === 2 && m[1].dataset.done === 'true';");
+    let answers = browser.js("return [...document.querySelectorAll('.msg.assistant .answer')].map(a => a.textContent);");
+    assert_eq!(answers, json!([expected, second]), "the console's conversation against the API's");
+
+    // Stop: a long answer stopped mid-stream ends as stopped, and the server lets go of it.
+    browser.type_into("#max-tokens", "2000");
+    browser.type_into("#prompt", "Write a long story about a lighthouse keeper.");
+    browser.click("#send");
+    browser.wait("the long answer to start", Duration::from_secs(60), "const a = document.querySelectorAll('.msg.assistant .answer'); return a.length === 3 && a[2].textContent.length > 0;");
+    browser.click("#stop");
+    browser.wait("the stop", Duration::from_secs(30), "return document.getElementById('chat-stats').textContent.includes('stopped');");
+    wait_for("the stopped request to leave its slot", Duration::from_secs(30), || {
+        let r = http(&head.addr, "GET", "/console/state", &format!("Authorization: Bearer {KEY}\r\n"), "").ok()?;
+        let v: Value = serde_json::from_str(&r.body).ok()?;
+        (v["load"]["running"] == 0).then_some(())
+    });
 
     // Re-planning: refused without the admin key, run with it.
     browser.click("#replan");

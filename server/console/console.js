@@ -53,26 +53,31 @@ async function connect() {
       if (r.status === 401) { askKey(); return; }
       if (!r.ok) throw new Error("HTTP " + r.status);
       $("key-form").hidden = true;
-      const reader = r.body.getReader();
-      const decoder = new TextDecoder();
-      let buffer = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        buffer += decoder.decode(value, { stream: true });
-        let cut;
-        while ((cut = buffer.indexOf("\n\n")) >= 0) {
-          const block = buffer.slice(0, cut);
-          buffer = buffer.slice(cut + 2);
-          const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
-          if (data) draw(JSON.parse(data));
-        }
-      }
+      await readEvents(r, (data) => draw(JSON.parse(data)));
     } catch (e) {
       // The server restarting or the network gone: said in the header, tried again.
     }
     setStatus("unreachable, retrying", "down");
     await new Promise((done) => setTimeout(done, RETRY_MS));
+  }
+}
+
+// Reads a response of server-sent events to its end, handing `each` every event's data.
+async function readEvents(r, each) {
+  const reader = r.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const data = block.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trimStart()).join("\n");
+      if (data) each(data);
+    }
   }
 }
 
@@ -97,13 +102,15 @@ function draw(s) {
   $("local-models").replaceChildren(...(local.length ? local : [el("li", {}, "none found")]));
 }
 
-// A device's compute (ms) and disk reads (bytes) per step over the charts' history: what
-// it does now, not since the head started.
-function perStep(d) {
-  const old = history.length ? history[0].devices[d.name] : undefined;
-  const [steps, spent, read] = old ? [d.compute_steps_total - old.steps, d.compute_seconds_total - old.compute, d.disk_read_bytes_total - old.read] : [d.compute_steps_total, d.compute_seconds_total, d.disk_read_bytes_total];
-  if (steps > 0) return [(spent / steps) * 1000, read / steps];
-  return d.compute_steps_total > 0 ? [(d.compute_seconds_total / d.compute_steps_total) * 1000, d.disk_read_bytes_total / d.compute_steps_total] : [null, null];
+// A device's compute (ms) and disk reads (bytes) per generated token over the charts'
+// history (prompts' work included: what a token costs the cluster now), else since the start.
+function perToken(d, s) {
+  const old = history.length ? history[0] : undefined;
+  const then = old && old.devices[d.name];
+  const tokens = then ? s.load.generated_tokens_total - old.generated : 0;
+  if (tokens > 0) return [((d.compute_seconds_total - then.compute) / tokens) * 1000, (d.disk_read_bytes_total - then.read) / tokens];
+  const all = s.load.generated_tokens_total;
+  return all > 0 ? [(d.compute_seconds_total / all) * 1000, d.disk_read_bytes_total / all] : [null, null];
 }
 
 function drawDevices(s) {
@@ -114,7 +121,7 @@ function drawDevices(s) {
     const gpu = d.gpu_layers ? `${d.gpu_layers}${d.experts_in_ram ? " (" + d.experts_in_ram + " experts in RAM)" : ""}` : "0";
     const memory = d.ram_total_bytes ? `${bytes(d.ram_available_bytes)} / ${bytes(d.ram_total_bytes)}` : "–";
     const name = d.label && d.label !== d.name ? `${d.label} (${d.name})` : d.name;
-    const [compute, read] = perStep(d);
+    const [compute, read] = perToken(d, s);
     const state = el("td", { class: "state-" + d.state }, d.state);
     if (d.progress) state.append(el("br"), el("small", {}, d.progress));
     return el("tr", { "data-device": d.name },
@@ -124,7 +131,7 @@ function drawDevices(s) {
       el("td", {}, gpu),
       el("td", {}, memory),
       el("td", {}, ms(d.hop_ms)),
-      el("td", {}, ms(compute)),
+      el("td", { title: d.compute_steps_total + " steps, " + secs(d.compute_seconds_total) + " since the start" }, ms(compute)),
       el("td", { title: bytes(d.disk_read_bytes_total) + " since the start" }, read === null ? "–" : bytes(read)));
   }));
 }
@@ -254,7 +261,7 @@ async function whatIf(event) {
 function record(s) {
   const l = s.load;
   const devices = {};
-  for (const d of s.devices) devices[d.name] = { steps: d.compute_steps_total, compute: d.compute_seconds_total, read: d.disk_read_bytes_total };
+  for (const d of s.devices) devices[d.name] = { compute: d.compute_seconds_total, read: d.disk_read_bytes_total };
   history.push({ at: s.at, generated: l.generated_tokens_total, ttftSum: l.ttft_seconds_sum, ttftCount: l.ttft_count, tpotSum: l.tpot_seconds_sum, tpotCount: l.tpot_count, running: l.running, queued: l.queued, devices });
   while (history.length > 2 && history[0].at < s.at - HISTORY_S) history.shift();
 }
@@ -363,7 +370,7 @@ async function send(event) {
   reply.append(answer);
   const system = $("system").value.trim();
   const messages = (system ? [{ role: "system", content: system }] : []).concat(conversation);
-  const body = { model: latest ? latest.model.id : "", messages, stream: true, stream_options: { include_usage: true }, temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value) };
+  const body = { model: latest ? latest.model.id : "", messages, stream: true, stream_options: { include_usage: true }, temperature: Number($("temperature").value), top_p: Number($("top-p").value), max_tokens: Number($("max-tokens").value) };
   chatAbort = new AbortController();
   $("send").disabled = true;
   $("stop").disabled = false;
@@ -375,39 +382,26 @@ async function send(event) {
       const e = await r.json().catch(() => ({}));
       throw new Error((e.error && e.error.message) || "HTTP " + r.status);
     }
-    const reader = r.body.getReader();
-    const decoder = new TextDecoder();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += decoder.decode(value, { stream: true });
-      let cut;
-      while ((cut = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, cut);
-        buffer = buffer.slice(cut + 2);
-        for (const line of block.split("\n")) {
-          if (!line.startsWith("data:")) continue;
-          const data = line.slice(5).trim();
-          if (data === "[DONE]") continue;
-          const chunk = JSON.parse(data);
-          if (chunk.usage) usage = chunk.usage;
-          for (const c of chunk.choices || []) {
-            const d = c.delta || {};
-            if (d.reasoning_content) {
-              if (!thinking.isConnected) reply.prepend(thinking);
-              thinking.append(d.reasoning_content);
-            }
-            if (d.content) {
-              if (first === null) first = performance.now();
-              content += d.content;
-              answer.textContent = content;
-            }
-            if (c.finish_reason) finish = c.finish_reason;
-          }
+    await readEvents(r, (data) => {
+      if (data === "[DONE]") return;
+      const chunk = JSON.parse(data);
+      // A failure after the stream began (a ring member lost) comes as an error event.
+      if (chunk.error) throw new Error(chunk.error.message || "the server failed the answer");
+      if (chunk.usage) usage = chunk.usage;
+      for (const c of chunk.choices || []) {
+        const d = c.delta || {};
+        if (d.reasoning_content) {
+          if (!thinking.isConnected) reply.prepend(thinking);
+          thinking.append(d.reasoning_content);
         }
+        if (d.content) {
+          if (first === null) first = performance.now();
+          content += d.content;
+          answer.textContent = content;
+        }
+        if (c.finish_reason) finish = c.finish_reason;
       }
-    }
+    });
     conversation.push({ role: "assistant", content });
   } catch (e) {
     if (e.name === "AbortError") {
@@ -447,7 +441,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("what-if-form").addEventListener("submit", whatIf);
   $("chat-form").addEventListener("submit", send);
   $("prompt").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) $("chat-form").requestSubmit();
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+      e.preventDefault();
+      $("chat-form").requestSubmit();
+    }
   });
   $("stop").addEventListener("click", () => chatAbort && chatAbort.abort());
   $("clear").addEventListener("click", () => {

@@ -16,7 +16,7 @@ use axum::Json;
 use serde_json::json;
 
 use super::{bearer_is, ApiError, AppState};
-use crate::runtime::views::{ClusterView, PlanView};
+use crate::runtime::views::{streams_rate, ClusterView, PlanView};
 
 /// How long `POST /admin/replan` waits for the ring to be idle and finish; after that it
 /// answers 202 and the re-plan still runs at the next idle moment.
@@ -48,17 +48,28 @@ pub async fn what_if(State(state): State<Arc<AppState>>, body: Bytes) -> Result<
     let runtime = state.runtime.clone();
     // Integer programs: off the async workers.
     let v = tokio::task::spawn_blocking(move || runtime.what_if(&body.without, &body.copies, strategy)).await.map_err(|e| ApiError::Internal(format!("the what-if solve failed: {e}")))??;
-    let n = |x: usize| x as u64;
+    let (s, n) = (&v.schedule, |x: usize| x as u64);
+    let members = s
+        .members
+        .iter()
+        .enumerate()
+        .map(|(i, &m)| openapi::WhatIfMember {
+            name: v.devices[m].name.clone(),
+            layers: n(s.plan.devices[i].window * s.plan.rounds()),
+            gpu_layers: n(s.plan.devices[i].gpu_layers * s.plan.rounds()),
+            windows: s.plan.windows_of(i).iter().map(|r| [n(r.start), n(r.end)]).collect(),
+        })
+        .collect();
     Ok(Json(openapi::WhatIfAnswer {
-        strategy: v.strategy,
-        members: v.members.into_iter().map(|m| openapi::WhatIfMember { name: m.name, layers: n(m.layers), gpu_layers: n(m.gpu_layers), windows: m.windows.into_iter().map(|[a, b]| [n(a), n(b)]).collect() }).collect(),
-        dropped: v.dropped,
-        rounds: n(v.rounds),
-        predicted_tpot_ms: v.predicted_tpot_ms,
-        micro_batches: n(v.micro_batches),
-        forecast_tokens_per_s: v.forecast_tokens_per_s,
-        current_predicted_tpot_ms: v.current_predicted_tpot_ms,
-        current_forecast_tokens_per_s: v.current_forecast_tokens_per_s,
+        strategy: s.strategy.to_string(),
+        members,
+        dropped: s.dropped.iter().map(|&d| v.devices[d].name.clone()).collect(),
+        rounds: n(s.plan.rounds()),
+        predicted_tpot_ms: s.prediction.tpot_s * 1e3,
+        micro_batches: n(v.forecast.micro_batches),
+        forecast_tokens_per_s: streams_rate(Some(&v.forecast)),
+        current_predicted_tpot_ms: v.current.predicted_tpot_ms,
+        current_forecast_tokens_per_s: streams_rate(v.current.forecast.as_ref()),
     }))
 }
 

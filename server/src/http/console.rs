@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use openapi::{ConsoleCheck, ConsoleDevice, ConsoleLoad, ConsoleLocalModel, ConsoleModel, ConsolePlan, ConsoleState, ConsoleTimes};
 
-use super::AppState;
+use super::{ApiError, AppState};
 use crate::runtime::views::{streams_rate, ClusterView, PlanView};
 
 const PAGE: &str = include_str!("../../console/index.html");
@@ -71,14 +71,17 @@ pub async fn icon() -> Response {
 pub async fn state(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let wants_stream = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     if !wants_stream {
-        return Json(snapshot(&state)).into_response();
+        return match taken(state).await {
+            Some(s) => Json(s).into_response(),
+            None => ApiError::Internal("the console's snapshot failed".into()).into_response(),
+        };
     }
     let events = futures::stream::unfold((state, None::<String>), |(state, mut last)| async move {
         loop {
             if last.is_some() {
                 tokio::time::sleep(STREAM_EVERY).await;
             }
-            let mut s = snapshot(&state);
+            let mut s = taken(state.clone()).await?;
             // The time alone changing is no change.
             let at = std::mem::take(&mut s.at);
             let key = serde_json::to_string(&s).unwrap_or_default();
@@ -91,6 +94,11 @@ pub async fn state(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
         }
     });
     Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+}
+
+/// A snapshot taken off the async workers: it renders the metrics and reads folders.
+async fn taken(state: Arc<AppState>) -> Option<ConsoleState> {
+    tokio::task::spawn_blocking(move || snapshot(&state)).await.ok()
 }
 
 /// The head now.
@@ -329,7 +337,7 @@ mod tests {
     #[test]
     fn every_device_is_shown_in_its_state() {
         let plan = scheduler::Plan { n_layer: 30, devices: vec![scheduler::DevicePlan::new(10, 0), scheduler::DevicePlan::new(20, 0)] };
-        let mut view = crate::runtime::ring::board::view("halda", true, &plan, &["head".to_string(), "w1:1".to_string()], None, vec!["w2:1".to_string(), "w5:1".to_string()]);
+        let mut view = PlanView::of("halda", true, &plan, &["head".to_string(), "w1:1".to_string()], None, vec!["w2:1".to_string(), "w5:1".to_string()]);
         let mut check = CheckView::new(false, Vec::new(), "waiting".into());
         check.fetching = Some("w4:1 40% of 35.0 MB, w44:1 10% of 1.0 MB".into());
         view.last_check = Some(check);

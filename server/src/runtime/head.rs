@@ -188,7 +188,7 @@ impl Runtime for Head {
         Ok(answer)
     }
 
-    fn what_if(&self, without: &[String], copies: &[String], strategy: Option<scheduler::Strategy>) -> Result<crate::runtime::views::WhatIfView, ReplanError> {
+    fn what_if(&self, without: &[String], copies: &[String], strategy: Option<scheduler::Strategy>) -> Result<crate::runtime::views::WhatIf, ReplanError> {
         self.board.what_if(without, copies, strategy)
     }
 

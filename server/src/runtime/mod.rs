@@ -45,7 +45,7 @@ pub trait Runtime: Send + Sync + 'static {
     /// What the scheduler would plan without the devices named in `without` and with a
     /// copy of each named in `copies` (another machine with its profile), on the profiles
     /// last gathered; nothing is adopted. Blocks while it solves.
-    fn what_if(&self, without: &[String], copies: &[String], strategy: Option<scheduler::Strategy>) -> Result<views::WhatIfView, ReplanError> {
+    fn what_if(&self, without: &[String], copies: &[String], strategy: Option<scheduler::Strategy>) -> Result<views::WhatIf, ReplanError> {
         let _ = (without, copies, strategy);
         Err(ReplanError::NotARing)
     }

@@ -3,7 +3,7 @@
 //! Plain serialisable data, written by the ring (or a single node) and read by `http`: a
 //! neutral home, so the HTTP room needs none of the ring's internals.
 
-use scheduler::{Breakdown, DeviceProfile, DeviceSet};
+use scheduler::{Breakdown, DeviceProfile, DeviceSet, Plan, Prediction};
 use serde::Serialize;
 
 /// One ring member of the running plan.
@@ -110,6 +110,53 @@ pub struct PlanView {
     pub last_check: Option<CheckView>,
 }
 
+impl PlanView {
+    /// The view of `plan` run by `names` (ring order), with the cost model's prediction when
+    /// there is one.
+    pub fn of(source: &str, automatic: bool, plan: &Plan, names: &[String], prediction: Option<&Prediction>, dropped: Vec<String>) -> PlanView {
+        let members = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let cost = prediction.and_then(|p| p.devices.get(i));
+                MemberView {
+                    name: name.clone(),
+                    window: plan.devices[i].window,
+                    gpu_layers: plan.devices[i].gpu_layers,
+                    experts_in_ram: plan.devices[i].experts_in_ram,
+                    planned_gpu_layers: None,
+                    planned_experts_in_ram: None,
+                    layers: plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
+                    threads: Some(plan.devices[i].threads).filter(|&t| t > 0),
+                    set: cost.map(|c| c.set),
+                    overloaded: cost.map(|c| c.overloaded),
+                    predicted: cost.map(|c| c.breakdown),
+                }
+            })
+            .collect();
+        PlanView {
+            source: source.to_string(),
+            automatic,
+            n_layer: plan.n_layer,
+            rounds: plan.rounds(),
+            members,
+            dropped,
+            predicted_tpot_ms: prediction.map(|p| p.tpot_s * 1e3),
+            measured_tpot_ms: None,
+            measured_steps: 0,
+            measured_context: None,
+            measured_hop_ms: None,
+            measured_disk_share: None,
+            predicted_tpot_ms_at_measured_context: None,
+            micro_batches: 1,
+            forecast: None,
+            replans: 0,
+            adopted_at: None,
+            last_check: None,
+        }
+    }
+}
+
 /// `GET /admin/cluster`.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct ClusterView {
@@ -143,31 +190,16 @@ pub struct CandidateView {
     pub last_heard_s: Option<f64>,
 }
 
-/// What the scheduler would do with other devices (`POST /admin/what-if`): a plan solved
-/// on the last gathered profiles with some devices left out or copied, not adopted.
-#[derive(Debug, Clone, Serialize)]
-pub struct WhatIfView {
-    pub strategy: String,
-    /// In ring order, the head first: name, layers per token, GPU layers, windows.
-    pub members: Vec<WhatIfMember>,
-    /// Devices the plan would leave out.
-    pub dropped: Vec<String>,
-    pub rounds: usize,
-    pub predicted_tpot_ms: f64,
-    pub micro_batches: usize,
-    /// Aggregate decode tokens/s forecast for 8 streams.
-    pub forecast_tokens_per_s: Option<f64>,
-    /// The running plan's figures, to hold these against.
-    pub current_predicted_tpot_ms: Option<f64>,
-    pub current_forecast_tokens_per_s: Option<f64>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct WhatIfMember {
-    pub name: String,
-    pub layers: usize,
-    pub gpu_layers: usize,
-    pub windows: Vec<[usize; 2]>,
+/// What the scheduler would plan with other devices (`POST /admin/what-if`): a schedule
+/// solved on the last gathered profiles with some devices left out or copied, not adopted.
+#[derive(Debug, Clone)]
+pub struct WhatIf {
+    /// The devices it was solved on: the schedule's members and dropped index them.
+    pub devices: Vec<DeviceProfile>,
+    pub schedule: scheduler::Schedule,
+    pub forecast: scheduler::Forecast,
+    /// The running plan, to hold it against.
+    pub current: PlanView,
 }
 
 /// The stream count plans are compared at in the console and "what if": a family's, an

@@ -7,12 +7,12 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use scheduler::{DeviceProfile, ModelProfile, Plan, Prediction, Strategy};
+use scheduler::{DeviceProfile, ModelProfile, Plan, Strategy};
 use tokio::sync::oneshot;
 
 use crate::error::ReplanError;
 use super::planning::HEAD_NAME;
-use crate::runtime::views::{streams_rate, CheckView, ClusterView, MemberView, PlanView, WhatIfMember, WhatIfView};
+use crate::runtime::views::{CheckView, ClusterView, PlanView, WhatIf};
 
 /// Devices a "what if" may add at once: each is a device more in every integer program.
 const MAX_WHAT_IF_COPIES: usize = 8;
@@ -90,14 +90,14 @@ impl PlanBoard {
     /// A head without workers: one member running every layer.
     pub fn single(n_layer: usize) -> PlanBoard {
         let plan = Plan { n_layer, devices: vec![scheduler::DevicePlan::new(n_layer, 0)] };
-        let board = PlanBoard::new(view("single", false, &plan, &[HEAD_NAME.to_string()], None, Vec::new()), false);
+        let board = PlanBoard::new(PlanView::of("single", false, &plan, &[HEAD_NAME.to_string()], None, Vec::new()), false);
         board.export();
         board
     }
 
     /// A ring head's board; the ring publishes its first plan when it has one.
     pub fn ring() -> PlanBoard {
-        PlanBoard::new(view("forming", false, &Plan { n_layer: 0, devices: Vec::new() }, &[], None, Vec::new()), true)
+        PlanBoard::new(PlanView::of("forming", false, &Plan { n_layer: 0, devices: Vec::new() }, &[], None, Vec::new()), true)
     }
 
     fn new(view: PlanView, plannable: bool) -> PlanBoard {
@@ -225,7 +225,7 @@ impl PlanBoard {
     /// `without` and with a copy of each device in `copies` (another machine like it: its
     /// profile on a host of its own), with `strategy` or the running one. Nothing is
     /// adopted. One at a time: each is a full schedule (integer programs).
-    pub fn what_if(&self, without: &[String], copies: &[String], strategy: Option<Strategy>) -> Result<WhatIfView, ReplanError> {
+    pub fn what_if(&self, without: &[String], copies: &[String], strategy: Option<Strategy>) -> Result<WhatIf, ReplanError> {
         if !self.plannable {
             return Err(ReplanError::NotARing);
         }
@@ -261,29 +261,7 @@ impl PlanBoard {
         let options = scheduler::Options { strategy: strategy.unwrap_or(options.strategy), ..options };
         let s = scheduler::schedule(&devices, &model, &options).map_err(|e| ReplanError::Failed(format!("the {} plan: {e}", options.strategy)))?;
         let forecast = super::planning::forecast(&devices, &model, &s);
-        let current = self.view();
-        let members = s
-            .members
-            .iter()
-            .enumerate()
-            .map(|(i, &m)| WhatIfMember {
-                name: devices[m].name.clone(),
-                layers: s.plan.devices[i].window * s.plan.rounds(),
-                gpu_layers: s.plan.devices[i].gpu_layers * s.plan.rounds(),
-                windows: s.plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
-            })
-            .collect();
-        Ok(WhatIfView {
-            strategy: options.strategy.to_string(),
-            members,
-            dropped: s.dropped.iter().map(|&d| devices[d].name.clone()).collect(),
-            rounds: s.plan.rounds(),
-            predicted_tpot_ms: s.prediction.tpot_s * 1e3,
-            micro_batches: forecast.micro_batches,
-            forecast_tokens_per_s: streams_rate(Some(&forecast)),
-            current_predicted_tpot_ms: current.predicted_tpot_ms,
-            current_forecast_tokens_per_s: streams_rate(current.forecast.as_ref()),
-        })
+        Ok(WhatIf { devices, schedule: s, forecast, current: self.view() })
     }
 
     /// Queues a re-plan for the next idle moment. Fails when there is nothing to plan.
@@ -319,51 +297,6 @@ fn disk_share(j: &Judge, model: &ModelProfile, measured: &VecDeque<Measured>) ->
 fn mean_hop(measured: &VecDeque<Measured>) -> Option<f64> {
     let hops: Vec<f64> = measured.iter().filter_map(|m| m.hop).collect();
     (!hops.is_empty()).then(|| hops.iter().sum::<f64>() / hops.len() as f64)
-}
-
-/// The view of `plan` run by `names` (ring order), with the cost model's prediction when
-/// there is one.
-pub fn view(source: &str, automatic: bool, plan: &Plan, names: &[String], prediction: Option<&Prediction>, dropped: Vec<String>) -> PlanView {
-    let members = names
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let cost = prediction.and_then(|p| p.devices.get(i));
-            MemberView {
-                name: name.clone(),
-                window: plan.devices[i].window,
-                gpu_layers: plan.devices[i].gpu_layers,
-                experts_in_ram: plan.devices[i].experts_in_ram,
-                planned_gpu_layers: None,
-                planned_experts_in_ram: None,
-                layers: plan.windows_of(i).iter().map(|r| [r.start, r.end]).collect(),
-                threads: Some(plan.devices[i].threads).filter(|&t| t > 0),
-                set: cost.map(|c| c.set),
-                overloaded: cost.map(|c| c.overloaded),
-                predicted: cost.map(|c| c.breakdown),
-            }
-        })
-        .collect();
-    PlanView {
-        source: source.to_string(),
-        automatic,
-        n_layer: plan.n_layer,
-        rounds: plan.rounds(),
-        members,
-        dropped,
-        predicted_tpot_ms: prediction.map(|p| p.tpot_s * 1e3),
-        measured_tpot_ms: None,
-        measured_steps: 0,
-        measured_context: None,
-        measured_hop_ms: None,
-        measured_disk_share: None,
-        predicted_tpot_ms_at_measured_context: None,
-        micro_batches: 1,
-        forecast: None,
-        replans: 0,
-        adopted_at: None,
-        last_check: None,
-    }
 }
 
 #[cfg(test)]

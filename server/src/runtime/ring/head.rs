@@ -33,7 +33,7 @@ use super::shipping::{self, ManifestStore};
 use super::RingSetup;
 use crate::error::{Error, ReplanError, Result};
 use crate::metrics::RingMeter;
-use crate::runtime::views::CheckView;
+use crate::runtime::views::{CheckView, PlanView};
 
 pub struct RingPipeline {
     rt: tokio::runtime::Runtime,
@@ -370,7 +370,7 @@ impl RingPipeline {
             disk_threshold: r.planner.options.disk_threshold,
             options: scheduler::Options { strategy: r.strategy.unwrap_or(r.planner.options.strategy), ..r.planner.options.clone() },
         };
-        let mut view = board::view(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped);
+        let mut view = PlanView::of(source, r.idle_after.is_some(), &self.plan, &names, prediction, dropped);
         view.micro_batches = self.depth;
         view.forecast = self.pipelining.as_ref().map(|p| p.forecast(self.depth, self.cfg.max_batch));
         self.board.adopted(view, Some(judge), replan);
