@@ -339,3 +339,43 @@ fn the_console_shows_a_live_ring_chats_and_guards_the_admin_key_in_a_real_browse
     let errors = browser.console_errors();
     assert!(errors.iter().all(|e| e.contains("/admin/replan") && e.contains("401")), "console errors: {errors:?}");
 }
+
+/// A model that thinks (a tiny random Qwen3.5 with its own chat template, whose generation
+/// prompt opens `<think>`), on a single node without keys: the page connects at once, offers
+/// no admin form, and shows the reasoning apart from the answer, each equal to what the API
+/// returns in `reasoning_content` and `content` for the same greedy request.
+#[test]
+fn the_console_shows_a_thinking_models_reasoning_apart_from_its_answer() {
+    let Some(browser) = Browser::start() else { return };
+    let dir = std::env::temp_dir().join(format!("hearth-console-thinking-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut m = engine::random_model::RandomModel::new("qwen35moe", 6, 64, 128, 4, 2);
+    m.n_ff_exp = 64;
+    let model = dir.join("thinking.gguf");
+    m.write(&common::default_model(), &model).unwrap();
+    let template = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/qwen3.5-chat-template.jinja");
+    let node = Served::start_model(&model, &["--threads", "1", "--ctx-size", "1024", "--chat-template", template]);
+    let body = json!({"model": "", "messages": [{"role": "user", "content": PROMPT}], "temperature": 0, "max_tokens": 16}).to_string();
+    let r = http(&node.addr, "POST", "/v1/chat/completions", "", &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    let reasoning = v["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or_default().to_string();
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap_or_default().to_string();
+    assert!(!reasoning.is_empty(), "the template opens <think>: the answer starts as reasoning: {v}");
+
+    browser.open(&format!("http://{}/", node.addr));
+    browser.wait("one device", Duration::from_secs(30), "return document.querySelectorAll('#devices tbody tr').length === 1;");
+    assert_eq!(browser.js("return document.getElementById('key-form').offsetParent === null && document.getElementById('admin-form').offsetParent === null;"), true, "no key asked for, no admin form");
+    browser.click("#chat-form details summary");
+    browser.type_into("#temperature", "0");
+    browser.type_into("#max-tokens", "16");
+    browser.type_into("#prompt", PROMPT);
+    browser.click("#send");
+    browser.wait("the answer to finish", Duration::from_secs(120), "const m = document.querySelector('.msg.assistant'); return m && m.dataset.done === 'true';");
+    let shown = browser.js("const m = document.querySelector('.msg.assistant'); const d = m.querySelector('details.reasoning'); return [d ? [...d.childNodes].filter(n => n.nodeType === 3).map(n => n.textContent).join('') : null, m.querySelector('.answer').textContent];");
+    assert_eq!(shown, json!([reasoning, content]), "the page's reasoning and answer against the API's");
+    let errors = browser.console_errors();
+    assert!(errors.is_empty(), "console errors: {errors:?}");
+    drop(node);
+    std::fs::remove_dir_all(&dir).ok();
+}
