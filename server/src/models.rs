@@ -20,7 +20,8 @@ pub fn local_models(dir: &Path) -> Vec<(String, u64)> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     let files: Vec<(String, u64)> = entries
         .flatten()
-        .filter_map(|e| Some((e.file_name().to_string_lossy().into_owned(), e.metadata().ok().filter(|m| m.is_file())?.len())))
+        // Through links: people link models into the folder from elsewhere (only read here).
+        .filter_map(|e| Some((e.file_name().to_string_lossy().into_owned(), std::fs::metadata(e.path()).ok().filter(|m| m.is_file())?.len())))
         .collect();
     let mut out = model_sets(files.iter().map(|(p, b)| (p.as_str(), *b)));
     out.sort();
@@ -86,8 +87,11 @@ mod tests {
         for (name, len) in [("a.gguf", 3), ("b-00001-of-00002.gguf", 5), ("b-00002-of-00002.gguf", 7), ("mmproj-a.gguf", 11), ("notes.txt", 13)] {
             std::fs::write(dir.join(name), vec![0u8; len]).unwrap();
         }
+        // A model linked in from elsewhere counts; a dangling link does not.
+        std::os::unix::fs::symlink(dir.join("a.gguf"), dir.join("linked.gguf")).unwrap();
+        std::os::unix::fs::symlink(dir.join("gone.gguf"), dir.join("dangling.gguf")).unwrap();
         let got = local_models(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
-        assert_eq!(got, [("a.gguf".to_string(), 3), ("b-00001-of-00002.gguf".to_string(), 12)]);
+        assert_eq!(got, [("a.gguf".to_string(), 3), ("b-00001-of-00002.gguf".to_string(), 12), ("linked.gguf".to_string(), 3)]);
     }
 }
