@@ -86,7 +86,8 @@ fn a_conversation_reusing_checkpointed_state_equals_computing_every_turn_cold_si
     let path = model(&dir);
     let single = |extra: &[&str]| Served::start_model(&path, &[&["--threads", "1", "--parallel", "1", "--ctx-size", CTX, "--batch-invariant"][..], extra].concat());
 
-    let cold_node = single(&[]);
+    // Nothing kept beyond the slot either (the prompt cache would bring blocks back).
+    let cold_node = single(&["--prompt-cache-ram", "0"]);
     let (cold, none) = conversation(&cold_node.addr, true);
     let limit = at_the_limit(&cold_node.addr);
     drop(cold_node);
@@ -196,5 +197,80 @@ fn qwen35_with_its_own_template_makes_a_required_tool_call_and_takes_its_result(
     std::fs::create_dir_all(&dir).unwrap();
     let path = model(&dir);
     common::own_template_makes_a_required_tool_call_and_takes_its_result(&path, concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/qwen3.5-chat-template.jinja"), &["--ctx-size", CTX]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The prompt cache on a model keeping a recurrent state: each block holds the state where
+/// it ends (kept as the prompt passed that point), so an agent's long context (1,100 tokens
+/// of real prose) comes back after its slot served another conversation, after a hard
+/// restart (from disk), and through a ring of three processes whose members each hold
+/// their windows' state — every answer the one a server without any cache computes cold
+/// (batch-invariant kernels: a prompt continued after restored blocks is cut into other
+/// batches than when computed cold).
+#[test]
+fn a_recurrent_models_prompt_cache_brings_a_long_prefix_back_with_its_state_after_a_restart_and_through_a_ring() {
+    const SHARED: usize = 1100;
+    let dir = std::env::temp_dir().join(format!("hearth-recurrent-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = model(&dir);
+    let cache_dir = dir.join("prompt-cache");
+    let cache_arg = cache_dir.to_string_lossy().into_owned();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let tk = engine::tokenizer::Tokenizer::load(&common::default_model()).unwrap();
+    let ids: Vec<u32> = tk.tokenize(&text, false).iter().map(|&t| t as u32).collect();
+    assert!(ids.len() >= 2000, "{} tokens", ids.len());
+    let first = [&ids[..SHARED], &ids[1200..1300]].concat();
+    let other = ids[1300..1900].to_vec();
+    let again = [&ids[..SHARED], &ids[1900..1990]].concat();
+    let restored = (SHARED / 256 * 256) as u64;
+    let ask = |addr: &str, prompt: &[u32]| -> (String, u64) {
+        let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 2}));
+        (format!("{} {}", v["choices"][0]["text"], v["choices"][0]["logprobs"]), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
+    };
+    let metrics = |addr: &str| common::http(addr, "GET", "/metrics", "", "").unwrap().body;
+    let base = ["--threads", "1", "--parallel", "1", "--ctx-size", CTX, "--batch-invariant"];
+    let with_cache = ["--prompt-cache-dir", cache_arg.as_str(), "--prompt-cache-size", "256"];
+    let cold = {
+        let node = Served::start_model(&path, &[&base[..], &["--prompt-cache-ram", "0", "--prompt-cache-size", "0"]].concat());
+        let (cold, none) = ask(&node.addr, &again);
+        assert_eq!(none, 0);
+        cold
+    };
+    {
+        let node = Served::start_model(&path, &[&base[..], &with_cache[..]].concat());
+        ask(&node.addr, &first);
+        ask(&node.addr, &other);
+        assert_eq!(ask(&node.addr, &again), (cold.clone(), restored), "after the slot served another conversation");
+        let m = metrics(&node.addr);
+        assert_eq!(counter(&m, "hearth_prompt_cache_restored_tokens_total"), restored as f64);
+        assert_eq!(counter(&m, "hearth_prompt_cache_hits_total{tier=\"ram\"}"), (restored / 256) as f64);
+        // The four blocks of the prefix and the two of the other conversation reach the
+        // disk before the server goes down hard.
+        let files = || std::fs::read_dir(&cache_dir).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten()).filter(|f| !f.file_name().to_string_lossy().contains(".tmp.")).count();
+        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (files() >= 6).then_some(()));
+        let mut node = node;
+        node.child.kill().unwrap();
+        node.child.wait().unwrap();
+    }
+    {
+        let node = Served::start_model(&path, &[&base[..], &with_cache[..]].concat());
+        assert_eq!(ask(&node.addr, &again), (cold.clone(), restored), "after a restart");
+        assert_eq!(counter(&metrics(&node.addr), "hearth_prompt_cache_hits_total{tier=\"disk\"}"), (restored / 256) as f64);
+    }
+    // Through a ring (another layout: none of the single node's blocks), a head with
+    // layers and two workers, each holding recurrent layers' state.
+    let w1 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+    let w2 = Served::worker_at("127.0.0.1:0", &path, &["--threads", "1"]).unwrap();
+    let workers = format!("{},{}", w1.addr, w2.addr);
+    let ring = [&base[..], &with_cache[..], &["--workers", &workers, "--windows", "2,2,2"]].concat();
+    {
+        let head = Served::start_model(&path, &ring);
+        assert_eq!(ask(&head.addr, &first).1, 0, "the single node's blocks are not the ring's");
+        ask(&head.addr, &other);
+        assert_eq!(ask(&head.addr, &again), (cold.clone(), restored), "through the ring, after the slot served another conversation");
+    }
+    let head = Served::start_model(&path, &ring);
+    assert_eq!(ask(&head.addr, &again), (cold, restored), "through the ring, after the head restarted");
     std::fs::remove_dir_all(&dir).ok();
 }

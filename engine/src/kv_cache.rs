@@ -229,8 +229,8 @@ impl RecurrentState {
 /// recurrent state cannot be truncated, only restored).
 struct Checkpoint {
     len: usize,
-    /// Per recurrent layer, in window order: the conv rows then the state rows.
-    data: Vec<Vec<u8>>,
+    /// The state as [`KvCache::read_state`] gives it.
+    data: Vec<u8>,
 }
 
 /// Checkpoints kept per sequence (the most recent): a turn's prompt end and a few before.
@@ -472,16 +472,8 @@ impl KvCache {
         self.snapshots.remove(&seq);
         let kept = back.map_or(0, |c| c.len);
         if let Some(c) = back {
-            // SAFETY: the rows written are this sequence's slot of tensors this cache owns;
-            // nothing computes while the cache is borrowed mutably.
-            unsafe {
-                for (st, data) in self.layers.iter().filter_map(|l| l.state).zip(&c.data) {
-                    let conv_row = sys::ggml_row_size((*st.conv).type_, (*st.conv).ne[0]);
-                    let ssm_row = sys::ggml_row_size((*st.ssm).type_, (*st.ssm).ne[0]);
-                    sys::ggml_backend_tensor_set(st.conv, data.as_ptr().cast(), cur.slot * conv_row, conv_row);
-                    sys::ggml_backend_tensor_set(st.ssm, data[conv_row..].as_ptr().cast(), cur.slot * ssm_row, ssm_row);
-                }
-            }
+            let data = c.data.clone();
+            self.write_state(cur.slot, &data);
         }
         self.seqs.get_mut(&seq).expect("present").len = kept;
         kept
@@ -528,33 +520,85 @@ impl KvCache {
         tensors
     }
 
-    /// Bytes one position takes over every row tensor: what a block of `n` positions
-    /// read by [`KvCache::read_rows`] holds is `n` times this.
+    /// Bytes one position takes over every row tensor.
     pub fn row_bytes(&self) -> usize {
         // SAFETY: tensors this cache owns; only their shapes are read.
         self.row_tensors().into_iter().map(|t| unsafe { sys::ggml_row_size((*t).type_, (*t).ne[0]) }).sum()
+    }
+
+    /// Every recurrent layer's state tensors (convolution, then delta net), in layer order:
+    /// one row per slot each.
+    fn state_tensors(&self) -> Vec<*mut sys::ggml_tensor> {
+        self.layers.iter().filter_map(|l| l.state).flat_map(|st| [st.conv, st.ssm]).collect()
+    }
+
+    /// Bytes of one sequence's recurrent state over every recurrent layer (0 without any).
+    pub fn state_bytes(&self) -> usize {
+        // SAFETY: tensors this cache owns; only their shapes are read.
+        self.state_tensors().into_iter().map(|t| unsafe { sys::ggml_row_size((*t).type_, (*t).ne[0]) }).sum()
+    }
+
+    /// Bytes of a block of `n` positions read by [`KvCache::read_rows`]: the rows, and with
+    /// recurrent layers the state where the block ends.
+    pub fn block_bytes(&self, n: usize) -> usize {
+        n * self.row_bytes() + self.state_bytes()
+    }
+
+    /// The recurrent state of `slot` in every recurrent layer, one tensor's row after
+    /// another (see [`KvCache::state_tensors`]).
+    fn read_state(&self, slot: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.state_bytes());
+        // SAFETY: reads one slot's row of tensors this cache owns; nothing computes while
+        // the cache is borrowed.
+        unsafe {
+            for t in self.state_tensors() {
+                let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
+                let start = out.len();
+                out.resize(start + row, 0);
+                sys::ggml_backend_tensor_get(t, out[start..].as_mut_ptr().cast(), slot * row, row);
+            }
+        }
+        out
+    }
+
+    /// Puts a state read by [`KvCache::read_state`] into `slot` (`data` is exactly
+    /// [`KvCache::state_bytes`] long).
+    fn write_state(&mut self, slot: usize, data: &[u8]) {
+        let mut offset = 0;
+        // SAFETY: writes one slot's row of tensors this cache owns, from a buffer holding
+        // every row (checked by the callers); nothing computes while borrowed mutably.
+        unsafe {
+            for t in self.state_tensors() {
+                let row = sys::ggml_row_size((*t).type_, (*t).ne[0]);
+                sys::ggml_backend_tensor_set(t, data[offset..offset + row].as_ptr().cast(), slot * row, row);
+                offset += row;
+            }
+        }
     }
 
     /// What a block of rows of this cache is made of (each row tensor's ggml type and
     /// width, in the order [`KvCache::read_rows`] writes them): two caches whose layouts
     /// are equal read and write each other's blocks.
     pub fn row_layout(&self) -> String {
-        let parts: Vec<String> = self
-            .row_tensors()
-            .into_iter()
-            // SAFETY: tensors this cache owns; only their shapes are read.
-            .map(|t| unsafe { format!("t{}x{}", (*t).type_, (*t).ne[0]) })
-            .collect();
+        // SAFETY: tensors this cache owns; only their shapes are read.
+        let shape = |t: *mut sys::ggml_tensor| unsafe { format!("t{}x{}", (*t).type_, (*t).ne[0]) };
+        let mut parts: Vec<String> = self.row_tensors().into_iter().map(shape).collect();
+        if self.recurrent {
+            // A block then ends with the state there; a window without recurrent layers
+            // still says so, since its blocks are read only at a sequence's end.
+            parts.push(format!("state[{}]", self.state_tensors().into_iter().map(shape).collect::<Vec<_>>().join(",")));
+        }
         parts.join(",")
     }
 
     /// Positions `[at, at + n)` of `seq`, every row tensor's rows one after another (see
-    /// [`KvCache::row_layout`]): a block a later [`KvCache::write_rows`] puts back, in this
-    /// cache or another of the same layout. `None` where `seq` holds fewer than `at + n`
-    /// positions, or keeps a recurrent state (a state is a whole past, not rows).
+    /// [`KvCache::row_layout`]), and with recurrent layers the state after them: a block a
+    /// later [`KvCache::write_rows`] puts back, in this cache or another of the same
+    /// layout. `None` where `seq` holds fewer than `at + n` positions, or, in a model with
+    /// a recurrent state (a whole past, only had where it is now), other than `at + n`.
     pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
-        let s = self.seqs.get(&seq).copied().filter(|s| !self.recurrent && at + n <= s.len)?;
-        let mut out = Vec::with_capacity(n * self.row_bytes());
+        let s = self.seqs.get(&seq).copied().filter(|s| at + n <= s.len && (!self.recurrent || at + n == s.len))?;
+        let mut out = Vec::with_capacity(self.block_bytes(n));
         // SAFETY: reads rows of this sequence's slot of tensors this cache owns, within the
         // slot (at + n <= len <= capacity); nothing computes while the cache is borrowed.
         unsafe {
@@ -565,17 +609,18 @@ impl KvCache {
                 sys::ggml_backend_tensor_get(t, out[start..].as_mut_ptr().cast(), (s.slot * self.slot_cells + at) * row, n * row);
             }
         }
+        out.extend_from_slice(&self.read_state(s.slot));
         Some(out)
     }
 
     /// Puts a block read by [`KvCache::read_rows`] back as positions `[at, at + n)` of
-    /// `seq`, which keeps its first `at` positions and holds `at + n` then. False, with
-    /// nothing changed, where `seq` holds fewer than `at` positions, the block is not `n`
-    /// rows of this layout (a cache without layers, the output window's, takes an empty
-    /// one), it would pass the context, the model keeps a recurrent state, or no slot is
-    /// free for a new `seq`.
+    /// `seq`, which keeps its first `at` positions and holds `at + n` then (with recurrent
+    /// layers, the block's state too: the state at `at + n`). False, with nothing changed,
+    /// where `seq` holds fewer than `at` positions, the block is not `n` rows of this
+    /// layout (a cache without layers, the output window's, takes an empty one), it would
+    /// pass the context, or no slot is free for a new `seq`.
     pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
-        if self.recurrent || block.len() != n * self.row_bytes() || self.len(seq) < at {
+        if block.len() != self.block_bytes(n) || self.len(seq) < at {
             return false;
         }
         if at + n > self.capacity {
@@ -592,6 +637,11 @@ impl KvCache {
                 offset += n * row;
             }
         }
+        self.write_state(slot, &block[offset..]);
+        // A checkpoint past `at` was taken over rows this block replaced.
+        if let Some(cps) = self.checkpoints.get_mut(&seq) {
+            cps.retain(|c| c.len <= at);
+        }
         self.snapshots.remove(&seq);
         self.commit(seq, slot, at + n, None);
         true
@@ -602,18 +652,7 @@ impl KvCache {
     /// layers or on an unknown sequence.
     pub fn checkpoint(&mut self, seq: SeqId) {
         let Some(cur) = self.seqs.get(&seq).copied().filter(|_| self.recurrent) else { return };
-        let mut data = Vec::new();
-        // SAFETY: reads this sequence's slot of tensors this cache owns; nothing computes.
-        unsafe {
-            for st in self.layers.iter().filter_map(|l| l.state) {
-                let conv_row = sys::ggml_row_size((*st.conv).type_, (*st.conv).ne[0]);
-                let ssm_row = sys::ggml_row_size((*st.ssm).type_, (*st.ssm).ne[0]);
-                let mut buf = vec![0u8; conv_row + ssm_row];
-                sys::ggml_backend_tensor_get(st.conv, buf.as_mut_ptr().cast(), cur.slot * conv_row, conv_row);
-                sys::ggml_backend_tensor_get(st.ssm, buf[conv_row..].as_mut_ptr().cast(), cur.slot * ssm_row, ssm_row);
-                data.push(buf);
-            }
-        }
+        let data = self.read_state(cur.slot);
         let cps = self.checkpoints.entry(seq).or_default();
         cps.retain(|c| c.len < cur.len);
         cps.push(Checkpoint { len: cur.len, data });

@@ -96,11 +96,8 @@ impl LocalPipeline {
     }
 
     /// What a block of rows holds (see `Stage::row_layout`), stage by stage in layer
-    /// order; `None` for a model with a recurrent state (a state is a whole past, not rows).
+    /// order.
     pub fn row_layout(&self) -> Option<String> {
-        if self.keeps_state() {
-            return None;
-        }
         let parts: Vec<String> = self.stages.iter().map(Stage::row_layout).collect();
         Some(parts.join("|"))
     }

@@ -405,7 +405,7 @@ impl Stage {
 
     /// Bytes of a block of `n` positions of this stage (see [`Stage::read_rows`]).
     pub fn read_rows_len(&self, n: usize) -> usize {
-        self.windows.iter().map(|w| n * w.cache.row_bytes()).sum()
+        self.windows.iter().map(|w| w.cache.block_bytes(n)).sum()
     }
 
     /// Puts a block read by [`Stage::read_rows`] (of `n` positions) back as positions
@@ -415,7 +415,7 @@ impl Stage {
         if self.read_rows_len(n) != block.len() {
             return false;
         }
-        let sizes: Vec<usize> = self.windows.iter().map(|w| n * w.cache.row_bytes()).collect();
+        let sizes: Vec<usize> = self.windows.iter().map(|w| w.cache.block_bytes(n)).collect();
         let mut offset = 0;
         for (w, size) in self.windows.iter_mut().zip(sizes) {
             if !w.cache.write_rows(seq, at, n, &block[offset..offset + size]) {

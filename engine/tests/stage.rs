@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{chat_prompt, pipeline, stage_config};
+use common::{chat_prompt, feed, feed_in, greedy_after, pipeline, prefix_prompts, stage_config};
 use engine::reference::argmax;
 use engine::tokenizer::Tokenizer;
 use engine::{BatchToken, Error, ModelFile, Stage, StageConfig, StageInput, StageOutput};
@@ -260,22 +260,6 @@ fn a_prompt_chunk_that_wants_no_logits_passes_an_output_only_window() {
     assert!(common::rel_rms(&got, &expected) < 1e-5, "relative RMS error {}", common::rel_rms(&got, &expected));
 }
 
-/// Feeds `tokens` to `seq` in pieces of at most `MAX_PIECE` that start on whole tiles of
-/// `TILE` rows and leave no rest under a tile (as the server's batcher cuts prompts);
-/// returns the last token's logits.
-/// Two prompts of real text sharing a long prefix (a ~1,800-byte part of docs/scheduler.md):
-/// `a` asks a question after it, `b` goes on with the text; and the shared tokens' count.
-fn prefix_prompts() -> (Vec<i32>, Vec<i32>, usize) {
-    let tk = Tokenizer::load(&common::default_model()).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
-    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
-    let shared = tk.tokenize(&text[..cut], true);
-    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
-    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
-    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
-    (a, b, shared.len())
-}
-
 /// Every way a cache's rows are laid out that moving them must respect: the default model
 /// whole, in two stages, with a quantized cache (Q8_0 K, Q4_0 V); a tiny Gemma 3 (sliding
 /// window 48), a tiny Gemma 4 E cut after its donors (the second stage keeps its own copy
@@ -299,31 +283,6 @@ fn cache_layouts(dir: &std::path::Path) -> Vec<(&'static str, std::path::PathBuf
         ("tiny gemma4 E, cut after the donors", common::tiny::write(&gemma4e, dir), vec![vec![0..3], vec![3..6]], f16),
         ("tiny deepseek2", common::tiny::write(&common::tiny::model("deepseek2"), dir), vec![vec![0..3]], f16),
     ]
-}
-
-/// The first token from `logits` (a prompt of `len` tokens in `seq`) and 7 greedy after it.
-fn greedy_after(p: &mut engine::LocalPipeline, seq: u64, len: usize, logits: &[f32]) -> Vec<i32> {
-    let mut tokens = vec![argmax(logits)];
-    for i in 0..7 {
-        let l = p.forward(&[tok(seq, (len + i) as u32)], &tokens[i..i + 1]).unwrap();
-        tokens.push(argmax(l.row(0)));
-    }
-    tokens
-}
-
-fn feed(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32]) -> Vec<f32> {
-    const TILE: usize = 64;
-    const MAX_PIECE: usize = 256;
-    let (mut at, mut last) = (0, Vec::new());
-    while at < tokens.len() {
-        let rest = tokens.len() - at;
-        let take = if rest <= MAX_PIECE { rest } else if rest - MAX_PIECE < TILE { (rest - TILE) / TILE * TILE } else { MAX_PIECE };
-        let base = p.sequence_len(seq);
-        let batch: Vec<BatchToken> = (0..take).map(|i| BatchToken { seq, pos: (base + i) as u32, logits: i + 1 == take }).collect();
-        last = p.forward(&batch, &tokens[at..at + take]).unwrap().row(0).to_vec();
-        at += take;
-    }
-    last
 }
 
 /// The server's prompt cache across slots: a prefix copied from another sequence, then the
@@ -407,6 +366,53 @@ fn rows_read_from_one_pipeline_and_written_into_another_compute_what_the_cold_pr
         let f32 = engine::CacheTypes { k: engine::CacheType::F32, v: engine::CacheType::F32 };
         let other = common::pipeline_with(&path, &stages, 1, if kv == f16 { f32 } else { f16 });
         assert_ne!(other.row_layout().unwrap(), layout, "{what}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A model keeping a recurrent state beside attention (a tiny Qwen3.5: gated delta net in
+/// layers 0 and 2): a block is the attention layers' rows and every recurrent layer's
+/// state where the block ends, read only where the sequence ends (the state of an earlier
+/// position no longer exists). Blocks read as a prompt passes their ends, written into a
+/// fresh pipeline (a restart) over another text, and the rest of another prompt computed
+/// after them in the same pieces: logits and greedy tokens bit for bit the cold prompt's.
+/// In one window and in two stages (one without a recurrent layer in its second window).
+#[test]
+fn a_recurrent_models_blocks_carry_the_state_where_they_end_and_compute_what_the_cold_prompt_computes() {
+    let (a, b, shared) = prefix_prompts();
+    const BLOCK: usize = 128;
+    let n = shared.min(b.len() - 64) / BLOCK * BLOCK;
+    assert!(n >= 2 * BLOCK && b.len() - n >= 64, "shared {shared}, b {} tokens", b.len());
+    let dir = std::env::temp_dir().join(format!("hearth-state-rows-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = common::tiny::write(&common::tiny::model("qwen35"), &dir);
+    for stages in [vec![vec![0..3]], vec![vec![0..1, 1..2], vec![2..3]]] {
+        let mut before = common::pipeline(&path, &stages, 3);
+        let cold = feed_in(&mut before, 2, &b, BLOCK);
+        let cold_tokens = greedy_after(&mut before, 2, b.len(), &cold);
+        let mut blocks = Vec::new();
+        for i in 0..n / BLOCK {
+            feed_in(&mut before, 0, &a[i * BLOCK..(i + 1) * BLOCK], BLOCK);
+            blocks.push(before.read_rows(0, i * BLOCK, BLOCK).unwrap());
+        }
+        assert!(before.read_rows(0, 0, BLOCK).is_none(), "{stages:?}: rows before the sequence's end carry no state");
+        let layout = before.row_layout().unwrap();
+        assert!(layout.contains("state["), "{layout}");
+        drop(before);
+
+        let mut after = common::pipeline(&path, &stages, 3);
+        assert_eq!(after.row_layout().unwrap(), layout);
+        // Another text's state first: the blocks' state must replace it.
+        feed_in(&mut after, 1, &a[a.len() - 100..], BLOCK);
+        assert!(!after.write_rows(1, 0, BLOCK, &blocks[0][1..]), "{stages:?}: not a whole block");
+        assert_eq!(after.sequence_len(1), 100, "{stages:?}: a refused block changes nothing");
+        for (i, block) in blocks.iter().enumerate() {
+            assert!(after.write_rows(1, i * BLOCK, BLOCK, block), "{stages:?}: block {i}");
+        }
+        assert_eq!(after.sequence_len(1), n);
+        let got = feed_in(&mut after, 1, &b[n..], BLOCK);
+        assert!(got == cold, "{stages:?}: logits after the restored prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
+        assert_eq!(greedy_after(&mut after, 1, b.len(), &got), cold_tokens, "{stages:?}");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
-use engine::{LocalPipeline, ModelFile, Stage, StageConfig};
+use engine::reference::argmax;
+use engine::{BatchToken, LocalPipeline, ModelFile, Stage, StageConfig};
 use serde_json::json;
 
 /// The default model, fetched by the project's script (test code may run processes; the
@@ -57,8 +58,7 @@ pub fn rel_rms(a: &[f32], b: &[f32]) -> f64 {
 /// Compares hearth's logits with llama.cpp's at every prompt position: same argmax
 /// everywhere and relative RMS error below 1e-2. Returns the worst error.
 pub fn assert_logits_match(path: &std::path::Path, prompt: &[i32]) -> f64 {
-    use engine::reference::{argmax, Reference};
-    use engine::BatchToken;
+    use engine::reference::Reference;
     let reference = Reference::load(path, THREADS).unwrap().prompt_logits(prompt).unwrap();
     let spec = ModelFile::open(path).unwrap().spec;
     let mut p = pipeline(path, &[vec![0..spec.n_layer]], 1);
@@ -73,4 +73,57 @@ pub fn assert_logits_match(path: &std::path::Path, prompt: &[i32]) -> f64 {
     }
     assert!(worst < 1e-2, "relative RMS error {worst}");
     worst
+}
+
+/// Two prompts of real text sharing a long prefix (a ~1,800-byte part of docs/scheduler.md):
+/// `a` asks a question after it, `b` goes on with the text; and the shared tokens' count.
+pub fn prefix_prompts() -> (Vec<i32>, Vec<i32>, usize) {
+    let tk = Tokenizer::load(&default_model()).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let cut = text.char_indices().map(|(i, _)| i).take_while(|&i| i < 1800).last().unwrap();
+    let shared = tk.tokenize(&text[..cut], true);
+    let a = [shared.clone(), tk.tokenize(" In one sentence: what does the scheduler solve?", false)].concat();
+    let end = text.char_indices().map(|(i, _)| i).find(|&i| i >= cut + 500).unwrap();
+    let b = [shared.clone(), tk.tokenize(&text[cut..end], false)].concat();
+    (a, b, shared.len())
+}
+
+/// The first token from `logits` (a prompt of `len` tokens in `seq`) and 7 greedy after it.
+pub fn greedy_after(p: &mut engine::LocalPipeline, seq: u64, len: usize, logits: &[f32]) -> Vec<i32> {
+    let mut tokens = vec![argmax(logits)];
+    for i in 0..7 {
+        let l = p.forward(&[BatchToken { seq, pos: (len + i) as u32, logits: true }], &tokens[i..i + 1]).unwrap();
+        tokens.push(argmax(l.row(0)));
+    }
+    tokens
+}
+
+/// Feeds `tokens` to `seq` in pieces of at most `MAX_PIECE` that start on whole tiles of
+/// `TILE` rows and leave no rest under a tile (as the server's batcher cuts prompts);
+/// returns the last token's logits.
+pub fn feed(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32]) -> Vec<f32> {
+    const TILE: usize = 64;
+    const MAX_PIECE: usize = 256;
+    let (mut at, mut last) = (0, Vec::new());
+    while at < tokens.len() {
+        let rest = tokens.len() - at;
+        let take = if rest <= MAX_PIECE { rest } else if rest - MAX_PIECE < TILE { (rest - TILE) / TILE * TILE } else { MAX_PIECE };
+        let base = p.sequence_len(seq);
+        let batch: Vec<BatchToken> = (0..take).map(|i| BatchToken { seq, pos: (base + i) as u32, logits: i + 1 == take }).collect();
+        last = p.forward(&batch, &tokens[at..at + take]).unwrap().row(0).to_vec();
+        at += take;
+    }
+    last
+}
+
+/// Feeds `tokens` to `seq` in pieces of `piece` (the last one shorter); returns the last
+/// token's logits.
+pub fn feed_in(p: &mut engine::LocalPipeline, seq: u64, tokens: &[i32], piece: usize) -> Vec<f32> {
+    let mut last = Vec::new();
+    for part in tokens.chunks(piece) {
+        let base = p.sequence_len(seq);
+        let batch: Vec<BatchToken> = (0..part.len()).map(|i| BatchToken { seq, pos: (base + i) as u32, logits: i + 1 == part.len() }).collect();
+        last = p.forward(&batch, part).unwrap().row(0).to_vec();
+    }
+    last
 }

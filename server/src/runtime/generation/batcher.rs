@@ -327,6 +327,18 @@ struct Active {
     /// The cached length at which to checkpoint the recurrent state (models that keep
     /// one): prompt tokens stop there until everything before has landed.
     checkpoint_at: Option<usize>,
+    /// A model that keeps a recurrent state: the ends of this prompt's blocks the prompt
+    /// cache lacks, with their ids. A block holds the state where it ends, which exists
+    /// only while the sequence is there, so prompt tokens stop at each until everything
+    /// before has landed, and the block is kept then.
+    save_at: VecDeque<(usize, prefix_cache::BlockId)>,
+}
+
+impl Active {
+    /// Where this prompt's tokens stop next until what came before has landed.
+    fn next_stop(&self) -> Option<usize> {
+        [self.checkpoint_at, self.save_at.front().map(|&(at, _)| at)].into_iter().flatten().min()
+    }
 }
 
 /// Prompt rows a request saves by waiting for another prompt to compute them, for it to
@@ -337,7 +349,7 @@ const HOLD_GAIN: usize = scheduler::pipelining::MIN_PROMPT_CHUNK;
 /// Tokens before a prompt's end where a recurrent model's state is checkpointed: the
 /// next turn of a chat re-renders this turn's generation prompt (Qwen3.5's template drops
 /// the thinking it opened), so the state at the very end would not be reusable.
-const CHECKPOINT_TAIL: usize = 16;
+pub(super) const CHECKPOINT_TAIL: usize = 16;
 
 /// The rows of a prompt piece to take now, `take` of a stretch of `stretch` rows (to the
 /// prompt's end or its checkpoint), so that no piece after it is shorter than a `tile` of
@@ -349,6 +361,14 @@ const CHECKPOINT_TAIL: usize = 16;
 /// chunks a ring's plan chose: measured on the default model, a 2,775-token prompt in
 /// chunks of 100, 128, 192, 256 or 500 gives the logits of 512 bit for bit, chunks of 64
 /// with their 23-row rest did not).
+/// Whole tiles of `shared` leading tokens of `prompt`, ending at least a tile before its
+/// end: rows taken from elsewhere (a copy, the prompt cache) stop there, so the rest is
+/// computed in tiles as a cold prompt computes it.
+fn tile_floor(prompt: &[i32], shared: usize) -> usize {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    shared.min(prompt.len().saturating_sub(tile)) / tile * tile
+}
+
 pub(super) fn no_short_rest(take: usize, stretch: usize, room: usize, tile: usize) -> usize {
     let rest = stretch.saturating_sub(take);
     if rest == 0 || rest >= tile || take < tile {
@@ -584,6 +604,7 @@ impl Loop {
         // the next turn of a conversation still agrees with this one (its template renders
         // this turn's generation prompt differently once answered).
         let checkpoint_at = (self.pipeline.keeps_state() && req.prompt.len() > keep + CHECKPOINT_TAIL).then(|| req.prompt.len() - CHECKPOINT_TAIL);
+        let save_at = self.state_blocks_to_save(idx, keep, &req.prompt);
         let pending: VecDeque<i32> = req.prompt[keep..].iter().copied().collect();
         let chunk = self.pipeline.prompt_chunk(pending.len(), self.max_batch).clamp(1, self.max_batch);
         let stop = StopMatcher::new(req.stop.clone());
@@ -604,6 +625,7 @@ impl Loop {
             replay: Vec::new(),
             chunk,
             checkpoint_at,
+            save_at,
         });
         m::prompt_tokens(keep, self.slots[idx].active.as_ref().map_or(0, |a| a.pending.len()));
     }
@@ -653,7 +675,7 @@ impl Loop {
     /// block on disk is read only while reading it is faster than computing it (both rates
     /// as measured here).
     fn restore_blocks(&mut self, idx: usize, keep: usize, prompt: &[i32]) -> usize {
-        let limit = self.copyable(prompt, prompt.len());
+        let limit = tile_floor(prompt, prompt.len());
         let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return keep };
         let first = self.slots[idx].exact.min(keep) / BLOCK_TOKENS;
         let last = limit / BLOCK_TOKENS;
@@ -709,6 +731,38 @@ impl Loop {
         at
     }
 
+    /// A model with a recurrent state: the blocks of `prompt` after the `keep` tokens slot
+    /// `idx` holds that the prompt cache lacks (their ends and ids), kept as the prompt
+    /// passes each end (`Active::save_at`). Only where the prompt's rows will be exact
+    /// (`Slot::save_to`), as [`Loop::prompt_landed`] keeps other models' blocks.
+    fn state_blocks_to_save(&self, idx: usize, keep: usize, prompt: &[i32]) -> VecDeque<(usize, prefix_cache::BlockId)> {
+        let Some(cache) = self.blocks.as_ref().filter(|c| c.active() && self.pipeline.keeps_state() && self.slots[idx].save_to.is_some()) else { return VecDeque::new() };
+        let whole = prompt.len() / BLOCK_TOKENS;
+        let ids = cache.chain(&prompt[..whole * BLOCK_TOKENS]);
+        ids.into_iter().enumerate().map(|(b, id)| ((b + 1) * BLOCK_TOKENS, id)).filter(|(end, id)| *end > keep && !cache.contains(id)).collect()
+    }
+
+    /// Slot `i` of a model with a recurrent state has landed everything up to the end of
+    /// its next block to keep: the block's rows and the state there go to the prompt cache.
+    fn keep_state_block(&mut self, i: usize) {
+        let s = &mut self.slots[i];
+        let Some(a) = s.active.as_mut() else { return };
+        if s.in_flight > 0 || a.save_at.front().is_none_or(|&(at, _)| at != s.cached.len()) {
+            return;
+        }
+        let (end, id) = a.save_at.pop_front().expect("looked at above");
+        let (seq, tokens) = (s.seq, s.cached[end - BLOCK_TOKENS..end].to_vec());
+        let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return };
+        if cache.contains(&id) {
+            return;
+        }
+        match self.pipeline.read_rows(seq, end - BLOCK_TOKENS, BLOCK_TOKENS) {
+            Some(rows) => cache.put(id, &tokens, rows),
+            // The rest of this prompt's blocks would each start after a missing one.
+            None => a.save_at.clear(),
+        }
+    }
+
     /// Once slot `i`'s prompt has landed everywhere, its rows up to `save_to` are exact,
     /// and their whole blocks that the prompt cache lacks are read and kept there.
     fn prompt_landed(&mut self, i: usize) {
@@ -753,11 +807,10 @@ impl Loop {
     /// least a tile before the prompt's end (see `copy_prefix_from_another_slot`); nothing
     /// for a model with a recurrent state.
     fn copyable(&self, prompt: &[i32], shared: usize) -> usize {
-        let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
         if self.pipeline.keeps_state() {
             return 0;
         }
-        shared.min(prompt.len().saturating_sub(tile)) / tile * tile
+        tile_floor(prompt, shared)
     }
 
     /// A client that went away frees its slot at once (its KV stays as prompt cache).
@@ -859,7 +912,7 @@ impl Loop {
             let mut take = a.pending.len().min(budget).min(a.chunk);
             // Rows up to where this stretch of the prompt ends: its end, or the checkpoint.
             let mut stretch = a.pending.len();
-            if let Some(at) = a.checkpoint_at {
+            if let Some(at) = a.next_stop() {
                 // Up to the checkpoint, then nothing until it is taken (on landing).
                 stretch = stretch.min(at.saturating_sub(s.cached.len()));
                 take = take.min(stretch);
@@ -978,6 +1031,7 @@ impl Loop {
                     self.pipeline.checkpoint_sequence(s.seq);
                     m::state_checkpoint();
                 }
+                self.keep_state_block(i);
             }
         }
         match result {

@@ -392,6 +392,54 @@ fn blocks_of_a_prompt_that_left_its_slot_are_written_back_and_only_the_rest_is_f
     assert_eq!(rig.violations(), Vec::<String>::new());
 }
 
+/// A model keeping a recurrent state (Qwen3.5): a block holds the state where it ends,
+/// which exists only while the sequence ends there, so a prompt's pieces stop at each
+/// block's end and the block is read then (and the state checkpointed near the end, as
+/// before). A prompt sharing those blocks after another took the slot (its state gone)
+/// gets them written back and computes only the rest.
+#[test]
+fn a_recurrent_models_blocks_are_kept_as_its_prompt_passes_their_ends_and_written_back() {
+    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(60));
+    assert!(system.len() > 2 * block + tile, "{} tokens", system.len());
+    let with = |question: &str| [system.clone(), prompt(question)].concat();
+    let (first, again) = (with(" Count with me:"), with(&" Now count backwards, slowly, from the top, please.".repeat(8)));
+    let other = prompt(&" Something else entirely, about the weather and the sea.".repeat(30));
+    let rig = Rig::with_prompt_cache(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_rows().with_state(), 1, 512);
+    let kept = |rig: &Rig| rig.log.lock().unwrap().reads.iter().map(|&(_, at, n)| (at, n)).collect::<Vec<_>>();
+    assert_eq!(answer(rig.submit(&first, 4, &[])).cached, Some(0));
+    let first_blocks: Vec<(usize, usize)> = (0..first.len() / block).map(|i| (i * block, block)).collect();
+    assert_eq!(kept(&rig), first_blocks, "the first prompt's whole blocks, each read where the sequence ended");
+    {
+        let log = rig.log.lock().unwrap();
+        // No piece of the prompt crosses a block's end.
+        for b in &log.batches {
+            let (lo, hi) = (b.iter().map(|r| r.1).min().unwrap() as usize, b.iter().map(|r| r.1).max().unwrap() as usize);
+            assert!(hi < first.len() - 1 || lo >= first.len() - 1 || lo / block == hi / block, "a piece {lo}..={hi} crosses a block's end");
+        }
+        assert_eq!(log.checkpoints, vec![(0, first.len() - super::batcher::CHECKPOINT_TAIL)]);
+    }
+    // Another conversation takes the only slot: the state is the other's now.
+    assert_eq!(answer(rig.submit(&other, 4, &[])).cached, Some(0));
+    let lcp = (0..first.len().min(again.len())).take_while(|&i| first[i] == again[i]).count();
+    let expected = lcp.min(again.len() - tile) / block * block;
+    assert!(expected >= 2 * block);
+    let batches_before = rig.log.lock().unwrap().batches.len();
+    let c = answer(rig.submit(&again, 4, &[]));
+    assert_eq!(c.cached, Some(expected), "{lcp} tokens shared");
+    {
+        let log = rig.log.lock().unwrap();
+        let written: Vec<(usize, usize)> = log.writes.iter().map(|&(_, at, n)| (at, n)).collect();
+        assert_eq!(written, (0..expected / block).map(|i| (i * block, block)).collect::<Vec<_>>());
+        let fed: Vec<u32> = log.batches[batches_before..].iter().flatten().map(|r| r.1).collect();
+        assert_eq!(fed.len(), again.len() - expected + 3);
+        assert_eq!(fed.iter().min().copied(), Some(expected as u32), "feeding starts after the restored prefix");
+    }
+    let after_again: Vec<(usize, usize)> = (expected / block..again.len() / block).map(|i| (i * block, block)).collect();
+    assert_eq!(kept(&rig)[first_blocks.len() + other.len() / block..], after_again[..]);
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
 /// Requests with one long prefix arriving together (the `n` choices of a request, agents
 /// with one system prompt): the second waits until the first's prompt has been fed, then
 /// copies it; the shared rows are computed once. One sharing less than a tile with a

@@ -56,14 +56,15 @@ pub trait Pipeline: Send {
         let _ = (from, to, len);
         0
     }
-    /// What a block of rows read by `read_rows` holds (layers, K/V types and widths), for
-    /// the prompt cache's namespace; `None`: this pipeline keeps no blocks (a ring: its
-    /// rows live on several devices; a model with a recurrent state).
+    /// What a block of rows read by `read_rows` holds (layers, K/V types and widths, the
+    /// recurrent state's), for the prompt cache's namespace; `None`: this pipeline keeps no
+    /// blocks (a ring not formed).
     fn row_layout(&self) -> Option<String> {
         None
     }
-    /// Positions `[at, at + n)` of a sequence's K/V rows, for the prompt cache. Only called
-    /// when nothing of the sequence is in flight.
+    /// Positions `[at, at + n)` of a sequence's K/V rows, for the prompt cache; a model
+    /// that keeps a recurrent state gives them only where they end the sequence, with the
+    /// state there. Only called when nothing of the sequence is in flight.
     fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
         let _ = (seq, at, n);
         None

@@ -40,6 +40,8 @@ pub struct Log {
     /// Every block of rows written back, as (sequence, at, positions).
     pub writes: Vec<(SeqId, usize, usize)>,
     pub clears: Vec<SeqId>,
+    /// Every state checkpoint, as (sequence, length).
+    pub checkpoints: Vec<(SeqId, usize)>,
     pub recovers: usize,
     pub idles: usize,
     /// The most micro-batches that were in flight at once.
@@ -82,6 +84,10 @@ pub struct Scripted {
     max_batch: Option<usize>,
     /// Whether it reads and writes rows for the prompt cache: a row is its token's 4 bytes.
     rows: bool,
+    /// Like a model keeping a recurrent state (Qwen3.5): per sequence, the lengths it was
+    /// checkpointed at, the only points a truncation goes back to (else to nothing), and
+    /// rows read only where they end the sequence. None: truncation is exact.
+    checkpoints: Option<HashMap<SeqId, Vec<usize>>>,
     pub log: Arc<Mutex<Log>>,
     pub controls: Arc<Mutex<Controls>>,
 }
@@ -93,13 +99,19 @@ const SCRIPTED_LOGIT: f32 = 10.0;
 
 impl Scripted {
     pub fn new(n_vocab: usize, n_ctx: usize, script: Script) -> Scripted {
-        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, rows: false, log: Arc::default(), controls: Arc::default() }
+        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, rows: false, checkpoints: None, log: Arc::default(), controls: Arc::default() }
     }
 
     /// Truncates as a model keeping a recurrent state does under speculation: only back
     /// to where the last batch's drafts began (see `snapshots`).
     pub fn with_draft_snapshots(mut self) -> Scripted {
         self.snapshots = Some(HashMap::new());
+        self
+    }
+
+    /// Keeps a state as a recurrent model does (see `checkpoints`).
+    pub fn with_state(mut self) -> Scripted {
+        self.checkpoints = Some(HashMap::new());
         self
     }
 
@@ -250,6 +262,9 @@ impl Pipeline for Scripted {
         if let Some(snaps) = self.snapshots.as_mut() {
             snaps.remove(&seq);
         }
+        if let Some(cps) = self.checkpoints.as_mut() {
+            cps.remove(&seq);
+        }
         self.log.lock().unwrap().clears.push(seq);
     }
 
@@ -269,7 +284,14 @@ impl Pipeline for Scripted {
                 }
                 at
             }
-            _ => len,
+            _ => match self.checkpoints.as_mut() {
+                Some(cps) if len < held => {
+                    let list = cps.entry(seq).or_default();
+                    list.retain(|&at| at <= len);
+                    list.last().copied().unwrap_or(0)
+                }
+                _ => len,
+            },
         };
         self.cache.entry(seq).or_default().truncate(kept);
         self.log.lock().unwrap().truncates.push((seq, len));
@@ -299,7 +321,8 @@ impl Pipeline for Scripted {
     fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
         self.touch(seq, "read");
         let held = self.cache.get(&seq)?;
-        if !self.rows || at + n > held.len() {
+        // As the engine: a model with a recurrent state has it only at the sequence's end.
+        if !self.rows || at + n > held.len() || (self.checkpoints.is_some() && at + n != held.len()) {
             self.violation(format!("rows {at}..{} of sequence {seq} read, which holds {}", at + n, held.len()));
             return None;
         }
@@ -318,6 +341,9 @@ impl Pipeline for Scripted {
         }
         cache.truncate(at);
         cache.extend(block.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))));
+        if let Some(list) = self.checkpoints.as_mut().and_then(|cps| cps.get_mut(&seq)) {
+            list.retain(|&c| c <= at);
+        }
         self.failed.remove(&seq);
         self.log.lock().unwrap().writes.push((seq, at, n));
         true
@@ -325,6 +351,20 @@ impl Pipeline for Scripted {
 
     fn n_ctx_seq(&self) -> usize {
         self.n_ctx
+    }
+
+    fn keeps_state(&self) -> bool {
+        self.checkpoints.is_some()
+    }
+
+    fn checkpoint_sequence(&mut self, seq: SeqId) {
+        let len = self.cache.get(&seq).map_or(0, Vec::len);
+        if let Some(cps) = self.checkpoints.as_mut() {
+            let list = cps.entry(seq).or_default();
+            list.retain(|&c| c < len);
+            list.push(len);
+        }
+        self.log.lock().unwrap().checkpoints.push((seq, len));
     }
 
     fn recover(&mut self) -> Result<bool> {
@@ -340,6 +380,9 @@ impl Pipeline for Scripted {
         // A ring formed again starts from empty caches everywhere.
         self.broken = false;
         self.cache.clear();
+        if let Some(cps) = self.checkpoints.as_mut() {
+            cps.clear();
+        }
         if let Some(snaps) = self.snapshots.as_mut() {
             snaps.clear();
         }
@@ -351,6 +394,9 @@ impl Pipeline for Scripted {
         let mut c = self.controls.lock().unwrap();
         if std::mem::take(&mut c.idle_empties) {
             self.cache.clear();
+            if let Some(cps) = self.checkpoints.as_mut() {
+                cps.clear();
+            }
             return Ok(true);
         }
         Ok(false)

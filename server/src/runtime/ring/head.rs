@@ -563,7 +563,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
     }
 
     fn row_layout(&self) -> Option<String> {
-        if self.keeps_state() || (self.head.workers_compute && !self.links.formed()) {
+        if self.head.workers_compute && !self.links.formed() {
             return None;
         }
         // Each worker's rows follow from its windows, the cache types and where its layers
