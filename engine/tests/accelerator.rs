@@ -232,27 +232,27 @@ fn the_accelerator_is_profiled() {
     assert!(r.host_to_device_s > 0.0 && r.device_to_host_s > 0.0 && r.kv_copy_s > 0.0, "{r:?}");
 }
 
-/// The prompt cache's moves on a cache in accelerator memory (a third of the layers
-/// there, the rest on the CPU): a prefix copied from another sequence, and blocks read
-/// from one pipeline and written into a fresh one (a restart) over another text, both
-/// through the device's buffers; the rest of another prompt computed after them gives
-/// the cold prompt's logits on the same device, to the bit, and its greedy tokens (every
-/// prompt fed in pieces of one block, so the cold prompt is cut where the others are: the
-/// device's kernels may round by a batch's size).
+/// The prompt cache's moves on a cache in accelerator memory (two layers there, so their
+/// cache is; the rest on the CPU: lavapipe computes slowly): a prefix copied from another
+/// sequence, and blocks read from one pipeline and written into a fresh one (a restart)
+/// over another text, both through the device's buffers; the rest of another prompt
+/// computed after them gives the cold prompt's logits on the same device, to the bit
+/// (every prompt fed in pieces of one block, so the cold prompt is cut where the others
+/// are: the device's kernels may round by a batch's size).
 #[test]
 fn a_prefix_copied_or_restored_into_an_accelerators_cache_computes_what_the_cold_prompt_computes() {
     let Some(_) = accelerator() else { return };
+    const ACCEL_LAYERS: usize = 2;
     let path = common::default_model();
     let file = Arc::new(ModelFile::open(&path).unwrap());
     let n_layer = file.spec.n_layer;
-    let pipeline = || LocalPipeline::new(vec![Stage::new(file.clone(), StageConfig { accel_layers: n_layer / 3, ..stage_config(vec![0..n_layer], 3) }).unwrap()]).unwrap();
+    let pipeline = || LocalPipeline::new(vec![Stage::new(file.clone(), StageConfig { accel_layers: ACCEL_LAYERS, ..stage_config(vec![0..n_layer], 3) }).unwrap()]).unwrap();
     let (a, b, shared) = common::prefix_prompts();
     const BLOCK: usize = 128;
     let n = shared.min(b.len() - 64) / BLOCK * BLOCK;
     assert!(n >= 2 * BLOCK && b.len() - n >= 64, "shared {shared}, b {} tokens", b.len());
     let mut before = pipeline();
     let cold = common::feed_in(&mut before, 2, &b, BLOCK);
-    let cold_tokens = common::greedy_after(&mut before, 2, b.len(), &cold);
     common::feed_in(&mut before, 0, &a, BLOCK);
     assert_eq!(before.copy_sequence(0, 1, n), n);
     let copied = common::feed_in(&mut before, 1, &b[n..], BLOCK);
@@ -266,5 +266,4 @@ fn a_prefix_copied_or_restored_into_an_accelerators_cache_computes_what_the_cold
     }
     let got = common::feed_in(&mut after, 1, &b[n..], BLOCK);
     assert!(got == cold, "after a restore: rel. RMS {:.2e}", rel_rms(&got, &cold));
-    assert_eq!(common::greedy_after(&mut after, 1, b.len(), &got), cold_tokens);
 }
