@@ -13,8 +13,10 @@
 #
 #   scripts/agents-bench.sh
 #
-# Settings (environment): MODEL (default: the default model), SYSTEM (5000 tokens: the
-# default model's context is 8192, and 20 turns add ~2,000), AGENTS (4), TURNS (20), SLOTS
+# Settings (environment): MODEL (default: the default model), SYSTEM (2600 "tokens" at
+# load.py's 4.2 characters a token; the paper's text makes ~3,650 of the default model's,
+# and 20 turns of ~170 tokens and an answer each bring a conversation to ~7,700 of its
+# 8,192-token context), AGENTS (4), TURNS (20), SLOTS
 # (2), TOKENS (24 per answer), CTX (8192), THREADS (2; 1 per process with RING), RING (1: a
 # head and two workers on this machine, WINDOWS 10,10,10), HEARTH (the release binary).
 set -euo pipefail
@@ -22,7 +24,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
 MODEL="${MODEL:-$(scripts/fetch-model.sh)}"
-SYSTEM="${SYSTEM:-5000}"
+SYSTEM="${SYSTEM:-2600}"
 AGENTS="${AGENTS:-4}"
 TURNS="${TURNS:-20}"
 SLOTS="${SLOTS:-2}"

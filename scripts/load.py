@@ -151,6 +151,8 @@ def agents(a, words):
     ttft = [[None] * a.agents for _ in range(a.turns)]
     cached = [[0] * a.agents for _ in range(a.turns)]
 
+    failed = []
+
     def agent(i):
         start = (i * n_chars + i * 977) % max(1, len(words) - n_chars)
         system = "You are a coding agent working on this project. Its design document:\n" + words[start:start + n_chars]
@@ -158,7 +160,11 @@ def agents(a, words):
         for turn in range(a.turns):
             q = (i * 104729 + turn * 7919) % max(1, len(words) - 400)
             messages.append({"role": "user", "content": "Next step: " + words[q:q + 400]})
-            took, answer, hit = chat_turn(a.url, messages, a.max_tokens, a.timeout)
+            try:
+                took, answer, hit = chat_turn(a.url, messages, a.max_tokens, a.timeout)
+            except (SystemExit, Exception) as e:  # a refused turn (past the context): said, not a missing number
+                failed.append(f"agent {i}, turn {turn + 1}: {e}")
+                return
             ttft[turn][i], cached[turn][i] = took, hit
             messages.append({"role": "assistant", "content": answer})
 
@@ -167,6 +173,8 @@ def agents(a, words):
         t.start()
     for t in threads:
         t.join()
+    if failed:
+        sys.exit("load.py: " + "; ".join(failed))
     for turn in range(a.turns):
         print(f"{turn + 1} {statistics.median(ttft[turn]):.3f} {max(ttft[turn]):.3f} {statistics.median(cached[turn]):.0f}")
     later = [x for row in ttft[1:] for x in row]

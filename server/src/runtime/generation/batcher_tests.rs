@@ -363,25 +363,7 @@ fn blocks_of_a_prompt_that_left_its_slot_are_written_back_and_only_the_rest_is_f
     assert_eq!(kept(&rig), first_blocks, "the first prompt's whole blocks");
     // Another conversation takes the only slot.
     assert_eq!(answer(rig.submit(&other, 4, &[])).cached, Some(0));
-    let lcp = (0..first.len().min(again.len())).take_while(|&i| first[i] == again[i]).count();
-    let expected = lcp.min(again.len() - tile) / block * block;
-    assert!(expected >= 2 * block);
-    let batches_before = rig.log.lock().unwrap().batches.len();
-    let c = answer(rig.submit(&again, 4, &[]));
-    assert_eq!(c.cached, Some(expected), "{lcp} tokens shared");
-    assert_eq!(c.completion_tokens, 4);
-    {
-        let log = rig.log.lock().unwrap();
-        let written: Vec<(usize, usize)> = log.writes.iter().map(|&(_, at, n)| (at, n)).collect();
-        assert_eq!(written, (0..expected / block).map(|i| (i * block, block)).collect::<Vec<_>>());
-        // The rest of the prompt, then 3 generated tokens (the 4th is not fed).
-        let fed: Vec<u32> = log.batches[batches_before..].iter().flatten().map(|r| r.1).collect();
-        assert_eq!(fed.len(), again.len() - expected + 3);
-        assert_eq!(fed.iter().min().copied(), Some(expected as u32), "feeding starts after the restored prefix");
-    }
-    // The prompt after the restored blocks was exact: its new whole blocks are kept too.
-    let after_again: Vec<(usize, usize)> = (expected / block..again.len() / block).map(|i| (i * block, block)).collect();
-    assert_eq!(kept(&rig)[first_blocks.len() + other.len() / block..], after_again[..]);
+    restored_after_another_conversation(&rig, &first, &again, &other);
     // A prompt continuing after the generated tokens: its rows follow rows a cold prompt
     // would compute otherwise, so none is kept.
     let before = kept(&rig).len();
@@ -390,6 +372,32 @@ fn blocks_of_a_prompt_that_left_its_slot_are_written_back_and_only_the_rest_is_f
     assert!(d.cached.unwrap() > again.len(), "{:?}", d.cached);
     assert_eq!(kept(&rig).len(), before, "nothing kept after generated rows");
     assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+/// `again`, sharing a long prefix with `first`, sent after `other` took the rig's only slot
+/// (each sent once before, in that order): the whole blocks of the shared prefix the prompt
+/// cache kept, up to a tile before the prompt's end, are written back, only the rest is
+/// fed, and the prompt's own new whole blocks are kept after it.
+fn restored_after_another_conversation(rig: &Rig, first: &[i32], again: &[i32], other: &[i32]) {
+    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
+    let lcp = (0..first.len().min(again.len())).take_while(|&i| first[i] == again[i]).count();
+    let expected = lcp.min(again.len() - tile) / block * block;
+    assert!(expected >= 2 * block);
+    let batches_before = rig.log.lock().unwrap().batches.len();
+    let c = answer(rig.submit(again, 4, &[]));
+    assert_eq!(c.cached, Some(expected), "{lcp} tokens shared");
+    assert_eq!(c.completion_tokens, 4);
+    let log = rig.log.lock().unwrap();
+    let written: Vec<(usize, usize)> = log.writes.iter().map(|&(_, at, n)| (at, n)).collect();
+    assert_eq!(written, (0..expected / block).map(|i| (i * block, block)).collect::<Vec<_>>());
+    // The rest of the prompt, then 3 generated tokens (the 4th is not fed).
+    let fed: Vec<u32> = log.batches[batches_before..].iter().flatten().map(|r| r.1).collect();
+    assert_eq!(fed.len(), again.len() - expected + 3);
+    assert_eq!(fed.iter().min().copied(), Some(expected as u32), "feeding starts after the restored prefix");
+    // The prompt after the restored blocks was exact: its new whole blocks are kept too.
+    let kept: Vec<(usize, usize)> = log.reads.iter().map(|&(_, at, n)| (at, n)).collect();
+    let after_again: Vec<(usize, usize)> = (expected / block..again.len() / block).map(|i| (i * block, block)).collect();
+    assert_eq!(kept[first.len() / block + other.len() / block..], after_again[..]);
 }
 
 /// A model keeping a recurrent state (Qwen3.5): a block holds the state where it ends,
@@ -421,22 +429,7 @@ fn a_recurrent_models_blocks_are_kept_as_its_prompt_passes_their_ends_and_writte
     }
     // Another conversation takes the only slot: the state is the other's now.
     assert_eq!(answer(rig.submit(&other, 4, &[])).cached, Some(0));
-    let lcp = (0..first.len().min(again.len())).take_while(|&i| first[i] == again[i]).count();
-    let expected = lcp.min(again.len() - tile) / block * block;
-    assert!(expected >= 2 * block);
-    let batches_before = rig.log.lock().unwrap().batches.len();
-    let c = answer(rig.submit(&again, 4, &[]));
-    assert_eq!(c.cached, Some(expected), "{lcp} tokens shared");
-    {
-        let log = rig.log.lock().unwrap();
-        let written: Vec<(usize, usize)> = log.writes.iter().map(|&(_, at, n)| (at, n)).collect();
-        assert_eq!(written, (0..expected / block).map(|i| (i * block, block)).collect::<Vec<_>>());
-        let fed: Vec<u32> = log.batches[batches_before..].iter().flatten().map(|r| r.1).collect();
-        assert_eq!(fed.len(), again.len() - expected + 3);
-        assert_eq!(fed.iter().min().copied(), Some(expected as u32), "feeding starts after the restored prefix");
-    }
-    let after_again: Vec<(usize, usize)> = (expected / block..again.len() / block).map(|i| (i * block, block)).collect();
-    assert_eq!(kept(&rig)[first_blocks.len() + other.len() / block..], after_again[..]);
+    restored_after_another_conversation(&rig, &first, &again, &other);
     assert_eq!(rig.violations(), Vec::<String>::new());
 }
 
