@@ -342,6 +342,16 @@ fn a_prefix_another_slot_holds_is_copied_not_computed() {
     }
 }
 
+/// Two prompts sharing a system prompt of more than two blocks and a tile (an agent's
+/// turn, and the same agent asking again), and another conversation.
+fn two_agents_and_another() -> (Vec<i32>, Vec<i32>, Vec<i32>) {
+    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(60));
+    assert!(system.len() > 2 * block + tile, "{} tokens", system.len());
+    let with = |question: &str| [system.clone(), prompt(question)].concat();
+    (with(" Count with me:"), with(&" Now count backwards, slowly, from the top, please.".repeat(8)), prompt(&" Something else entirely, about the weather and the sea.".repeat(30)))
+}
+
 /// The prompt cache: once a prompt has landed, the whole blocks of its rows are kept; a
 /// later request starting with them, in a slot that served another conversation since,
 /// has them written back — up to a block's end at least a tile before its own end — and
@@ -350,12 +360,8 @@ fn a_prefix_another_slot_holds_is_copied_not_computed() {
 /// are.
 #[test]
 fn blocks_of_a_prompt_that_left_its_slot_are_written_back_and_only_the_rest_is_fed() {
-    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
-    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(60));
-    assert!(system.len() > 2 * block + tile, "{} tokens", system.len());
-    let with = |question: &str| [system.clone(), prompt(question)].concat();
-    let (first, again) = (with(" Count with me:"), with(&" Now count backwards, slowly, from the top, please.".repeat(8)));
-    let other = prompt(&" Something else entirely, about the weather and the sea.".repeat(30));
+    let block = super::BLOCK_TOKENS;
+    let (first, again, other) = two_agents_and_another();
     let rig = Rig::with_prompt_cache(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_rows(), 1, 512);
     let kept = |rig: &Rig| rig.log.lock().unwrap().reads.iter().map(|&(_, at, n)| (at, n)).collect::<Vec<_>>();
     assert_eq!(answer(rig.submit(&first, 4, &[])).cached, Some(0));
@@ -407,12 +413,8 @@ fn restored_after_another_conversation(rig: &Rig, first: &[i32], again: &[i32], 
 /// gets them written back and computes only the rest.
 #[test]
 fn a_recurrent_models_blocks_are_kept_as_its_prompt_passes_their_ends_and_written_back() {
-    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
-    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(60));
-    assert!(system.len() > 2 * block + tile, "{} tokens", system.len());
-    let with = |question: &str| [system.clone(), prompt(question)].concat();
-    let (first, again) = (with(" Count with me:"), with(&" Now count backwards, slowly, from the top, please.".repeat(8)));
-    let other = prompt(&" Something else entirely, about the weather and the sea.".repeat(30));
+    let block = super::BLOCK_TOKENS;
+    let (first, again, other) = two_agents_and_another();
     let rig = Rig::with_prompt_cache(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_rows().with_state(), 1, 512);
     let kept = |rig: &Rig| rig.log.lock().unwrap().reads.iter().map(|&(_, at, n)| (at, n)).collect::<Vec<_>>();
     assert_eq!(answer(rig.submit(&first, 4, &[])).cached, Some(0));
