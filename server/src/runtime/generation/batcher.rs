@@ -351,6 +351,14 @@ const HOLD_GAIN: usize = scheduler::pipelining::MIN_PROMPT_CHUNK;
 /// the thinking it opened), so the state at the very end would not be reusable.
 pub(super) const CHECKPOINT_TAIL: usize = 16;
 
+/// Whole tiles of `shared` leading tokens of `prompt`, ending at least a tile before its
+/// end: rows taken from elsewhere (a copy, the prompt cache) stop there, so the rest is
+/// computed in tiles as a cold prompt computes it.
+fn tile_floor(prompt: &[i32], shared: usize) -> usize {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    shared.min(prompt.len().saturating_sub(tile)) / tile * tile
+}
+
 /// The rows of a prompt piece to take now, `take` of a stretch of `stretch` rows (to the
 /// prompt's end or its checkpoint), so that no piece after it is shorter than a `tile` of
 /// query rows: a rest under a tile joins this piece where the batch has `room`, else the
@@ -361,14 +369,6 @@ pub(super) const CHECKPOINT_TAIL: usize = 16;
 /// chunks a ring's plan chose: measured on the default model, a 2,775-token prompt in
 /// chunks of 100, 128, 192, 256 or 500 gives the logits of 512 bit for bit, chunks of 64
 /// with their 23-row rest did not).
-/// Whole tiles of `shared` leading tokens of `prompt`, ending at least a tile before its
-/// end: rows taken from elsewhere (a copy, the prompt cache) stop there, so the rest is
-/// computed in tiles as a cold prompt computes it.
-fn tile_floor(prompt: &[i32], shared: usize) -> usize {
-    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
-    shared.min(prompt.len().saturating_sub(tile)) / tile * tile
-}
-
 pub(super) fn no_short_rest(take: usize, stretch: usize, room: usize, tile: usize) -> usize {
     let rest = stretch.saturating_sub(take);
     if rest == 0 || rest >= tile || take < tile {
@@ -773,6 +773,11 @@ impl Loop {
         let Some(to) = s.save_to.take() else { return };
         s.exact = to.min(s.cached.len());
         let (seq, exact) = (s.seq, s.exact);
+        // A recurrent model's blocks were kept as the prompt passed their ends: the state
+        // of an earlier position is gone now.
+        if self.pipeline.keeps_state() {
+            return;
+        }
         let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return };
         let tokens = &self.slots[i].cached[..exact / BLOCK_TOKENS * BLOCK_TOKENS];
         for (b, id) in cache.chain(tokens).into_iter().enumerate() {
@@ -913,7 +918,8 @@ impl Loop {
             // Rows up to where this stretch of the prompt ends: its end, or the checkpoint.
             let mut stretch = a.pending.len();
             if let Some(at) = a.next_stop() {
-                // Up to the checkpoint, then nothing until it is taken (on landing).
+                // Up to the checkpoint or a block's end to keep, then nothing until it is
+                // taken (on landing).
                 stretch = stretch.min(at.saturating_sub(s.cached.len()));
                 take = take.min(stretch);
                 if take == 0 {
