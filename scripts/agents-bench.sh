@@ -13,9 +13,9 @@
 #
 #   scripts/agents-bench.sh
 #
-# Settings (environment): MODEL (default: the default model), SYSTEM (2600 "tokens" at
-# load.py's 4.2 characters a token; the paper's text makes ~3,650 of the default model's,
-# and 20 turns of ~170 tokens and an answer each bring a conversation to ~7,700 of its
+# Settings (environment): MODEL (default: the default model), SYSTEM (2300 "tokens" at
+# load.py's 4.2 characters a token; the paper's text makes ~3,200 of the default model's,
+# and 20 turns of ~170 tokens and an answer each bring a conversation to ~7,800 of its
 # 8,192-token context), AGENTS (4), TURNS (20), SLOTS
 # (2), TOKENS (24 per answer), CTX (8192), THREADS (2; 1 per process with RING), RING (1: a
 # head and two workers on this machine, WINDOWS 10,10,10), HEARTH (the release binary).
@@ -24,7 +24,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 HEARTH="${HEARTH:-${CARGO_TARGET_DIR:-$root/target}/release/hearth}"
 MODEL="${MODEL:-$(scripts/fetch-model.sh)}"
-SYSTEM="${SYSTEM:-2600}"
+SYSTEM="${SYSTEM:-2300}"
 AGENTS="${AGENTS:-4}"
 TURNS="${TURNS:-20}"
 SLOTS="${SLOTS:-2}"
@@ -56,7 +56,10 @@ start() {
   shift
   if [ "$RING" = 1 ]; then
     for w in "$W1" "$W2"; do
-      "$HEARTH" worker --listen "$w" --threads "$THREADS" --model "$MODEL" >"$work/$name-worker-${w##*:}.log" 2>&1 &
+      # Each member keeps its own windows' rows of the blocks, in its own directory.
+      local blocks=(--prompt-cache-ram 0 --prompt-cache-size 0)
+      [ "$name" = none ] || blocks=(--prompt-cache-dir "$cache/worker-${w##*:}")
+      "$HEARTH" worker --listen "$w" --threads "$THREADS" --model "$MODEL" "${blocks[@]}" >"$work/$name-worker-${w##*:}.log" 2>&1 &
       pids+=($!)
       up "$work/$name-worker-${w##*:}.log" "worker listening on "
     done
@@ -83,10 +86,10 @@ echo "agents-bench: $(date -u +%FT%TZ), $(grep -m1 'model name' /proc/cpuinfo | 
 start none --prompt-cache-ram 0 --prompt-cache-size 0
 run none
 stop
-start cache --prompt-cache-dir "$cache"
+start cache --prompt-cache-dir "$cache/head"
 run cache
 stop
-start restart --prompt-cache-dir "$cache"
+start restart --prompt-cache-dir "$cache/head"
 run restart
 stop
 
@@ -95,6 +98,6 @@ paste -d' ' "$work/none.txt" "$work/cache.txt" "$work/restart.txt" | awk '{print
 awk 'NR==FNR && $1==1 {n1=$2} NR==FNR && $1=="all" {na=$2} FNR==1 && NR!=FNR {f++} NR!=FNR && $1==1 {t1[f]=$2} NR!=FNR && $1=="all" {ta[f]=$2}
   END {printf "turn 1: cache %.3fx, after restart %.3fx of none; turns 2-: cache %.3fx, after restart %.3fx of none\n", t1[1]/n1, t1[2]/n1, ta[1]/na, ta[2]/na}' \
   "$work/none.txt" "$work/cache.txt" "$work/restart.txt"
-echo "disk: $(du -sh "$cache" | cut -f1) in $(find "$cache" -type f | wc -l) blocks"
+echo "disk: $(du -sh "$cache" | cut -f1) in $(find "$cache" -type f | wc -l) block files (every member's)"
 cat "$work/cache.metrics" "$work/restart.metrics"
 rm -rf "$work"

@@ -462,13 +462,16 @@ fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The prompt cache through a ring of three (the head keeps the blocks; each holds every
-/// member's rows of its positions, read and written round the ring in-band): a prefix
-/// comes back after its slot served another conversation, and after the head and a worker
-/// restarted, with the single node's cold answer; a plan that moves the layers lays rows
-/// out otherwise, so its ring restores none of them (and still answers as cold).
+/// The prompt cache through a ring of three, each member keeping its own windows' rows of
+/// every block (the head its own, each worker its own, on its own disk: a block's rows
+/// never cross the network): a prefix comes back after its slot served another
+/// conversation, and after the head and a worker restarted (both from disk), with the
+/// single node's cold answer; a worker that restarted without its blocks makes the head
+/// compute the prefix and keep it again (still the cold answer), and the next request
+/// restores it; a plan that moves the layers lays rows out otherwise, so its ring
+/// restores none of them (and still answers as cold).
 #[test]
-fn through_a_ring_the_prompt_cache_restores_a_prefix_after_restarts_and_a_new_plan_reads_none() {
+fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_new_plan_reads_none() {
     const SHARED: usize = 1100;
     let tk = Tokenizer::load(&common::default_model()).unwrap();
     let ids: Vec<u32> = tk.tokenize(&excerpt(), false).iter().map(|&t| t as u32).collect();
@@ -478,7 +481,8 @@ fn through_a_ring_the_prompt_cache_restores_a_prefix_after_restarts_and_a_new_pl
     let restored = (SHARED / 256 * 256) as u64;
     let dir = std::env::temp_dir().join(format!("hearth-prompt-cache-ring-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let dir_arg = dir.to_string_lossy().into_owned();
+    let member_dir = |name: &str| dir.join(name).to_string_lossy().into_owned();
+    let (head_dir, w1_dir, w2_dir) = (member_dir("head"), member_dir("worker-1"), member_dir("worker-2"));
     let ctx = CTX.to_string();
     let cached = |addr: &str| -> (String, u64) {
         let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": again, "max_tokens": 24, "temperature": 0}));
@@ -488,33 +492,56 @@ fn through_a_ring_the_prompt_cache_restores_a_prefix_after_restarts_and_a_new_pl
         let node = Served::start(&["--threads", "1", "--parallel", "1", "--ctx-size", ctx.as_str(), "--prompt-cache-ram", "0", "--prompt-cache-size", "0"]);
         cached(&node.addr).0
     };
-    let (w1, w2, list) = workers();
-    let ring = |list: &str, windows: &str| Served::start(&["--threads", "1", "--parallel", "1", "--ctx-size", ctx.as_str(), "--workers", list, "--windows", windows, "--prompt-cache-dir", dir_arg.as_str(), "--prompt-cache-size", "256"]);
+    let worker_at = |addr: &str, blocks: &str| {
+        let w = (0..50).find_map(|_| {
+            Served::worker_at(addr, &common::default_model(), &["--threads", "1", "--prompt-cache-dir", blocks, "--prompt-cache-size", "256"]).ok().or_else(|| {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                None
+            })
+        });
+        w.expect("the worker starts where it was")
+    };
+    let w1 = worker_at("127.0.0.1:0", &w1_dir);
+    let w2 = worker_at("127.0.0.1:0", &w2_dir);
+    let list = format!("{},{}", w1.addr, w2.addr);
+    let ring = |windows: &str| Served::start(&["--threads", "1", "--parallel", "1", "--ctx-size", ctx.as_str(), "--workers", list.as_str(), "--windows", windows, "--prompt-cache-dir", head_dir.as_str(), "--prompt-cache-size", "256"]);
     {
-        let mut h = ring(&list, "8,11,11");
+        let mut h = ring("8,11,11");
         complete(&h.addr, &first, 8);
         complete(&h.addr, &other, 8);
         assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the slot was reused");
         assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"ram\""), (restored / 256) as f64);
-        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(&dir).len() >= 6).then_some(()));
+        // Each member wrote its own rows of the six blocks (four of the prefix, two of the
+        // other conversation); the head's hold its rows only, a third of the layers.
+        for d in [&head_dir, &w1_dir, &w2_dir] {
+            common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(std::path::Path::new(d)).len() >= 6).then_some(()));
+        }
+        let size = |d: &str| block_files(std::path::Path::new(d)).iter().map(|f| std::fs::metadata(f).unwrap().len()).sum::<u64>();
+        assert!(size(&head_dir) < size(&w1_dir), "the head's blocks hold its 8 layers' rows, a worker's its 11: {} against {}", size(&head_dir), size(&w1_dir));
         h.child.kill().unwrap();
         h.child.wait().unwrap();
     }
-    // The head and a worker restart (the worker where it was).
+    // The head and a worker restart (the worker where it was, on its directory).
     let w1_addr = w1.addr.clone();
     drop(w1);
-    let w1 = (0..50).find_map(|_| Served::worker_at(&w1_addr, &common::default_model(), &["--threads", "1"]).ok().or_else(|| {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        None
-    }));
-    let w1 = w1.expect("the worker starts again where it was");
+    let w1 = worker_at(&w1_addr, &w1_dir);
     {
-        let h = ring(&list, "8,11,11");
+        let h = ring("8,11,11");
         assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the head and a worker restarted");
         assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"disk\""), (restored / 256) as f64);
     }
+    // The worker restarts again without its blocks: the head's first write of them misses
+    // there, the prefix is computed and kept again, and the next request restores it.
+    drop(w1);
+    let w1 = worker_at(&w1_addr, &member_dir("worker-1-elsewhere"));
     {
-        let h = ring(&list, "10,10,10");
+        let h = ring("8,11,11");
+        assert_eq!(cached(&h.addr), (cold.clone(), 0), "a worker without its blocks");
+        complete(&h.addr, &other, 8);
+        assert_eq!(cached(&h.addr), (cold.clone(), restored), "kept again");
+    }
+    {
+        let h = ring("10,10,10");
         assert_eq!(cached(&h.addr), (cold.clone(), 0), "another plan");
         assert_eq!(metric(&h.addr, "hearth_prompt_cache_restored_tokens_total"), 0.0);
     }

@@ -11,7 +11,7 @@
 //!             n_reports × (compute_us u32 | read_bytes u64 | prefetch_bytes u64)
 //! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32 | from u64)
 //! Rows        step u64 | seq u64 | at u32 | n u32 | write u8 | 3 reserved bytes
-//!             | count u32 | count × (len u64 | len bytes)
+//!             | key: 32-byte block id | count u32 | count × (len u64 | len bytes)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
 //! Auth*       Hello: 33-byte key share; Challenge: key share and 16-byte server id;
@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 6;
+pub const VERSION: u16 = 7;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -46,7 +46,7 @@ const REPORT_LEN: u64 = 20;
 pub const MAX_REPORTS: usize = u8::MAX as usize;
 const KV_OPS_FIXED_LEN: u64 = 12;
 const KV_OP_LEN: u64 = 21;
-const ROWS_FIXED_LEN: u64 = 32;
+const ROWS_FIXED_LEN: u64 = 64;
 const ROWS_PART_LEN: u64 = 8;
 const WANTS_LOGITS: u32 = 1;
 
@@ -181,18 +181,21 @@ pub enum Frame {
         step: u64,
         ops: Vec<KvOp>,
     },
-    /// K/V rows of positions `at..at + n` of a sequence, for the head's prompt cache, in
-    /// ring order one part per worker. Read (`write` false): the head sends no parts and
-    /// each worker appends its windows' rows (an empty part: it has none, or cannot read
-    /// them). Write: each worker takes the first part, writes it as those positions (its
-    /// sequence keeps its first `at`), and passes the rest on. In-band, like `KvOps`, so
-    /// every member reads or writes at the same point in the step order.
+    /// K/V rows of positions `at..at + n` of a sequence as the head's prompt-cache block
+    /// `key`: each worker keeps its own windows' rows of a block, so they never cross the
+    /// network. Read (`write` false): a worker keeps its rows under `key` and appends a
+    /// one-byte part (an empty part: it has no layers, or could not keep them). Write: a
+    /// worker writes the rows it kept under `key` as those positions and appends a one-byte
+    /// part, or an empty one when it no longer has them (its sequence then keeps its first
+    /// `at`): a miss, not an error. The head sends no parts. In-band, like `KvOps`, so every
+    /// member reads or writes at the same point in the step order.
     Rows {
         step: u64,
         seq: u64,
         at: u32,
         n: u32,
         write: bool,
+        key: [u8; 32],
         parts: Vec<Vec<u8>>,
     },
     /// A member failed this step; the link stays up for the next one.
@@ -306,13 +309,14 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
                 buf.put_u64_le(from);
             }
         }
-        Frame::Rows { step, seq, at, n, write, parts } => {
+        Frame::Rows { step, seq, at, n, write, key, parts } => {
             buf.put_u64_le(*step);
             buf.put_u64_le(*seq);
             buf.put_u32_le(*at);
             buf.put_u32_le(*n);
             buf.put_u8(u8::from(*write));
             buf.put_bytes(0, 3);
+            buf.put_slice(key);
             buf.put_u32_le(parts.len() as u32);
             for p in parts {
                 buf.put_u64_le(p.len() as u64);
@@ -555,6 +559,7 @@ impl FrameDecoder {
                 if r.take(3)? != [0, 0, 0] {
                     return Err(r.bad("reserved bytes are not zero"));
                 }
+                let key = r.array::<32>()?;
                 let count = r.u32()?;
                 // Each part takes at least its length's 8 bytes: the count cannot promise
                 // more parts than the body holds.
@@ -567,7 +572,7 @@ impl FrameDecoder {
                     let len = usize::try_from(len).ok().filter(|&l| l <= r.rest.len()).ok_or_else(|| r.bad(format!("a part of {len} bytes past the body")))?;
                     parts.push(r.take(len)?.to_vec());
                 }
-                Frame::Rows { step, seq, at, n, write, parts }
+                Frame::Rows { step, seq, at, n, write, key, parts }
             }
             KIND_ERROR => {
                 let step = r.u64()?;
@@ -855,8 +860,8 @@ mod tests {
         prop_oneof![
             acts,
             (any::<u64>(), proptest::collection::vec(op, 0..8)).prop_map(|(step, ops)| Frame::KvOps { step, ops }),
-            (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<bool>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4))
-                .prop_map(|(step, seq, at, n, write, parts)| Frame::Rows { step, seq, at, n, write, parts }),
+            (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<bool>(), any::<[u8; 32]>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4))
+                .prop_map(|(step, seq, at, n, write, key, parts)| Frame::Rows { step, seq, at, n, write, key, parts }),
             (any::<u64>(), ".{0,40}").prop_map(|(step, message)| Frame::Error { step, message }),
             any::<u64>().prop_map(Frame::Ping),
             any::<u64>().prop_map(Frame::Pong),

@@ -61,8 +61,8 @@ fn seed_frames() -> Vec<Frame> {
         acts(Dtype::F32, 1, 1, 2),
         Frame::KvOps { step: 7, ops: vec![KvOp::Clear { seq: 1 }, KvOp::Truncate { seq: 2, len: 5 }, KvOp::Copy { seq: 3, from: 1, len: 300 }] },
         Frame::KvOps { step: 0, ops: vec![] },
-        Frame::Rows { step: 8, seq: 2, at: 256, n: 256, write: true, parts: vec![vec![1, 2, 3], vec![], vec![9; 40]] },
-        Frame::Rows { step: 9, seq: 0, at: 0, n: 64, write: false, parts: vec![] },
+        Frame::Rows { step: 8, seq: 2, at: 256, n: 256, write: true, key: [7; 32], parts: vec![vec![1, 2, 3], vec![], vec![9; 40]] },
+        Frame::Rows { step: 9, seq: 0, at: 0, n: 64, write: false, key: [0; 32], parts: vec![] },
         Frame::Error { step: 4, message: "stage failed: ünïcode".into() },
         Frame::Ping(11),
         Frame::Pong(12),
@@ -159,9 +159,9 @@ fn mutate_fields(rng: &mut Rng, wire: &mut Vec<u8>) {
                         *b = *rng.pick(&[2, 255]);
                     }
                 }
-                1 => set_u32(wire, body + 28, rng.interesting_u64() as u32),
+                1 => set_u32(wire, body + 60, rng.interesting_u64() as u32),
                 _ => {
-                    if let Some(f) = wire.get_mut(body + 32..body + 40) {
+                    if let Some(f) = wire.get_mut(body + 64..body + 72) {
                         f.copy_from_slice(&rng.interesting_u64().to_le_bytes());
                     }
                 }

@@ -427,24 +427,8 @@ pub struct ServeArgs {
     /// Tokens per engine step: decode tokens plus prompt chunks.
     #[arg(long, env = "HEARTH_MAX_BATCH", default_value_t = 512)]
     pub max_batch: usize,
-    /// MiB of RAM for computed prompt prefixes kept beyond the slots (blocks of 256 tokens'
-    /// K/V rows): a request that starts with a kept prefix (a system prompt and tools sent
-    /// again, a conversation whose slot was reused) has those rows written back instead of
-    /// computed, and answers as it would have cold. Default: an eighth of the memory this
-    /// process may use (its cgroup's limit, else what is available), at most 1024. 0: none
-    /// kept in RAM. On a ring the head's plan leaves room for it.
-    #[arg(long, env = "HEARTH_PROMPT_CACHE_RAM")]
-    pub prompt_cache_ram: Option<u64>,
-    /// Directory where prompt-cache blocks are also written, to be read back after they
-    /// leave RAM and after a restart (a subdirectory per model file, cache type and layout;
-    /// a block of another one is never read). Default: $XDG_CACHE_HOME/hearth/prompt-cache
-    /// (~/.cache/hearth/prompt-cache). `--prompt-cache-size 0`: nothing on disk.
-    #[arg(long, env = "HEARTH_PROMPT_CACHE_DIR")]
-    pub prompt_cache_dir: Option<PathBuf>,
-    /// MiB of disk the prompt cache's directory may hold (every model's blocks together;
-    /// the least recently used go first). 0: nothing on disk.
-    #[arg(long, env = "HEARTH_PROMPT_CACHE_SIZE", default_value_t = 8192)]
-    pub prompt_cache_size: u64,
+    #[command(flatten)]
+    pub prompt_cache: PromptCacheArgs,
     /// Largest request body in bytes; bigger ones get HTTP 413.
     #[arg(long, env = "HEARTH_BODY_LIMIT", default_value_t = 4 * 1024 * 1024)]
     pub body_limit: usize,
@@ -620,6 +604,46 @@ pub struct HopLab {
     pub emulate_hop_ms: f64,
 }
 
+/// The prompt cache's room (`serve` and `worker`): on a ring each member keeps its own
+/// windows' rows of every block, under the same three settings.
+#[derive(Args, Debug, Clone)]
+pub struct PromptCacheArgs {
+    /// MiB of RAM for computed prompt prefixes kept beyond the slots (blocks of 256 tokens'
+    /// K/V rows): a request that starts with a kept prefix (a system prompt and tools sent
+    /// again, a conversation whose slot was reused) has those rows written back instead of
+    /// computed, and answers as it would have cold. Default: an eighth of the memory this
+    /// process may use (its cgroup's limit, else what is available), at most 1024. 0: none
+    /// kept in RAM. On a ring every member keeps its own windows' rows of a block, and the
+    /// head's plan leaves each member room for its share.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_RAM")]
+    pub prompt_cache_ram: Option<u64>,
+    /// Directory where prompt-cache blocks are also written, to be read back after they
+    /// leave RAM and after a restart (a subdirectory per model file, cache type and layout;
+    /// a block of another one is never read). Default: $XDG_CACHE_HOME/hearth/prompt-cache
+    /// (~/.cache/hearth/prompt-cache). `--prompt-cache-size 0`: nothing on disk.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_DIR")]
+    pub prompt_cache_dir: Option<PathBuf>,
+    /// MiB of disk the prompt cache's directory may hold (every model's blocks together;
+    /// the least recently used go first). 0: nothing on disk.
+    #[arg(long, env = "HEARTH_PROMPT_CACHE_SIZE", default_value_t = 8192)]
+    pub prompt_cache_size: u64,
+}
+
+impl PromptCacheArgs {
+    pub fn config(&self) -> crate::runtime::generation::PrefixCacheConfig {
+        const MIB: u64 = 1 << 20;
+        let dir = self.prompt_cache_dir.clone().or_else(crate::runtime::generation::default_prompt_cache_dir);
+        // A small device (a phone, a 1 GiB container) keeps a small cache beside its layers.
+        const DEFAULT_RAM: u64 = 1024 * MIB;
+        const SHARE_OF_MEMORY: u64 = 8;
+        let ram_bytes = match self.prompt_cache_ram {
+            Some(mib) => mib.saturating_mul(MIB),
+            None => engine::residency::memory_budget().map_or(DEFAULT_RAM, |b| (b.bytes / SHARE_OF_MEMORY).min(DEFAULT_RAM)),
+        };
+        crate::runtime::generation::PrefixCacheConfig { ram_bytes, dir, disk_bytes: self.prompt_cache_size.saturating_mul(MIB) }
+    }
+}
+
 /// Finding each other on the LAN (`serve` and `worker`): on whenever a cluster secret is
 /// set, since every datagram is signed with it.
 #[derive(Args, Debug, Clone)]
@@ -672,6 +696,8 @@ pub struct WorkerArgs {
     pub head: Option<String>,
     #[command(flatten)]
     pub discovery: DiscoveryArgs,
+    #[command(flatten)]
+    pub prompt_cache: PromptCacheArgs,
     /// This device's name in the head's plans and dashboards (default: the host name).
     #[arg(long, env = "HEARTH_NAME")]
     pub name: Option<String>,

@@ -15,7 +15,6 @@ use crate::http::server::{serve_api, ConnectionLimits};
 use crate::http::{self, AppState};
 use crate::process::{http_runtime, now_secs, shutdown_signal};
 use crate::runtime::ring::{cluster_secret, hop_delay, SecretUser};
-use crate::runtime::generation::{default_prompt_cache_dir, PrefixCacheConfig};
 use crate::runtime::{Head, HeadConfig, RingSetup, Runtime, Speculation};
 
 pub fn run(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -160,7 +159,7 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
         batch_invariant: args.batch_invariant,
         repack: !args.no_repack,
         kv: args.kv.types(),
-        prompt_cache: prompt_cache(args),
+        prompt_cache: args.prompt_cache.config(),
         ring: ring_setup(args)?,
         gpu_layers: {
             let p = crate::runtime::GpuPlacement { layers: args.gpu_layers, experts_in_ram: args.experts_in_ram };
@@ -168,20 +167,6 @@ pub fn head_config(args: &ServeArgs) -> Result<HeadConfig, Box<dyn std::error::E
             p
         },
     })
-}
-
-/// `--prompt-cache-ram`, `--prompt-cache-dir`, `--prompt-cache-size`.
-fn prompt_cache(args: &ServeArgs) -> PrefixCacheConfig {
-    const MIB: u64 = 1 << 20;
-    let dir = args.prompt_cache_dir.clone().or_else(default_prompt_cache_dir);
-    // A small device (a phone, a 1 GiB container) keeps a small cache beside its layers.
-    const DEFAULT_RAM: u64 = 1024 * MIB;
-    const SHARE_OF_MEMORY: u64 = 8;
-    let ram_bytes = match args.prompt_cache_ram {
-        Some(mib) => mib.saturating_mul(MIB),
-        None => engine::residency::memory_budget().map_or(DEFAULT_RAM, |b| (b.bytes / SHARE_OF_MEMORY).min(DEFAULT_RAM)),
-    };
-    PrefixCacheConfig { ram_bytes, dir, disk_bytes: args.prompt_cache_size.saturating_mul(MIB) }
 }
 
 fn ring_setup(args: &ServeArgs) -> Result<Option<RingSetup>, Box<dyn std::error::Error>> {

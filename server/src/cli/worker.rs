@@ -27,6 +27,7 @@ pub fn run(args: WorkerArgs) -> Result<(), Box<dyn std::error::Error>> {
         repack: !args.no_repack,
         hop_delay: hop_delay(args.lab.emulate_hop_ms),
         gpu_layers: gpu,
+        prompt_cache: args.prompt_cache.config(),
         discovery: discovery.map(|port| crate::runtime::ring::WorkerDiscovery { port, head: args.head.clone(), name: args.name.clone().or_else(crate::process::hostname).unwrap_or_else(|| "worker".into()) }),
     };
     Ok(run_worker(cfg)?)

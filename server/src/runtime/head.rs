@@ -88,8 +88,8 @@ impl Head {
             tracing::warn!(asked = cfg.n_ctx_seq, model = spec.n_ctx_train, "--ctx-size is past the model's trained context: each sequence gets {n_ctx_seq} cells");
         }
         let stage = StageConfig { n_seq: parallel, n_ctx_seq, max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, draft_snapshots, ..StageConfig::whole(&spec) };
-        // How this node computes rows, for the prompt cache's namespace (a ring keeps no
-        // blocks yet: its pipeline gives no row layout).
+        // How this node computes rows, for the prompt cache's namespace (a ring adds its
+        // plan's layout: see its pipeline's `row_layout`).
         let mut compute = format!("batch_invariant={batch_invariant}");
         let (pipeline, board): (Box<dyn Pipeline>, Arc<PlanBoard>) = match &cfg.ring {
             Some(ring) => {

@@ -704,10 +704,17 @@ impl Loop {
             }
             let Some(rows) = cache.get(id, &prompt[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]) else { break };
             block_bytes = rows.len();
-            // The first write cuts the slot at `at`; a failed one leaves it there.
+            // The first write cuts the slot at `at`; a failed one leaves it there or shorter.
             touched = true;
-            if !self.pipeline.write_rows(seq, at, BLOCK_TOKENS, &rows) {
-                tracing::warn!(seq, at, "a prompt-cache block could not be written into the KV cache");
+            if let Err(kept) = self.pipeline.write_rows(seq, at, BLOCK_TOKENS, id, &rows) {
+                tracing::warn!(seq, at, kept, "a prompt-cache block could not be written into the KV cache (a ring member no longer has its rows of it?): it and the blocks after it are computed and kept again");
+                // A member that lost this block (restarted without its disk, evicted it)
+                // lost those kept after it too.
+                for id in &ids[i..first + held] {
+                    cache.forget(id);
+                }
+                m::prefix_cache_misses(first + held - i);
+                at = at.min(kept);
                 break;
             }
             at += BLOCK_TOKENS;
@@ -726,7 +733,7 @@ impl Loop {
             self.unpriced += gained;
             0.0
         };
-        m::prefix_cache_restored(at - first * BLOCK_TOKENS, saved_s);
+        m::prefix_cache_restored(at.saturating_sub(first * BLOCK_TOKENS), saved_s);
         tracing::debug!(seq, from = first * BLOCK_TOKENS, to = at, kept = keep, "prompt prefix restored from the prompt cache");
         at
     }
@@ -756,7 +763,7 @@ impl Loop {
         if cache.contains(&id) {
             return;
         }
-        match self.pipeline.read_rows(seq, end - BLOCK_TOKENS, BLOCK_TOKENS) {
+        match self.pipeline.read_rows(seq, end - BLOCK_TOKENS, BLOCK_TOKENS, &id) {
             Some(rows) => cache.put(id, &tokens, rows),
             // The rest of this prompt's blocks would each start after a missing one.
             None => a.save_at.clear(),
@@ -784,7 +791,7 @@ impl Loop {
             if cache.contains(&id) {
                 continue;
             }
-            let Some(rows) = self.pipeline.read_rows(seq, b * BLOCK_TOKENS, BLOCK_TOKENS) else { break };
+            let Some(rows) = self.pipeline.read_rows(seq, b * BLOCK_TOKENS, BLOCK_TOKENS, &id) else { break };
             cache.put(id, &tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS], rows);
         }
     }

@@ -406,6 +406,37 @@ fn restored_after_another_conversation(rig: &Rig, first: &[i32], again: &[i32], 
     assert_eq!(kept[first.len() / block + other.len() / block..], after_again[..]);
 }
 
+/// A block whose rows a ring member no longer has (a worker restarted without its disk, or
+/// evicted them): its write fails, the slot keeps what the pipeline says it holds (the
+/// first blocks; nothing with a recurrent state), that block and those after it are
+/// forgotten, the rest of the prompt is computed and its blocks kept again, and the next
+/// request restores them all with the same answer.
+#[test]
+fn a_block_a_ring_member_lost_is_computed_and_kept_again_and_the_next_request_restores_it() {
+    let (block, tile) = (super::BLOCK_TOKENS, scheduler::pipelining::MIN_PROMPT_CHUNK);
+    let (first, again, other) = two_agents_and_another();
+    let lcp = (0..first.len().min(again.len())).take_while(|&i| first[i] == again[i]).count();
+    let expected = lcp.min(again.len() - tile) / block * block;
+    assert!(expected >= 2 * block);
+    for state in [false, true] {
+        let pipeline = Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_rows();
+        let rig = Rig::with_prompt_cache(if state { pipeline.with_state() } else { pipeline }, 1, 512);
+        answer(rig.submit(&first, 4, &[]));
+        answer(rig.submit(&other, 4, &[]));
+        let reads_before = rig.log.lock().unwrap().reads.len();
+        rig.controls.lock().unwrap().lost_rows = vec![block];
+        let lost = answer(rig.submit(&again, 4, &[]));
+        assert_eq!(lost.cached, Some(if state { 0 } else { block }), "state {state}");
+        assert_eq!(lost.completion_tokens, 4);
+        let kept_again: Vec<usize> = rig.log.lock().unwrap().reads[reads_before..].iter().map(|&(_, at, _)| at).collect();
+        assert_eq!(kept_again, (1..again.len() / block).map(|b| b * block).collect::<Vec<_>>(), "state {state}: the lost block and those after it kept again");
+        answer(rig.submit(&other, 4, &[]));
+        let restored = answer(rig.submit(&again, 4, &[]));
+        assert_eq!((restored.cached, &restored.text), (Some(expected), &lost.text), "state {state}");
+        assert_eq!(rig.violations(), Vec::<String>::new(), "state {state}");
+    }
+}
+
 /// A model keeping a recurrent state (Qwen3.5): a block holds the state where it ends,
 /// which exists only while the sequence ends there, so a prompt's pieces stop at each
 /// block's end and the block is read then (and the state checkpointed near the end, as

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use engine::{BatchToken, LocalPipeline, Logits, SeqId};
 
+use super::prefix_cache::BlockId;
 use crate::error::Result;
 
 pub trait Pipeline: Send {
@@ -62,19 +63,22 @@ pub trait Pipeline: Send {
     fn row_layout(&self) -> Option<String> {
         None
     }
-    /// Positions `[at, at + n)` of a sequence's K/V rows, for the prompt cache; a model
-    /// that keeps a recurrent state gives them only where they end the sequence, with the
-    /// state there. Only called when nothing of the sequence is in flight.
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
-        let _ = (seq, at, n);
+    /// Positions `[at, at + n)` of a sequence's K/V rows as prompt-cache block `key`, for
+    /// the prompt cache; a model that keeps a recurrent state gives them only where they
+    /// end the sequence, with the state there. A ring's workers keep their own rows of the
+    /// block under `key` (what comes back holds the head's). Only called when nothing of
+    /// the sequence is in flight.
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId) -> Option<Vec<u8>> {
+        let _ = (seq, at, n, key);
         None
     }
-    /// Puts a block from `read_rows` back as positions `[at, at + n)` of `seq`, which keeps
-    /// its first `at`; false where it cannot (and then `seq` keeps only its first `at`).
-    /// Only called when nothing of the sequence is in flight.
-    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
-        let _ = (seq, at, n, block);
-        false
+    /// Puts block `key` from `read_rows` back as positions `[at, at + n)` of `seq`, which
+    /// keeps its first `at`. `Err(len)` where it cannot (a block that does not fit, a
+    /// ring member that no longer has its rows of it): `seq` keeps its first `len`
+    /// positions then, `at` or fewer. Only called when nothing of the sequence is in flight.
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {
+        let _ = (seq, n, key, block);
+        Err(at)
     }
     /// Whether the model keeps a recurrent state per sequence (Qwen3.5): then a sequence
     /// goes back only to a checkpoint (`checkpoint_sequence`), not to any length.
@@ -127,12 +131,13 @@ impl Pipeline for LocalPipeline {
         LocalPipeline::row_layout(self)
     }
 
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &BlockId) -> Option<Vec<u8>> {
         LocalPipeline::read_rows(self, seq, at, n)
     }
 
-    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
-        LocalPipeline::write_rows(self, seq, at, n, block)
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {
+        // A block that does not fit leaves the sequence its first `at` (as the engine says).
+        LocalPipeline::write_rows(self, seq, at, n, block).then_some(()).ok_or(at)
     }
 
     fn keeps_state(&self) -> bool {

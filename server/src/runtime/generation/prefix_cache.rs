@@ -285,6 +285,19 @@ impl PrefixCache {
         self.export();
     }
 
+    /// Drops block `id` from RAM and disk: its rows could not be written back (a ring member
+    /// no longer has its part), so it is computed and kept again.
+    pub fn forget(&mut self, id: &BlockId) {
+        if let Some(b) = self.ram.remove(id) {
+            self.ram_used -= b.rows.len() as u64;
+        }
+        if let Some(d) = self.disk.as_mut() {
+            let path = d.path(id);
+            d.forget(&path);
+        }
+        self.export();
+    }
+
     fn keep_in_ram(&mut self, id: BlockId, rows: Arc<Vec<u8>>) {
         let size = rows.len() as u64;
         if size > self.ram_budget || self.ram.contains_key(&id) {

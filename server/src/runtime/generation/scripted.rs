@@ -59,6 +59,9 @@ pub struct Controls {
     pub recover_failures: usize,
     /// The next `idle` call answers `Ok(true)` (every cache emptied).
     pub idle_empties: bool,
+    /// Writes of rows at these positions fail (each once) as a ring member's missing part
+    /// does: the sequence keeps its first `at` positions (none with a recurrent state).
+    pub lost_rows: Vec<usize>,
 }
 
 pub struct Scripted {
@@ -318,7 +321,7 @@ impl Pipeline for Scripted {
         self.rows.then(|| "scripted tokens".to_string())
     }
 
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &super::prefix_cache::BlockId) -> Option<Vec<u8>> {
         self.touch(seq, "read");
         let held = self.cache.get(&seq)?;
         // As the engine: a model with a recurrent state has it only at the sequence's end.
@@ -331,14 +334,22 @@ impl Pipeline for Scripted {
         Some(block)
     }
 
-    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &super::prefix_cache::BlockId, block: &[u8]) -> std::result::Result<(), usize> {
         self.touch(seq, "written");
         let cache = self.cache.entry(seq).or_default();
         if at > cache.len() || block.len() != 4 * n {
-            let v = format!("a block of {} bytes written as rows {at}..{} of sequence {seq}, which holds {}", block.len(), at + n, cache.len());
+            let (v, kept) = (format!("a block of {} bytes written as rows {at}..{} of sequence {seq}, which holds {}", block.len(), at + n, cache.len()), cache.len().min(at));
             self.violation(v);
-            return false;
+            return Err(kept);
         }
+        let mut controls = self.controls.lock().unwrap();
+        if let Some(i) = controls.lost_rows.iter().position(|&p| p == at) {
+            controls.lost_rows.remove(i);
+            let kept = if self.checkpoints.is_some() { 0 } else { at };
+            cache.truncate(kept);
+            return Err(kept);
+        }
+        drop(controls);
         cache.truncate(at);
         cache.extend(block.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))));
         if let Some(list) = self.checkpoints.as_mut().and_then(|cps| cps.get_mut(&seq)) {
@@ -346,7 +357,7 @@ impl Pipeline for Scripted {
         }
         self.failed.remove(&seq);
         self.log.lock().unwrap().writes.push((seq, at, n));
-        true
+        Ok(())
     }
 
     fn n_ctx_seq(&self) -> usize {

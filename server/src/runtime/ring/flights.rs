@@ -234,8 +234,8 @@ impl Flights {
     fn take_back<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>) {
         let frame = loop {
             match ring.links.receive(self.step_timeout) {
-                // The KV operations (and rows) sent ahead, coming back: every worker applied them.
-                Ok(Frame::KvOps { .. } | Frame::Rows { write: true, .. }) => continue,
+                // The KV operations sent ahead, coming back: every worker applied them.
+                Ok(Frame::KvOps { .. }) => continue,
                 Ok(Frame::Error { message, .. }) => break Err(format!("a worker failed: {message}")),
                 Ok(Frame::Activations(a)) => break Ok(a),
                 Ok(other) => break Err(format!("out-of-order {} frame from the ring", other.kind_name())),
@@ -291,13 +291,18 @@ impl Flights {
         }
     }
 
-    /// Rows `at..at + n` of `seq` from every worker, in ring order (an empty part: a worker
-    /// without layers, or one that could not read them), read round the ring in-band: the
-    /// micro-batches ahead of the frame are taken back first (and sent on), then the frame.
-    /// Only asked while nothing of `seq` is in flight. An error: the ring broke.
-    pub fn read_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize) -> std::result::Result<Vec<Vec<u8>>, String> {
+    /// Rows `at..at + n` of `seq` as prompt-cache block `key`, kept (`write` false) or
+    /// written back (`write`) by every worker from its own store, round the ring in-band:
+    /// the micro-batches ahead of the frame are taken back first (and sent on), then the
+    /// frame, after the KV operations queued before. Returns each worker's answer in ring
+    /// order (an empty part: a worker without layers, or one that did not keep or write
+    /// them). Only asked while nothing of `seq` is in flight. An error: the ring broke.
+    pub fn rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, write: bool, key: [u8; 32]) -> std::result::Result<Vec<Vec<u8>>, String> {
+        if !ring.links.formed() {
+            return Err(ring.links.why());
+        }
         let step = self.next_step();
-        self.send(ring, Frame::Rows { step, seq, at: at as u32, n: n as u32, write: false, parts: Vec::new() })?;
+        self.send(ring, Frame::Rows { step, seq, at: at as u32, n: n as u32, write, key, parts: Vec::new() })?;
         // Frames come back in the order they left: those of the micro-batches in the ring now
         // come first (their next rounds leave after this frame).
         for _ in 0..self.in_ring.len() {
@@ -308,15 +313,15 @@ impl Flights {
         }
         loop {
             match ring.links.receive(self.step_timeout) {
-                Ok(Frame::KvOps { .. } | Frame::Rows { write: true, .. }) => continue,
-                Ok(Frame::Rows { step: back, write: false, parts, .. }) if back == step => return Ok(parts),
+                Ok(Frame::KvOps { .. }) => continue,
+                Ok(Frame::Rows { step: back, parts, .. }) if back == step => return Ok(parts),
                 Ok(Frame::Error { message, .. }) => {
                     let why = format!("a worker failed: {message}");
                     self.broke(ring, why.clone());
                     return Err(why);
                 }
                 Ok(other) => {
-                    let why = format!("out-of-order {} frame from the ring while reading rows", other.kind_name());
+                    let why = format!("out-of-order {} frame from the ring while keeping rows", other.kind_name());
                     self.broke(ring, why.clone());
                     return Err(why);
                 }
@@ -326,20 +331,6 @@ impl Flights {
                 }
             }
         }
-    }
-
-    /// Writes rows `at..at + n` of `seq` on every worker, `parts` in ring order, in-band
-    /// ahead of the next frame after the KV operations queued before (the head writes its
-    /// own part itself). A worker that
-    /// cannot take its part answers with an error frame, which breaks the ring at the next
-    /// frame taken back. An error: the ring is broken.
-    pub fn write_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, parts: Vec<Vec<u8>>) -> std::result::Result<(), String> {
-        if !ring.links.formed() {
-            return Err(ring.links.why());
-        }
-        let step = self.next_step();
-        self.pending.push(Frame::Rows { step, seq, at: at as u32, n: n as u32, write: true, parts });
-        Ok(())
     }
 
     /// Applies KV operations on the head now and queues them for the workers' next frame.
@@ -359,6 +350,7 @@ impl Flights {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
 
     use super::*;
@@ -377,8 +369,10 @@ mod tests {
         /// Kinds of the frames the head sent, in order.
         sent: Vec<&'static str>,
         kv_seen: Vec<KvOp>,
-        /// Row parts written, as (sequence, at, parts).
-        rows_written: Vec<(u64, u32, Vec<Vec<u8>>)>,
+        /// Each worker's kept rows of a block, by (worker, key).
+        rows_kept: HashMap<(usize, [u8; 32]), Vec<u8>>,
+        /// Rows written back, as (worker, sequence, at, rows).
+        rows_written: Vec<(usize, u64, u32, Vec<u8>)>,
         receives: usize,
         /// The n-th receive (1-based) fails: a link reset mid-flight.
         fail_receive: Option<usize>,
@@ -416,16 +410,20 @@ mod tests {
                     w.kv_seen.extend(ops.iter().cloned());
                     w.queue.push_back(Frame::KvOps { step, ops });
                 }
-                // Each worker appends its rows (worker i's: bytes i + 1, `n` of them), or takes
-                // its part.
-                Frame::Rows { step, seq, at, n, write, mut parts } => {
-                    if write {
-                        w.rows_written.push((seq, at, parts.clone()));
-                        parts.clear();
-                    } else {
-                        parts.extend((0..WORKERS).map(|i| vec![i as u8 + 1; n as usize]));
+                // Each worker keeps its rows (worker i's: bytes i + 1, `n` of them) or writes
+                // back what it kept, and answers whether it did.
+                Frame::Rows { step, seq, at, n, write, key, mut parts } => {
+                    for i in 0..WORKERS {
+                        let done = if write {
+                            let rows = w.rows_kept.get(&(i, key)).cloned();
+                            rows.map(|r| w.rows_written.push((i, seq, at, r))).is_some()
+                        } else {
+                            w.rows_kept.insert((i, key), vec![i as u8 + 1; n as usize]);
+                            true
+                        };
+                        parts.push(if done { vec![1] } else { Vec::new() });
                     }
-                    w.queue.push_back(Frame::Rows { step, seq, at, n, write, parts });
+                    w.queue.push_back(Frame::Rows { step, seq, at, n, write, key, parts });
                 }
                 other => return Err(format!("unexpected {} frame", other.kind_name())),
             }
@@ -565,38 +563,41 @@ mod tests {
     }
 
     #[test]
-    fn rows_read_round_a_ring_with_micro_batches_in_the_air_come_back_after_them_and_leave_them_whole() {
+    fn rows_kept_round_a_ring_with_micro_batches_in_the_air_come_back_after_them_and_leave_them_whole() {
         let mut rig = Rig::new();
         rig.launch(0, 0, 0, &[5, 6, 7]);
         rig.launch(1, 1, 0, &[8]);
-        // Rows of another sequence, read while both are in the ring: they come back after
-        // the frames ahead of them, which go on round.
-        let parts = rig.run(|f, r| f.read_rows(r, 2, 64, 3)).unwrap();
-        assert_eq!(parts, vec![vec![1; 3], vec![2; 3]]);
+        // Rows of another sequence, kept while both are in the ring: the answers come back
+        // after the frames ahead of them, which go on round.
+        let parts = rig.run(|f, r| f.rows(r, 2, 64, 3, false, [5; 32])).unwrap();
+        assert_eq!(parts, vec![vec![1], vec![1]]);
         assert_eq!(rig.wire.wire().sent, vec!["activations", "activations", "rows", "activations", "activations"]);
         for (ticket, last) in [(0, 7), (1, 8)] {
             let (t, logits) = rig.finish();
             assert_eq!((t, logits.unwrap().data), (ticket, vec![expected(last); N_EMBD]));
         }
-        // Rows written go ahead of the next frame, after the KV operations queued before.
-        rig.run(|f, r| {
+        // Written back after the KV operations queued before, each worker from its own
+        // store; a block a worker never kept is a miss in its answer, not an error.
+        let parts = rig.run(|f, r| {
             f.kv(r, [KvOp::Truncate { seq: 2, len: 0 }]);
-            f.write_rows(r, 2, 0, 3, vec![vec![9; 3], vec![8; 3]]).unwrap();
+            f.rows(r, 2, 0, 3, true, [5; 32]).unwrap()
         });
-        assert_eq!(rig.wire.wire().rows_written, vec![]);
+        assert_eq!(parts, vec![vec![1], vec![1]]);
+        rig.wire.wire().rows_kept.remove(&(1, [5; 32]));
+        assert_eq!(rig.run(|f, r| f.rows(r, 2, 0, 3, true, [5; 32])).unwrap(), vec![vec![1], Vec::new()]);
         rig.launch(2, 2, 3, &[4]);
         let (t, r) = rig.finish();
         assert_eq!((t, r.unwrap().data), (2, vec![expected(4); N_EMBD]));
         let w = rig.wire.wire();
-        assert_eq!(w.rows_written, vec![(2, 0, vec![vec![9; 3], vec![8; 3]])]);
-        assert_eq!(w.sent[5..], ["kv-ops", "rows", "activations", "activations"]);
+        assert_eq!(w.rows_written, vec![(0, 2, 0, vec![1; 3]), (1, 2, 0, vec![2; 3]), (0, 2, 0, vec![1; 3])]);
+        assert_eq!(w.sent[5..], ["kv-ops", "rows", "rows", "activations", "activations"]);
         drop(w);
-        // A broken ring reads nothing.
+        // A broken ring keeps nothing.
         let next = rig.wire.wire().receives + 1;
         rig.wire.wire().fail_receive = Some(next);
-        assert!(rig.run(|f, r| f.read_rows(r, 2, 0, 3)).is_err());
+        assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, false, [6; 32])).is_err());
         assert!(!rig.links.formed());
-        assert!(rig.run(|f, r| f.write_rows(r, 2, 0, 3, Vec::new())).is_err());
+        assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, true, [5; 32])).is_err());
     }
 
     #[test]

@@ -33,6 +33,7 @@ use super::shipping::{self, ManifestStore};
 use super::RingSetup;
 use crate::error::{Error, ReplanError, Result};
 use crate::metrics::RingMeter;
+use crate::runtime::generation::BlockId;
 use crate::runtime::views::{CheckView, PlanView};
 
 pub struct RingPipeline {
@@ -466,6 +467,18 @@ impl RingPipeline {
         })
     }
 
+    /// Whether every worker holding layers answered a `Rows` frame with a non-empty part
+    /// (its rows kept or written).
+    fn every_worker_did(&self, answers: &[Vec<u8>]) -> bool {
+        answers.len() == self.members.len() && answers.iter().enumerate().all(|(i, p)| !p.is_empty() || self.plan.devices[i + 1].window == 0)
+    }
+
+    /// Every member keeps the first `at` positions of `seq` (a failed write's rule); what
+    /// the sequence holds then.
+    fn cut(&mut self, seq: SeqId, at: usize) -> usize {
+        crate::runtime::generation::Pipeline::truncate_sequence(self, seq, at)
+    }
+
     /// The flights, and their view of the running ring.
     fn ring(&mut self) -> (&mut Flights, Ring<'_, HeadStage>) {
         let members = self.members.len() + 1;
@@ -473,8 +486,8 @@ impl RingPipeline {
     }
 }
 
-/// A ring's block of rows: each member's part (the head first, then the workers in ring
-/// order) as its length (u64) and its bytes.
+/// A ring's block as the head keeps it: its own rows, then each worker's answer in ring
+/// order (the workers keep their rows themselves), each as its length (u64) and bytes.
 fn pack_parts(parts: impl Iterator<Item = Vec<u8>>) -> Vec<u8> {
     let mut out = Vec::new();
     for p in parts {
@@ -569,43 +582,52 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         // Each worker's rows follow from its windows, the cache types and where its layers
         // run; the head's from its stage. A plan that moves a layer is another layout.
         let workers: Vec<String> = (1..self.plan.devices.len()).map(|i| format!("{:?} gpu {}", self.plan.windows_of(i), self.plan.devices[i].gpu_layers)).collect();
-        Some(format!("ring; head {} gpu {:?}; workers {}; kv {}; batch_invariant {}", self.head.stage.row_layout(), self.head.placed, workers.join(", "), self.cfg.kv, self.cfg.batch_invariant))
+        // The head's blocks hold its own rows; each worker keeps its own (keyed by the
+        // block's id).
+        Some(format!("ring, each member keeping its rows; head {} gpu {:?}; workers {}; kv {}; batch_invariant {}", self.head.stage.row_layout(), self.head.placed, workers.join(", "), self.cfg.kv, self.cfg.batch_invariant))
     }
 
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId) -> Option<Vec<u8>> {
         let own = self.head.stage.read_rows(seq, at, n)?;
         let workers = self.members.len();
-        let parts = if self.head.workers_compute {
+        let answers = if self.head.workers_compute {
             let (flights, mut ring) = self.ring();
-            let parts = flights.read_rows(&mut ring, seq, at, n).map_err(|e| tracing::warn!("rows for the prompt cache not read: {e}")).ok()?;
-            // Every worker holding layers gave its rows.
-            let whole = parts.len() == workers && parts.iter().enumerate().all(|(i, p)| !p.is_empty() || self.plan.devices[i + 1].window == 0);
-            whole.then_some(parts)?
+            let answers = flights.rows(&mut ring, seq, at, n, false, *key).map_err(|e| tracing::warn!("rows for the prompt cache not kept: {e}")).ok()?;
+            // Every worker holding layers kept its rows.
+            self.every_worker_did(&answers).then_some(answers)?
         } else {
             vec![Vec::new(); workers]
         };
-        Some(pack_parts(std::iter::once(own).chain(parts)))
+        Some(pack_parts(std::iter::once(own).chain(answers)))
     }
 
-    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
-        let Some(mut parts) = unpack_parts(block).filter(|p| p.len() == self.members.len() + 1) else { return false };
-        let own = parts.remove(0);
+    fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {
+        let Some(own) = unpack_parts(block).filter(|p| p.len() == self.members.len() + 1).map(|mut p| p.swap_remove(0)) else { return Err(self.cut(seq, at)) };
         if !self.head.stage.write_rows(seq, at, n, &own) {
-            // As the trait says: every member keeps the first `at` positions then.
-            crate::runtime::generation::Pipeline::truncate_sequence(self, seq, at);
-            return false;
+            return Err(self.cut(seq, at));
         }
         if !self.head.workers_compute {
-            return true;
+            return Ok(());
         }
         let (flights, mut ring) = self.ring();
-        match flights.write_rows(&mut ring, seq, at, n, parts) {
-            Ok(()) => true,
+        match flights.rows(&mut ring, seq, at, n, true, *key) {
+            Ok(answers) if self.every_worker_did(&answers) => Ok(()),
+            Ok(_) => {
+                // A worker no longer has its rows of the block (evicted, or it restarted
+                // without its disk): it kept the first `at` positions, the others hold the
+                // block. A recurrent state cannot go back to `at` (no checkpoint there), so
+                // then every member starts the sequence over.
+                if self.file.spec.recurrent.is_some() {
+                    crate::runtime::generation::Pipeline::clear_sequence(self, seq);
+                    return Err(0);
+                }
+                Err(self.cut(seq, at))
+            }
             Err(e) => {
                 // The ring is broken: every member starts empty when it forms again.
                 tracing::warn!("rows from the prompt cache not written: {e}");
                 self.head.stage.truncate_sequence(seq, at);
-                false
+                Err(self.head.stage.sequence_len(0, seq))
             }
         }
     }

@@ -20,6 +20,7 @@ use transport::{Activations, ControlFailure, Frame, Link, LinkConfig, LinkServer
 use super::paging::WindowPager;
 use super::shipping::{self, FetchRequest, FetchStatus, Shipper};
 use super::{apply, WorkerPlan};
+use crate::runtime::generation::{prompt_cache_namespace, BlockId, PrefixCache, PrefixCacheConfig};
 use crate::error::{Error, Result};
 
 /// A worker's settings (`hearth worker`).
@@ -44,6 +45,8 @@ pub struct WorkerConfig {
     pub hop_delay: Duration,
     /// GPU layers per window: the head's plan, or the user's count.
     pub gpu_layers: crate::runtime::GpuPlacement,
+    /// Where this worker keeps its windows' rows of the head's prompt-cache blocks.
+    pub prompt_cache: PrefixCacheConfig,
     /// Find the head on the LAN and join it (`None`: wait to be named in `--workers`).
     pub discovery: Option<WorkerDiscovery>,
 }
@@ -72,6 +75,12 @@ struct Worker {
     gpu_layers: crate::runtime::GpuPlacement,
     meta: Mutex<Meta>,
     compute: Mutex<Compute>,
+    /// This worker's rows of the head's prompt-cache blocks (keyed `Rows` frames), kept
+    /// here so that a block's rows never cross the network; `None`: `--prompt-cache-ram 0`
+    /// and no disk, and the head keeps no blocks of this ring.
+    blocks: Mutex<Option<PrefixCache>>,
+    /// RAM the blocks may take, left out of what this device offers the head's plan.
+    blocks_ram: u64,
 }
 
 #[derive(Clone)]
@@ -188,7 +197,7 @@ fn ring_thread(cx: RingContext) -> std::io::Result<UnboundedSender<Link>> {
 
 /// Serves as a ring member until SIGTERM or Ctrl-C.
 pub fn run(cfg: WorkerConfig) -> Result<()> {
-    let WorkerConfig { model: path, model_dir, disk_budget, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers, discovery } = cfg;
+    let WorkerConfig { model: path, model_dir, disk_budget, listen: addr, secret, threads, prefetch, repack, hop_delay, gpu_layers, prompt_cache, discovery } = cfg;
     let model = match path {
         Some(path) => {
             let file = Arc::new(ModelFile::open(&path)?);
@@ -203,7 +212,8 @@ pub fn run(cfg: WorkerConfig) -> Result<()> {
     };
     let meta = Meta { next: None, planned: false, generation: 0, head: None, live_links: 0, device: None };
     let shipper = Shipper::new(model_dir, disk_budget, secret.clone());
-    let state = Arc::new(Worker { model: Mutex::new(model), shipper, prefetch, repack, gpu_layers, meta: Mutex::new(meta), compute: Mutex::default() });
+    let blocks = Mutex::new(PrefixCache::open(&prompt_cache));
+    let state = Arc::new(Worker { model: Mutex::new(model), shipper, prefetch, repack, gpu_layers, meta: Mutex::new(meta), compute: Mutex::default(), blocks, blocks_ram: prompt_cache.ram_bytes });
     let rt = crate::process::ring_runtime()?;
     let config = LinkConfig { send_delay: hop_delay, ..LinkConfig::default() };
     // Made here, on the main thread, so it has normal priority.
@@ -309,6 +319,7 @@ async fn control(state: &Arc<Worker>, method: &str, body: Value, threads: usize)
                 }
             };
             crate::runtime::profiling::refresh_memory(&mut device);
+            device.ram_available = (device.ram_available - state.blocks_ram as f64).max(0.0);
             // The window figures wait for a step in progress: off the runtime.
             let worker = state.clone();
             let mut answer = tokio::task::spawn_blocking(move || match &worker.compute().pager {
@@ -468,35 +479,55 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
                 }
                 Frame::KvOps { step, ops }
             }
-            Frame::Rows { step, seq, at, n, write, mut parts } => {
+            Frame::Rows { step, seq, at, n, write, key, mut parts } => {
                 let mut c = state.compute();
                 if c.generation != generation {
                     return Err(Error::RingBroken(REPLACED.into()));
                 }
-                let (at, n) = (at as usize, n as usize);
-                if write {
-                    // This worker's part is the first; a relay's is empty.
-                    let part = if parts.is_empty() { Vec::new() } else { parts.remove(0) };
-                    let written = match c.stage.as_mut() {
-                        Some(stage) => stage.write_rows(seq, at, n, &part),
-                        None => part.is_empty(),
-                    };
-                    if !written {
-                        // The head planned rows this worker cannot take (it never should:
-                        // blocks are kept per plan): the ring breaks rather than compute on
-                        // a cache the head does not know.
-                        Frame::Error { step, message: format!("rows {at}..{} of sequence {seq} ({} bytes) do not fit this worker's windows", at + n, part.len()) }
-                    } else {
-                        Frame::Rows { step, seq, at: at as u32, n: n as u32, write, parts }
-                    }
-                } else {
-                    parts.push(c.stage.as_ref().and_then(|stage| stage.read_rows(seq, at, n)).unwrap_or_default());
-                    Frame::Rows { step, seq, at: at as u32, n: n as u32, write, parts }
-                }
+                let kept = kept_rows(state, &mut c, seq, at as usize, n as usize, write, &key);
+                parts.push(if kept { vec![1] } else { Vec::new() });
+                Frame::Rows { step, seq, at, n, write, key, parts }
             }
             other => other,
         };
         out.sink.send(&reply).await?;
+    }
+}
+
+/// A `Rows` frame on this worker: its windows' rows of positions `at..at + n` of
+/// `seq` kept here as block `key` (read), or the rows kept as `key` written back as those
+/// positions (write). False: nothing kept or written — no layers, no prompt cache, rows
+/// that cannot be read, or (write) a block this worker no longer has (evicted, or lost with
+/// its RAM in a restart); a write that fails leaves `seq` its first `at` positions, as the
+/// head's own failed write does, and the head computes them instead.
+fn kept_rows(state: &Worker, c: &mut Compute, seq: u64, at: usize, n: usize, write: bool, key: &BlockId) -> bool {
+    let Some(stage) = c.stage.as_mut() else { return false };
+    let mut blocks = state.blocks.lock().expect("worker blocks");
+    let Some(cache) = blocks.as_mut() else {
+        if write {
+            stage.truncate_sequence(seq, at);
+        }
+        return false;
+    };
+    // Rows of another layout (windows, cache types) are never written here: the head's
+    // keys name its plan too, and this is the belt to those braces.
+    cache.set_namespace(Some(prompt_cache_namespace(&["ring worker's rows", &stage.row_layout()])));
+    if write {
+        // The key names every token before the block's end (a SHA-256 chain): no tokens to
+        // check beside it.
+        let written = cache.get(key, &[]).is_some_and(|rows| stage.write_rows(seq, at, n, &rows));
+        if !written {
+            stage.truncate_sequence(seq, at);
+        }
+        written
+    } else {
+        match stage.read_rows(seq, at, n) {
+            Some(rows) => {
+                cache.put(*key, &[], rows);
+                true
+            }
+            None => false,
+        }
     }
 }
 
