@@ -270,8 +270,7 @@ fn a_quantized_kv_cache_gives_the_single_node_output_through_the_ring_up_to_a_fu
     assert_eq!(chat(&head.addr, false), short);
     assert_eq!(fill_the_context(&head.addr), full, "a prompt answered until the context is full");
     for w in [&w1, &w2] {
-        let logged = w.log.lock().unwrap().clone();
-        assert!(logged.lines().any(|l| l.contains("plan loaded") && l.contains("K q8_0, V q4_0")), "a worker did not cache in the head's types:\n{logged}");
+        w.wait_logged("a worker caching in the head's types", Duration::from_secs(10), |l| l.contains("plan loaded") && l.contains("K q8_0, V q4_0"));
     }
 }
 
@@ -455,8 +454,7 @@ fn a_workers_model_file_written_while_it_serves_ends_the_stream_and_the_worker_f
     let (status, body) = pending.join().unwrap();
     assert_ring_unavailable(status, &body, "own.gguf");
     assert!(body.contains("written to"), "{body}");
-    let logged = w1.log.lock().unwrap().clone();
-    assert!(logged.lines().any(|l| l.contains("own.gguf") && l.contains("written to")), "the worker did not log why:\n{logged}");
+    w1.wait_logged("the worker's reason", Duration::from_secs(10), |l| l.contains("own.gguf") && l.contains("written to"));
     wait_healthy(&head.addr, Duration::from_secs(60));
     assert_eq!(chat(&head.addr, false), expected);
     assert!(metric(&head.addr, "hearth_model_bytes_served_total") > 0.0, "the worker fetched the head's copy");

@@ -141,6 +141,22 @@ impl Served {
         Ok(Served { child, addr, log: kept, log_lines: counted })
     }
 
+    /// Waits until a line of the process's log satisfies `wanted`, and fails the test with
+    /// the whole log if none does within `limit`. The log is read by another thread, so a
+    /// line the process wrote before an answer the test just got may not be here yet: a test
+    /// that checks the log reads it through this, never once.
+    pub fn wait_logged(&self, what: &str, limit: Duration, wanted: impl Fn(&str) -> bool) {
+        let start = Instant::now();
+        loop {
+            let log = self.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if log.lines().any(&wanted) {
+                return;
+            }
+            assert!(start.elapsed() < limit, "{what}: not logged within {limit:?}:\n{log}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Sends SIGTERM (a user's Ctrl-C or `docker stop`).
     pub fn terminate(&self) {
         self.signal(SIGTERM);
