@@ -466,7 +466,9 @@ fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_
 /// every block (the head its own, each worker its own, on its own disk: a block's rows
 /// never cross the network): a prefix comes back after its slot served another
 /// conversation, and after the head and a worker restarted (both from disk), with the
-/// single node's cold answer; a worker that restarted without its blocks makes the head
+/// single node's cold answer; a worker that lost the last two blocks of the prefix gives
+/// back the first two (the restore's frames go round together) and the head computes the
+/// rest; a worker that restarted without its blocks makes the head
 /// compute the prefix and keep it again (still the cold answer), and the next request
 /// restores it; a plan that moves the layers lays rows out otherwise, so its ring
 /// restores none of them (and still answers as cold).
@@ -529,6 +531,38 @@ fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_n
         let h = ring("8,11,11");
         assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the head and a worker restarted");
         assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"disk\""), (restored / 256) as f64);
+    }
+    // The worker restarts on its directory without its last two blocks of the prefix (its
+    // LRU took them, say): the restore's frames go round together, the first two blocks
+    // come back, the head cuts at the miss, computes the rest and keeps it again, and the
+    // next request restores the whole prefix.
+    drop(w1);
+    // A file is named by its block's id, the same on every member; the head's files hold
+    // the block's tokens too.
+    let lost: Vec<std::ffi::OsString> = block_files(std::path::Path::new(&head_dir))
+        .into_iter()
+        .filter(|f| {
+            let bytes = std::fs::read(f).unwrap();
+            let holds = |tokens: &[u32]| {
+                let le: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+                bytes.windows(le.len()).any(|w| w == le.as_slice())
+            };
+            holds(&ids[512..768]) || holds(&ids[768..1024])
+        })
+        .map(|f| f.file_name().unwrap().to_owned())
+        .collect();
+    assert_eq!(lost.len(), 2, "the head's files of the prefix's third and fourth blocks");
+    let worker_files = block_files(std::path::Path::new(&w1_dir));
+    for name in &lost {
+        let f = worker_files.iter().find(|f| f.file_name() == Some(name)).expect("the worker keeps the block under the head's id");
+        std::fs::remove_file(f).unwrap();
+    }
+    let w1 = worker_at(&w1_addr, &w1_dir);
+    {
+        let h = ring("8,11,11");
+        assert_eq!(cached(&h.addr), (cold.clone(), 512), "a worker missing the prefix's last two blocks");
+        complete(&h.addr, &other, 8);
+        assert_eq!(cached(&h.addr), (cold.clone(), restored), "kept again");
     }
     // The worker restarts again without its blocks: the head's first write of them misses
     // there, the prefix is computed and kept again, and the next request restores it.

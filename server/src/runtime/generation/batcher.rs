@@ -693,35 +693,40 @@ impl Loop {
         }
         let started = Instant::now();
         let seq = self.slots[idx].seq;
-        let mut at = first * BLOCK_TOKENS;
-        let mut touched = false;
+        let mut handed = 0usize;
         let mut block_bytes = 0usize;
-        for (i, id) in ids.iter().enumerate().take(first + held).skip(first) {
+        // Blocks go to the pipeline one at a time, read as it asks for them.
+        let mut next = || {
+            let i = first + handed;
+            let at = i * BLOCK_TOKENS;
             // Past what the slot holds, a block on disk is read only where that beats
             // computing its rows.
-            if at >= keep && !cache.in_ram(id) && read_rate.is_some_and(|r| block_bytes as f64 / r > compute_s) {
-                break;
+            if i >= first + held || (at >= keep && !cache.in_ram(&ids[i]) && read_rate.is_some_and(|r| block_bytes as f64 / r > compute_s)) {
+                return None;
             }
-            let Some(rows) = cache.get(id, &prompt[i * BLOCK_TOKENS..(i + 1) * BLOCK_TOKENS]) else { break };
+            let rows = cache.get(&ids[i], &prompt[at..at + BLOCK_TOKENS])?;
             block_bytes = rows.len();
-            // The first write cuts the slot at `at`; a failed one leaves it there or shorter.
-            touched = true;
-            if let Err(kept) = self.pipeline.write_rows(seq, at, BLOCK_TOKENS, id, &rows) {
-                tracing::warn!(seq, at, kept, "a prompt-cache block could not be written into the KV cache (a ring member no longer has its rows of it?): it and the blocks after it are computed and kept again");
-                // A member that lost this block (restarted without its disk, evicted it)
-                // lost those kept after it too.
-                for id in &ids[i..first + held] {
-                    cache.forget(id);
-                }
-                m::prefix_cache_misses(first + held - i);
-                at = at.min(kept);
-                break;
-            }
-            at += BLOCK_TOKENS;
-        }
-        if !touched {
+            handed += 1;
+            Some((ids[i], rows))
+        };
+        // The first block cuts the slot at its start; a failed one leaves it there or shorter.
+        let written = self.pipeline.write_blocks(seq, first * BLOCK_TOKENS, BLOCK_TOKENS, &mut next);
+        if handed == 0 {
             return keep;
         }
+        let at = match written {
+            Ok(w) => (first + w) * BLOCK_TOKENS,
+            Err((w, kept)) => {
+                tracing::warn!(seq, at = (first + w) * BLOCK_TOKENS, kept, "a prompt-cache block could not be written into the KV cache (a ring member no longer has its rows of it?): it and the blocks after it are computed and kept again");
+                // A member that lost this block (restarted without its disk, evicted it)
+                // lost those kept after it too.
+                for id in &ids[first + w..first + held] {
+                    cache.forget(id);
+                }
+                m::prefix_cache_misses(held - w);
+                ((first + w) * BLOCK_TOKENS).min(kept)
+            }
+        };
         // The slot's tokens before `keep` are the prompt's: it holds the prompt's first `at`.
         let slot = &mut self.slots[idx];
         slot.cached = prompt[..at].to_vec();

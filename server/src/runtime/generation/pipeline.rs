@@ -6,6 +6,7 @@
 //! once (a ring) takes several micro-batches in flight (`depth`, `start`, `finish`).
 //! Tests drive the batcher through a scripted one.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use engine::{BatchToken, LocalPipeline, Logits, SeqId};
@@ -79,6 +80,23 @@ pub trait Pipeline: Send {
     fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {
         let _ = (seq, n, key, block);
         Err(at)
+    }
+    /// Blocks from `read_rows` put back one after another, the first as positions
+    /// `[at, at + n)` of `seq` (which keeps its first `at`), each `n` long: `next` gives
+    /// the next block's id and bytes, `None` when there are no more (it is asked only once
+    /// the block before went in, so one block at a time is in memory). Returns how many
+    /// went in; where one could not (see `write_rows`), `Err((written, len))`: the
+    /// `written` before it stand and `seq` keeps its first `len` positions. A ring sends
+    /// them round one after another and waits for every answer at the end: one trip for a
+    /// prefix, not one per block, each member reading its rows of a block while the next
+    /// reads its rows of the block before.
+    fn write_blocks(&mut self, seq: SeqId, at: usize, n: usize, next: &mut dyn FnMut() -> Option<(BlockId, Arc<Vec<u8>>)>) -> std::result::Result<usize, (usize, usize)> {
+        let mut written = 0;
+        while let Some((key, block)) = next() {
+            self.write_rows(seq, at + written * n, n, &key, &block).map_err(|len| (written, len))?;
+            written += 1;
+        }
+        Ok(written)
     }
     /// Whether the model keeps a recurrent state per sequence (Qwen3.5): then a sequence
     /// goes back only to a checkpoint (`checkpoint_sequence`), not to any length.

@@ -298,39 +298,54 @@ impl Flights {
     /// order (an empty part: a worker without layers, or one that did not keep or write
     /// them). Only asked while nothing of `seq` is in flight. An error: the ring broke.
     pub fn rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, write: bool, key: [u8; 32]) -> std::result::Result<Vec<Vec<u8>>, String> {
+        let step = self.send_rows(ring, seq, at, n, write, key)?;
+        Ok(self.rows_back(ring, &[step])?.pop().unwrap_or_default())
+    }
+
+    /// Sends a `rows` frame round the ring without waiting for it: several go round one
+    /// after another (a restore's blocks), each member working on its rows of one while the
+    /// next member works on the one before, and `rows_back` collects their answers. Nothing
+    /// else may be launched on the ring until it has. Returns the frame's step.
+    pub fn send_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, write: bool, key: [u8; 32]) -> std::result::Result<u64, String> {
         if !ring.links.formed() {
             return Err(ring.links.why());
         }
         let step = self.next_step();
         self.send(ring, Frame::Rows { step, seq, at: at as u32, n: n as u32, write, key, parts: Vec::new() })?;
+        Ok(step)
+    }
+
+    /// The answers to the `rows` frames sent with these steps, in the order they were sent
+    /// (each as `rows` returns it), once the micro-batches that were in the ring before the
+    /// first have come back and gone on round. An error: the ring broke.
+    pub fn rows_back<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, steps: &[u64]) -> std::result::Result<Vec<Vec<Vec<u8>>>, String> {
+        if steps.is_empty() {
+            return Ok(Vec::new());
+        }
         // Frames come back in the order they left: those of the micro-batches in the ring now
-        // come first (their next rounds leave after this frame).
+        // come first (their next rounds leave after the rows frames).
         for _ in 0..self.in_ring.len() {
             self.take_back(ring);
             if !ring.links.formed() {
                 return Err(ring.links.why());
             }
         }
-        loop {
-            match ring.links.receive(self.step_timeout) {
-                Ok(Frame::KvOps { .. }) => continue,
-                Ok(Frame::Rows { step: back, parts, .. }) if back == step => return Ok(parts),
-                Ok(Frame::Error { message, .. }) => {
-                    let why = format!("a worker failed: {message}");
-                    self.broke(ring, why.clone());
-                    return Err(why);
-                }
-                Ok(other) => {
-                    let why = format!("out-of-order {} frame from the ring while keeping rows", other.kind_name());
-                    self.broke(ring, why.clone());
-                    return Err(why);
-                }
-                Err(why) => {
-                    self.broke(ring, why.clone());
-                    return Err(why);
-                }
-            }
+        let mut answers = Vec::with_capacity(steps.len());
+        for &step in steps {
+            let parts = loop {
+                let why = match ring.links.receive(self.step_timeout) {
+                    Ok(Frame::KvOps { .. }) => continue,
+                    Ok(Frame::Rows { step: back, parts, .. }) if back == step => break parts,
+                    Ok(Frame::Error { message, .. }) => format!("a worker failed: {message}"),
+                    Ok(other) => format!("out-of-order {} frame from the ring while keeping rows", other.kind_name()),
+                    Err(why) => why,
+                };
+                self.broke(ring, why.clone());
+                return Err(why);
+            };
+            answers.push(parts);
         }
+        Ok(answers)
     }
 
     /// Applies KV operations on the head now and queues them for the workers' next frame.
@@ -598,6 +613,42 @@ mod tests {
         assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, false, [6; 32])).is_err());
         assert!(!rig.links.formed());
         assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, true, [5; 32])).is_err());
+    }
+
+    #[test]
+    fn a_restores_rows_frames_go_round_together_and_their_answers_come_back_in_order_after_the_micro_batches() {
+        let mut rig = Rig::new();
+        for key in [[1; 32], [2; 32], [3; 32]] {
+            rig.run(|f, r| f.rows(r, 4, 0, 2, false, key)).unwrap();
+        }
+        // Worker 1 lost the middle block.
+        rig.wire.wire().rows_kept.remove(&(1, [2; 32]));
+        rig.launch(0, 0, 0, &[5, 6]);
+        let before = rig.wire.wire().sent.len();
+        let answers = rig
+            .run(|f, r| {
+                let steps: Vec<u64> = [[1; 32], [2; 32], [3; 32]].iter().enumerate().map(|(b, key)| f.send_rows(r, 4, 2 * b, 2, true, *key).unwrap()).collect();
+                f.rows_back(r, &steps)
+            })
+            .unwrap();
+        assert_eq!(answers, vec![vec![vec![1], vec![1]], vec![vec![1], Vec::new()], vec![vec![1], vec![1]]]);
+        // Three frames left one after another; the micro-batch ahead of them came back first
+        // and went round again after them.
+        assert_eq!(rig.wire.wire().sent[before..], ["rows", "rows", "rows", "activations"]);
+        let (t, logits) = rig.finish();
+        assert_eq!((t, logits.unwrap().data), (0, vec![expected(6); N_EMBD]));
+        let written: Vec<(usize, u32)> = rig.wire.wire().rows_written.iter().map(|&(w, _, at, _)| (w, at)).collect();
+        assert_eq!(written, vec![(0, 0), (1, 0), (0, 2), (0, 4), (1, 4)]);
+        // Nothing sent: nothing to wait for; a broken ring answers none.
+        assert_eq!(rig.run(|f, r| f.rows_back(r, &[])).unwrap(), Vec::<Vec<Vec<u8>>>::new());
+        let next = rig.wire.wire().receives + 1;
+        rig.wire.wire().fail_receive = Some(next);
+        assert!(rig.run(|f, r| {
+            let step = f.send_rows(r, 4, 0, 2, true, [1; 32]).unwrap();
+            f.rows_back(r, &[step])
+        })
+        .is_err());
+        assert!(!rig.links.formed());
     }
 
     #[test]

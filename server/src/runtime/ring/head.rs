@@ -479,6 +479,15 @@ impl RingPipeline {
         crate::runtime::generation::Pipeline::truncate_sequence(self, seq, at)
     }
 
+    /// Rows from the prompt cache were being written from `at` when the ring broke: every
+    /// member starts empty when it forms again, and the head keeps the first `at`. What
+    /// the sequence holds then.
+    fn ring_broke_while_writing(&mut self, seq: SeqId, at: usize, why: &str) -> usize {
+        tracing::warn!("rows from the prompt cache not written: {why}");
+        self.head.stage.truncate_sequence(seq, at);
+        self.head.stage.sequence_len(0, seq)
+    }
+
     /// The flights, and their view of the running ring.
     fn ring(&mut self) -> (&mut Flights, Ring<'_, HeadStage>) {
         let members = self.members.len() + 1;
@@ -602,34 +611,57 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
     }
 
     fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {
-        let Some(own) = unpack_parts(block).filter(|p| p.len() == self.members.len() + 1).map(|mut p| p.swap_remove(0)) else { return Err(self.cut(seq, at)) };
-        if !self.head.stage.write_rows(seq, at, n, &own) {
-            return Err(self.cut(seq, at));
-        }
-        if !self.head.workers_compute {
-            return Ok(());
-        }
-        let (flights, mut ring) = self.ring();
-        match flights.rows(&mut ring, seq, at, n, true, *key) {
-            Ok(answers) if self.every_worker_did(&answers) => Ok(()),
-            Ok(_) => {
-                // A worker no longer has its rows of the block (evicted, or it restarted
-                // without its disk): it kept the first `at` positions, the others hold the
-                // block. A recurrent state cannot go back to `at` (no checkpoint there), so
-                // then every member starts the sequence over.
-                if self.file.spec.recurrent.is_some() {
-                    crate::runtime::generation::Pipeline::clear_sequence(self, seq);
-                    return Err(0);
-                }
-                Err(self.cut(seq, at))
+        // One block is a restore of one.
+        let mut one = Some((*key, Arc::new(block.to_vec())));
+        self.write_blocks(seq, at, n, &mut || one.take()).map(drop).map_err(|(_, len)| len)
+    }
+
+    fn write_blocks(&mut self, seq: SeqId, at: usize, n: usize, next: &mut dyn FnMut() -> Option<(BlockId, Arc<Vec<u8>>)>) -> std::result::Result<usize, (usize, usize)> {
+        // The head writes its rows of each block and sends the block's frame on at once:
+        // while a worker reads its rows of one block from its disk, the head reads its own
+        // of the next and the worker before it those of the next. The answers are waited
+        // for at the end, together.
+        let mut steps = Vec::new();
+        let mut own_failed = false;
+        while let Some((key, block)) = next() {
+            let pos = at + steps.len() * n;
+            let own = unpack_parts(&block).filter(|p| p.len() == self.members.len() + 1).map(|mut p| p.swap_remove(0));
+            if !own.is_some_and(|own| self.head.stage.write_rows(seq, pos, n, &own)) {
+                own_failed = true;
+                break;
             }
-            Err(e) => {
-                // The ring is broken: every member starts empty when it forms again.
-                tracing::warn!("rows from the prompt cache not written: {e}");
-                self.head.stage.truncate_sequence(seq, at);
-                Err(self.head.stage.sequence_len(0, seq))
+            if !self.head.workers_compute {
+                steps.push(0);
+                continue;
+            }
+            let (flights, mut ring) = self.ring();
+            match flights.send_rows(&mut ring, seq, pos, n, true, key) {
+                Ok(step) => steps.push(step),
+                Err(e) => return Err((0, self.ring_broke_while_writing(seq, at, &e))),
             }
         }
+        let answers = if self.head.workers_compute {
+            let (flights, mut ring) = self.ring();
+            match flights.rows_back(&mut ring, &steps) {
+                Ok(answers) => answers,
+                Err(e) => return Err((0, self.ring_broke_while_writing(seq, at, &e))),
+            }
+        } else {
+            vec![vec![Vec::new(); self.members.len()]; steps.len()]
+        };
+        // The first block some member could not write (a worker that no longer has its rows
+        // of it, or the head's own); every block before it stands on every member.
+        let written = answers.iter().take_while(|a| self.every_worker_did(a)).count();
+        if written == steps.len() && !own_failed {
+            return Ok(written);
+        }
+        if self.file.spec.recurrent.is_some() && written < steps.len() {
+            // Members that wrote later blocks hold a state from past the miss, and a state
+            // cannot go back (no checkpoint there): every member starts the sequence over.
+            crate::runtime::generation::Pipeline::clear_sequence(self, seq);
+            return Err((written, 0));
+        }
+        Err((written, self.cut(seq, at + written * n)))
     }
 
     fn checkpoint_sequence(&mut self, seq: SeqId) {
