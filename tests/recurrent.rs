@@ -200,8 +200,9 @@ fn qwen35_with_its_own_template_makes_a_required_tool_call_and_takes_its_result(
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The prompt cache on a model keeping a recurrent state: each block holds the state where
-/// it ends (kept as the prompt passed that point), so an agent's long context (1,100 tokens
+/// The prompt cache on a model keeping a recurrent state: every block's rows, and the
+/// prompt's last whole block (and every 4th) with the state where it ends (kept as the
+/// prompt passed that point), so an agent's long context (1,100 tokens
 /// of real prose) comes back after its slot served another conversation, after a hard
 /// restart (from disk), and through a ring of three processes whose members each hold
 /// their windows' state — every answer the one a server without any cache computes cold
@@ -245,10 +246,11 @@ fn a_recurrent_models_prompt_cache_brings_a_long_prefix_back_with_its_state_afte
         let m = metrics(&node.addr);
         assert_eq!(counter(&m, "hearth_prompt_cache_restored_tokens_total"), restored as f64);
         assert_eq!(counter(&m, "hearth_prompt_cache_hits_total{tier=\"ram\"}"), (restored / 256) as f64);
-        // The four blocks of the prefix and the two of the other conversation reach the
-        // disk before the server goes down hard.
+        // The rows alone of the prefix's four blocks and of the other conversation's two,
+        // and each prompt's last whole block with the state (the prefix's 4th, the other's
+        // 2nd), reach the disk before the server goes down hard.
         let files = || std::fs::read_dir(&cache_dir).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten()).filter(|f| !f.file_name().to_string_lossy().contains(".tmp.")).count();
-        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (files() >= 6).then_some(()));
+        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (files() >= 8).then_some(()));
         let mut node = node;
         node.child.kill().unwrap();
         node.child.wait().unwrap();

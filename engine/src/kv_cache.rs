@@ -538,10 +538,10 @@ impl KvCache {
         self.state_tensors().into_iter().map(|t| unsafe { sys::ggml_row_size((*t).type_, (*t).ne[0]) }).sum()
     }
 
-    /// Bytes of a block of `n` positions read by [`KvCache::read_rows`]: the rows, and with
-    /// recurrent layers the state where the block ends.
-    pub fn block_bytes(&self, n: usize) -> usize {
-        n * self.row_bytes() + self.state_bytes()
+    /// Bytes of a block of `n` positions read by [`KvCache::read_rows`]: the rows, and
+    /// `with_state` the recurrent layers' state where the block ends.
+    pub fn block_bytes(&self, n: usize, with_state: bool) -> usize {
+        n * self.row_bytes() + if with_state { self.state_bytes() } else { 0 }
     }
 
     /// The recurrent state of `slot` in every recurrent layer, one tensor's row after
@@ -584,21 +584,25 @@ impl KvCache {
         let shape = |t: *mut sys::ggml_tensor| unsafe { format!("t{}x{}", (*t).type_, (*t).ne[0]) };
         let mut parts: Vec<String> = self.row_tensors().into_iter().map(shape).collect();
         if self.recurrent {
-            // A block then ends with the state there; a window without recurrent layers
-            // still says so, since its blocks are read only at a sequence's end.
-            parts.push(format!("state[{}]", self.state_tensors().into_iter().map(shape).collect::<Vec<_>>().join(",")));
+            // A block then holds the rows alone or ends with the state there; a window
+            // without recurrent layers still says so, since the model's blocks are used so.
+            parts.push(format!("rows alone or with state[{}]", self.state_tensors().into_iter().map(shape).collect::<Vec<_>>().join(",")));
         }
         parts.join(",")
     }
 
     /// Positions `[at, at + n)` of `seq`, every row tensor's rows one after another (see
-    /// [`KvCache::row_layout`]), and with recurrent layers the state after them: a block a
-    /// later [`KvCache::write_rows`] puts back, in this cache or another of the same
-    /// layout. `None` where `seq` holds fewer than `at + n` positions, or, in a model with
-    /// a recurrent state (a whole past, only had where it is now), other than `at + n`.
-    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
-        let s = self.seqs.get(&seq).copied().filter(|s| at + n <= s.len && (!self.recurrent || at + n == s.len))?;
-        let mut out = Vec::with_capacity(self.block_bytes(n));
+    /// [`KvCache::row_layout`]), and `with_state` the recurrent layers' state after them: a
+    /// block a later [`KvCache::write_rows`] puts back, in this cache or another of the same
+    /// layout. `None` where `seq` holds fewer than `at + n` positions, or, with the state,
+    /// other than `at + n` (a recurrent state is a whole past, only had where it is now).
+    /// Rows alone are had at any position: a model with recurrent layers keeps its state
+    /// only every few blocks (a state is far bigger than a block's rows), the rows of the
+    /// others alone.
+    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize, with_state: bool) -> Option<Vec<u8>> {
+        let with_state = with_state && self.recurrent;
+        let s = self.seqs.get(&seq).copied().filter(|s| at + n <= s.len && (!with_state || at + n == s.len))?;
+        let mut out = Vec::with_capacity(self.block_bytes(n, with_state));
         // SAFETY: reads rows of this sequence's slot of tensors this cache owns, within the
         // slot (at + n <= len <= capacity); nothing computes while the cache is borrowed.
         unsafe {
@@ -609,18 +613,23 @@ impl KvCache {
                 sys::ggml_backend_tensor_get(t, out[start..].as_mut_ptr().cast(), (s.slot * self.slot_cells + at) * row, n * row);
             }
         }
-        out.extend_from_slice(&self.read_state(s.slot));
+        if with_state {
+            out.extend_from_slice(&self.read_state(s.slot));
+        }
         Some(out)
     }
 
     /// Puts a block read by [`KvCache::read_rows`] back as positions `[at, at + n)` of
-    /// `seq`, which keeps its first `at` positions and holds `at + n` then (with recurrent
-    /// layers, the block's state too: the state at `at + n`). False, with nothing changed,
-    /// where `seq` holds fewer than `at` positions, the block is not `n` rows of this
-    /// layout (a cache without layers, the output window's, takes an empty one), it would
-    /// pass the context, or no slot is free for a new `seq`.
+    /// `seq`, which keeps its first `at` positions and holds `at + n` then; a block with the
+    /// state (told by its length) sets the state at `at + n` too. A block of rows alone
+    /// leaves the state as it was, which is not the state at `at + n`: the caller follows it
+    /// with a block with the state (a restore ends on one) or clears the sequence. False,
+    /// with nothing changed, where `seq` holds fewer than `at` positions, the block is not
+    /// `n` rows of this layout (a cache without layers, the output window's, takes an empty
+    /// one), it would pass the context, or no slot is free for a new `seq`.
     pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
-        if block.len() != self.block_bytes(n) || self.len(seq) < at {
+        let with_state = block.len() == self.block_bytes(n, true);
+        if !with_state && block.len() != self.block_bytes(n, false) || self.len(seq) < at {
             return false;
         }
         if at + n > self.capacity {
@@ -637,7 +646,9 @@ impl KvCache {
                 offset += n * row;
             }
         }
-        self.write_state(slot, &block[offset..]);
+        if with_state {
+            self.write_state(slot, &block[offset..]);
+        }
         // A checkpoint past `at` was taken over rows this block replaced.
         if let Some(cps) = self.checkpoints.get_mut(&seq) {
             cps.retain(|c| c.len <= at);

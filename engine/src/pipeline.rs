@@ -102,28 +102,32 @@ impl LocalPipeline {
         Some(parts.join("|"))
     }
 
-    /// Positions `[at, at + n)` of `seq`, every stage's rows one after another (see
-    /// `Stage::read_rows`): a block [`LocalPipeline::write_rows`] puts back, here or in a
-    /// pipeline of the same [`LocalPipeline::row_layout`] (after a restart).
-    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+    /// Positions `[at, at + n)` of `seq`, every stage's rows one after another, each
+    /// `with_state` or not (see `Stage::read_rows`): a block [`LocalPipeline::write_rows`]
+    /// puts back, here or in a pipeline of the same [`LocalPipeline::row_layout`] (after a
+    /// restart).
+    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize, with_state: bool) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         for s in &self.stages {
-            out.extend_from_slice(&s.read_rows(seq, at, n)?);
+            out.extend_from_slice(&s.read_rows(seq, at, n, with_state)?);
         }
         Some(out)
     }
 
     /// Puts a block of `n` positions read by [`LocalPipeline::read_rows`] back as
-    /// positions `[at, at + n)` of `seq`, which keeps its first `at`; false where it cannot
-    /// (see `KvCache::write_rows`), and then `seq` keeps only its first `at` positions.
+    /// positions `[at, at + n)` of `seq`, which keeps its first `at` (a block of rows alone
+    /// leaves a recurrent state behind: see `KvCache::write_rows`); false where it cannot,
+    /// and then `seq` keeps only its first `at` positions.
     pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
         if self.sequence_len(seq) < at {
             return false;
         }
-        let sizes: Vec<usize> = self.stages.iter().map(|s| s.read_rows_len(n)).collect();
-        if sizes.iter().sum::<usize>() != block.len() {
+        let len = |with_state| self.stages.iter().map(|s| s.read_rows_len(n, with_state)).sum::<usize>();
+        let with_state = block.len() == len(true);
+        if !with_state && block.len() != len(false) {
             return false;
         }
+        let sizes: Vec<usize> = self.stages.iter().map(|s| s.read_rows_len(n, with_state)).collect();
         let mut offset = 0;
         for i in 0..self.stages.len() {
             if !self.stages[i].write_rows(seq, at, n, &block[offset..offset + sizes[i]]) {

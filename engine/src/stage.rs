@@ -393,29 +393,32 @@ impl Stage {
         parts.join(";")
     }
 
-    /// Positions `[at, at + n)` of `seq` in every window, one window's rows after another
-    /// (see `KvCache::read_rows`); `None` where a window cannot give them.
-    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize) -> Option<Vec<u8>> {
+    /// Positions `[at, at + n)` of `seq` in every window, one window's rows after another,
+    /// each `with_state` or not (see `KvCache::read_rows`); `None` where a window cannot
+    /// give them.
+    pub fn read_rows(&self, seq: SeqId, at: usize, n: usize, with_state: bool) -> Option<Vec<u8>> {
         let mut out = Vec::new();
         for w in &self.windows {
-            out.extend_from_slice(&w.cache.read_rows(seq, at, n)?);
+            out.extend_from_slice(&w.cache.read_rows(seq, at, n, with_state)?);
         }
         Some(out)
     }
 
     /// Bytes of a block of `n` positions of this stage (see [`Stage::read_rows`]).
-    pub fn read_rows_len(&self, n: usize) -> usize {
-        self.windows.iter().map(|w| w.cache.block_bytes(n)).sum()
+    pub fn read_rows_len(&self, n: usize, with_state: bool) -> usize {
+        self.windows.iter().map(|w| w.cache.block_bytes(n, with_state)).sum()
     }
 
-    /// Puts a block read by [`Stage::read_rows`] (of `n` positions) back as positions
-    /// `[at, at + n)` of `seq` in every window; false where any window cannot take it
-    /// (see `KvCache::write_rows`), and then `seq` keeps only its first `at` positions.
+    /// Puts a block read by [`Stage::read_rows`] (of `n` positions, with the state or not:
+    /// its length tells) back as positions `[at, at + n)` of `seq` in every window; false
+    /// where any window cannot take it (see `KvCache::write_rows`), and then `seq` keeps
+    /// only its first `at` positions.
     pub fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, block: &[u8]) -> bool {
-        if self.read_rows_len(n) != block.len() {
+        let with_state = block.len() == self.read_rows_len(n, true);
+        if !with_state && block.len() != self.read_rows_len(n, false) {
             return false;
         }
-        let sizes: Vec<usize> = self.windows.iter().map(|w| w.cache.block_bytes(n)).collect();
+        let sizes: Vec<usize> = self.windows.iter().map(|w| w.cache.block_bytes(n, with_state)).collect();
         let mut offset = 0;
         for (w, size) in self.windows.iter_mut().zip(sizes) {
             if !w.cache.write_rows(seq, at, n, &block[offset..offset + size]) {

@@ -257,7 +257,7 @@ fn a_prefix_copied_or_restored_into_an_accelerators_cache_computes_what_the_cold
     assert_eq!(before.copy_sequence(0, 1, n), n);
     let copied = common::feed_in(&mut before, 1, &b[n..], BLOCK);
     assert!(copied == cold, "after a copy: rel. RMS {:.2e}", rel_rms(&copied, &cold));
-    let blocks: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK).unwrap()).collect();
+    let blocks: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK, false).unwrap()).collect();
     drop(before);
     let mut after = pipeline();
     common::feed_in(&mut after, 1, &a[a.len() - 100..], BLOCK);

@@ -342,8 +342,8 @@ fn rows_read_from_one_pipeline_and_written_into_another_compute_what_the_cold_pr
         let cold = feed(&mut before, 2, &b);
         let cold_tokens = greedy_after(&mut before, 2, b.len(), &cold);
         feed(&mut before, 0, &a);
-        let blocks: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK).unwrap()).collect();
-        assert!(before.read_rows(0, a.len() - 10, 11).is_none(), "{what}: rows past the sequence");
+        let blocks: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK, false).unwrap()).collect();
+        assert!(before.read_rows(0, a.len() - 10, 11, false).is_none(), "{what}: rows past the sequence");
         let layout = before.row_layout().unwrap();
         drop(before);
 
@@ -371,14 +371,17 @@ fn rows_read_from_one_pipeline_and_written_into_another_compute_what_the_cold_pr
 }
 
 /// A model keeping a recurrent state beside attention (a tiny Qwen3.5: gated delta net in
-/// layers 0 and 2): a block is the attention layers' rows and every recurrent layer's
-/// state where the block ends, read only where the sequence ends (the state of an earlier
-/// position no longer exists). Blocks read as a prompt passes their ends, written into a
-/// fresh pipeline (a restart) over another text, and the rest of another prompt computed
-/// after them in the same pieces: logits and greedy tokens bit for bit the cold prompt's.
-/// In one window and in two stages (one without a recurrent layer in its second window).
+/// layers 0 and 2): a block holds the attention layers' rows alone (read at any position)
+/// or ends with every recurrent layer's state where it ends (read only where the sequence
+/// ends: the state of an earlier position no longer exists). The prompt cache keeps the
+/// state only every few blocks, so a restore is blocks of rows alone and a last one with
+/// the state: written into a fresh pipeline (a restart) over another text, the rest of
+/// another prompt computed after them in the same pieces gives logits and greedy tokens bit
+/// for bit the cold prompt's. Without the last block's state it does not (the other text's
+/// state stays). In one window and in two stages (one without a recurrent layer in its
+/// second window).
 #[test]
-fn a_recurrent_models_blocks_carry_the_state_where_they_end_and_compute_what_the_cold_prompt_computes() {
+fn a_recurrent_models_blocks_of_rows_alone_and_a_last_with_the_state_compute_what_the_cold_prompt_computes() {
     let (a, b, shared) = prefix_prompts();
     const BLOCK: usize = 128;
     let n = shared.min(b.len() - 64) / BLOCK * BLOCK;
@@ -390,29 +393,45 @@ fn a_recurrent_models_blocks_carry_the_state_where_they_end_and_compute_what_the
         let mut before = common::pipeline(&path, &stages, 3);
         let cold = feed_in(&mut before, 2, &b, BLOCK);
         let cold_tokens = greedy_after(&mut before, 2, b.len(), &cold);
-        let mut blocks = Vec::new();
-        for i in 0..n / BLOCK {
-            feed_in(&mut before, 0, &a[i * BLOCK..(i + 1) * BLOCK], BLOCK);
-            blocks.push(before.read_rows(0, i * BLOCK, BLOCK).unwrap());
+        // The state where the prefix's last block ends, read as the prompt passes there;
+        // the rows of every block alone, read once the whole prompt has landed.
+        feed_in(&mut before, 0, &a[..n], BLOCK);
+        let last = before.read_rows(0, n - BLOCK, BLOCK, true).unwrap();
+        feed_in(&mut before, 0, &a[n..], BLOCK);
+        assert!(before.read_rows(0, n - BLOCK, BLOCK, true).is_none(), "{stages:?}: the state before the sequence's end is gone");
+        let rows: Vec<Vec<u8>> = (0..n / BLOCK).map(|i| before.read_rows(0, i * BLOCK, BLOCK, false).unwrap()).collect();
+        assert!(rows.iter().all(|r| r.len() == rows[0].len()) && last.len() > rows[0].len(), "{stages:?}: rows alone, then rows and the state");
+        if stages.len() == 1 {
+            // One window: its rows come first either way (with windows, each window's
+            // state follows its rows).
+            assert_eq!(&last[..rows[0].len()], &rows[n / BLOCK - 1][..], "{stages:?}: the same rows either way");
         }
-        assert!(before.read_rows(0, 0, BLOCK).is_none(), "{stages:?}: rows before the sequence's end carry no state");
         let layout = before.row_layout().unwrap();
         assert!(layout.contains("state["), "{layout}");
         drop(before);
 
-        let mut after = common::pipeline(&path, &stages, 3);
-        assert_eq!(after.row_layout().unwrap(), layout);
-        // Another text's state first: the blocks' state must replace it.
-        feed_in(&mut after, 1, &a[a.len() - 100..], BLOCK);
-        assert!(!after.write_rows(1, 0, BLOCK, &blocks[0][1..]), "{stages:?}: not a whole block");
-        assert_eq!(after.sequence_len(1), 100, "{stages:?}: a refused block changes nothing");
-        for (i, block) in blocks.iter().enumerate() {
-            assert!(after.write_rows(1, i * BLOCK, BLOCK, block), "{stages:?}: block {i}");
+        for with_state in [true, false] {
+            let mut after = common::pipeline(&path, &stages, 3);
+            assert_eq!(after.row_layout().unwrap(), layout);
+            // Another text's state first: the last block's state must replace it.
+            feed_in(&mut after, 1, &a[a.len() - 100..], BLOCK);
+            assert!(!after.write_rows(1, 0, BLOCK, &last[1..]), "{stages:?}: not a whole block");
+            assert!(!after.write_rows(1, 0, BLOCK, &rows[0][1..]), "{stages:?}: not whole rows");
+            assert_eq!(after.sequence_len(1), 100, "{stages:?}: a refused block changes nothing");
+            for (i, block) in rows[..n / BLOCK - 1].iter().enumerate() {
+                assert!(after.write_rows(1, i * BLOCK, BLOCK, block), "{stages:?}: block {i}");
+            }
+            let end = if with_state { &last } else { &rows[n / BLOCK - 1] };
+            assert!(after.write_rows(1, n - BLOCK, BLOCK, end), "{stages:?}: the last block");
+            assert_eq!(after.sequence_len(1), n);
+            let got = feed_in(&mut after, 1, &b[n..], BLOCK);
+            if with_state {
+                assert!(got == cold, "{stages:?}: logits after the restored prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
+                assert_eq!(greedy_after(&mut after, 1, b.len(), &got), cold_tokens, "{stages:?}");
+            } else {
+                assert!(got != cold, "{stages:?}: rows alone brought the state back: the test shows nothing");
+            }
         }
-        assert_eq!(after.sequence_len(1), n);
-        let got = feed_in(&mut after, 1, &b[n..], BLOCK);
-        assert!(got == cold, "{stages:?}: logits after the restored prefix differ from the cold prompt's (rel. RMS {:.2e})", common::rel_rms(&got, &cold));
-        assert_eq!(greedy_after(&mut after, 1, b.len(), &got), cold_tokens, "{stages:?}");
     }
     std::fs::remove_dir_all(&dir).ok();
 }

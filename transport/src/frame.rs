@@ -10,7 +10,7 @@
 //!             n_tokens × n_embd hidden values in dtype (f32 or f16), token-major
 //!             n_reports × (compute_us u32 | read_bytes u64 | prefetch_bytes u64)
 //! KvOps       step u64 | count u32 | count × (op u8 | seq u64 | len u32 | from u64)
-//! Rows        step u64 | seq u64 | at u32 | n u32 | write u8 | 3 reserved bytes
+//! Rows        step u64 | seq u64 | at u32 | n u32 | write u8 | state u8 | 2 reserved bytes
 //!             | key: 32-byte block id | count u32 | count × (len u64 | len bytes)
 //! Error       step u64 | UTF-8 message (the rest of the body)
 //! Ping, Pong  u64
@@ -32,7 +32,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
 /// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 7;
+pub const VERSION: u16 = 8;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer
@@ -188,13 +188,16 @@ pub enum Frame {
     /// worker writes the rows it kept under `key` as those positions and appends a one-byte
     /// part, or an empty one when it no longer has them (its sequence then keeps its first
     /// `at`): a miss, not an error. The head sends no parts. In-band, like `KvOps`, so every
-    /// member reads or writes at the same point in the step order.
+    /// member reads or writes at the same point in the step order. `state` (read): the rows
+    /// with a recurrent model's state where they end, kept only every few blocks (a state
+    /// is far bigger than a block's rows); a write tells by what was kept.
     Rows {
         step: u64,
         seq: u64,
         at: u32,
         n: u32,
         write: bool,
+        state: bool,
         key: [u8; 32],
         parts: Vec<Vec<u8>>,
     },
@@ -309,13 +312,14 @@ pub fn encode(frame: &Frame, buf: &mut BytesMut) -> Result<()> {
                 buf.put_u64_le(from);
             }
         }
-        Frame::Rows { step, seq, at, n, write, key, parts } => {
+        Frame::Rows { step, seq, at, n, write, state, key, parts } => {
             buf.put_u64_le(*step);
             buf.put_u64_le(*seq);
             buf.put_u32_le(*at);
             buf.put_u32_le(*n);
             buf.put_u8(u8::from(*write));
-            buf.put_bytes(0, 3);
+            buf.put_u8(u8::from(*state));
+            buf.put_bytes(0, 2);
             buf.put_slice(key);
             buf.put_u32_le(parts.len() as u32);
             for p in parts {
@@ -556,7 +560,12 @@ impl FrameDecoder {
                     1 => true,
                     other => return Err(r.bad(format!("write flag {other}"))),
                 };
-                if r.take(3)? != [0, 0, 0] {
+                let state = match r.u8()? {
+                    0 => false,
+                    1 => true,
+                    other => return Err(r.bad(format!("state flag {other}"))),
+                };
+                if r.take(2)? != [0, 0] {
                     return Err(r.bad("reserved bytes are not zero"));
                 }
                 let key = r.array::<32>()?;
@@ -572,7 +581,7 @@ impl FrameDecoder {
                     let len = usize::try_from(len).ok().filter(|&l| l <= r.rest.len()).ok_or_else(|| r.bad(format!("a part of {len} bytes past the body")))?;
                     parts.push(r.take(len)?.to_vec());
                 }
-                Frame::Rows { step, seq, at, n, write, key, parts }
+                Frame::Rows { step, seq, at, n, write, state, key, parts }
             }
             KIND_ERROR => {
                 let step = r.u64()?;
@@ -860,8 +869,8 @@ mod tests {
         prop_oneof![
             acts,
             (any::<u64>(), proptest::collection::vec(op, 0..8)).prop_map(|(step, ops)| Frame::KvOps { step, ops }),
-            (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<bool>(), any::<[u8; 32]>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4))
-                .prop_map(|(step, seq, at, n, write, key, parts)| Frame::Rows { step, seq, at, n, write, key, parts }),
+            (any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>(), any::<(bool, bool)>(), any::<[u8; 32]>(), proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 0..4))
+                .prop_map(|(step, seq, at, n, (write, state), key, parts)| Frame::Rows { step, seq, at, n, write, state, key, parts }),
             (any::<u64>(), ".{0,40}").prop_map(|(step, message)| Frame::Error { step, message }),
             any::<u64>().prop_map(Frame::Ping),
             any::<u64>().prop_map(Frame::Pong),

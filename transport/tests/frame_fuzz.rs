@@ -61,8 +61,8 @@ fn seed_frames() -> Vec<Frame> {
         acts(Dtype::F32, 1, 1, 2),
         Frame::KvOps { step: 7, ops: vec![KvOp::Clear { seq: 1 }, KvOp::Truncate { seq: 2, len: 5 }, KvOp::Copy { seq: 3, from: 1, len: 300 }] },
         Frame::KvOps { step: 0, ops: vec![] },
-        Frame::Rows { step: 8, seq: 2, at: 256, n: 256, write: true, key: [7; 32], parts: vec![vec![1, 2, 3], vec![], vec![9; 40]] },
-        Frame::Rows { step: 9, seq: 0, at: 0, n: 64, write: false, key: [0; 32], parts: vec![] },
+        Frame::Rows { step: 8, seq: 2, at: 256, n: 256, write: true, state: false, key: [7; 32], parts: vec![vec![1, 2, 3], vec![], vec![9; 40]] },
+        Frame::Rows { step: 9, seq: 0, at: 0, n: 64, write: false, state: true, key: [0; 32], parts: vec![] },
         Frame::Error { step: 4, message: "stage failed: ünïcode".into() },
         Frame::Ping(11),
         Frame::Pong(12),
@@ -152,10 +152,10 @@ fn mutate_fields(rng: &mut Rng, wire: &mut Vec<u8>) {
             }
         }
         4 | 5 if kind == Some(6) => {
-            // Rows: the write flag, the part count, or the first part's length.
+            // Rows: the write or state flag, the part count, or the first part's length.
             match rng.below(3) {
                 0 => {
-                    if let Some(b) = wire.get_mut(body + 24) {
+                    if let Some(b) = wire.get_mut(body + 24 + rng.below(2)) {
                         *b = *rng.pick(&[2, 255]);
                     }
                 }

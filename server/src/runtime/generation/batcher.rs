@@ -21,7 +21,7 @@ use engine::BatchToken;
 
 use super::logprobs::logprobs;
 use super::pipeline::Pipeline;
-use super::prefix_cache::{self, PrefixCache, PrefixCacheConfig, BLOCK_TOKENS};
+use super::prefix_cache::{self, PrefixCache, PrefixCacheConfig, BLOCK_TOKENS, STATE_EVERY_BLOCKS};
 use super::speculation::{DraftRequest, Drafter, Proposer};
 use super::request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 use super::stop::StopMatcher;
@@ -327,10 +327,11 @@ struct Active {
     /// The cached length at which to checkpoint the recurrent state (models that keep
     /// one): prompt tokens stop there until everything before has landed.
     checkpoint_at: Option<usize>,
-    /// A model that keeps a recurrent state: the ends of this prompt's blocks the prompt
-    /// cache lacks, with their ids. A block holds the state where it ends, which exists
-    /// only while the sequence is there, so prompt tokens stop at each until everything
-    /// before has landed, and the block is kept then.
+    /// A model that keeps a recurrent state: the ends of this prompt's blocks to keep with
+    /// the state (every `STATE_EVERY_BLOCKS`th and the last a restore reaches) that the prompt cache
+    /// lacks, with their ids. The state where a block ends exists only while the sequence is
+    /// there, so prompt tokens stop at each until everything before has landed, and the
+    /// block is kept then; the other blocks' rows alone are kept once the prompt has landed.
     save_at: VecDeque<(usize, prefix_cache::BlockId)>,
 }
 
@@ -339,6 +340,24 @@ impl Active {
     fn next_stop(&self) -> Option<usize> {
         [self.checkpoint_at, self.save_at.front().map(|&(at, _)| at)].into_iter().flatten().min()
     }
+}
+
+/// A model with a recurrent state restores blocks `first..e` as rows alone and block `e`
+/// with the state where it ends (a state is had only every few blocks); returns the
+/// furthest such `e` whose state the cache holds (`held` blocks' rows from `first` on are
+/// held), that gains on the `keep` tokens the slot holds, and whose reads from disk take
+/// less than computing what it gains. Decided before anything is read: a restore stopped
+/// midway would end on rows alone, without a state.
+fn restore_end_with_state(cache: &PrefixCache, ids: &[prefix_cache::BlockId], first: usize, held: usize, keep: usize, block_s: f64, read_rate: Option<f64>) -> Option<usize> {
+    (first..(first + held + 1).min(ids.len())).rev().find(|&e| {
+        let with_state = PrefixCache::with_state(&ids[e]);
+        let gained = ((e + 1) * BLOCK_TOKENS).saturating_sub(keep);
+        if gained == 0 || !cache.contains(&with_state) {
+            return false;
+        }
+        let bytes = ids[first..e].iter().map(|id| cache.disk_bytes(id)).sum::<u64>() + cache.disk_bytes(&with_state);
+        read_rate.is_none_or(|r| bytes as f64 / r <= block_s * gained as f64 / BLOCK_TOKENS as f64)
+    })
 }
 
 /// Prompt rows a request saves by waiting for another prompt to compute them, for it to
@@ -673,9 +692,11 @@ impl Loop {
     /// that round otherwise would not be what a cold prompt computes) and end, as a copy
     /// does, at least a tile before the prompt's end, so the answer is the cold answer's. A
     /// block on disk is read only while reading it is faster than computing it (both rates
-    /// as measured here).
+    /// as measured here). A model with a recurrent state gets blocks of rows alone and a
+    /// last one with the state where it ends (see `restore_end_with_state`).
     fn restore_blocks(&mut self, idx: usize, keep: usize, prompt: &[i32]) -> usize {
         let limit = tile_floor(prompt, prompt.len());
+        let keeps_state = self.pipeline.keeps_state();
         let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return keep };
         let first = self.slots[idx].exact.min(keep) / BLOCK_TOKENS;
         let last = limit / BLOCK_TOKENS;
@@ -686,9 +707,18 @@ impl Loop {
         let compute_s = if self.prompt_rate > 0.0 { BLOCK_TOKENS as f64 / self.prompt_rate } else { f64::INFINITY };
         let read_rate = cache.disk_read_rate();
         let held = ids[first..].iter().take_while(|id| cache.contains(id)).count();
-        let end = (first + held) * BLOCK_TOKENS;
         m::prefix_cache_misses(last - (first + held).max(keep.div_ceil(BLOCK_TOKENS)).min(last));
-        if end <= keep {
+        // The block after which no more are handed, and for a recurrent model the one
+        // handed with the state.
+        let (stop, state_at) = if keeps_state {
+            match restore_end_with_state(cache, &ids, first, held, keep, compute_s, read_rate) {
+                Some(e) => (e + 1, Some(e)),
+                None => return keep,
+            }
+        } else {
+            (first + held, None)
+        };
+        if stop * BLOCK_TOKENS <= keep {
             return keep;
         }
         let started = Instant::now();
@@ -699,15 +729,19 @@ impl Loop {
         let mut next = || {
             let i = first + handed;
             let at = i * BLOCK_TOKENS;
-            // Past what the slot holds, a block on disk is read only where that beats
-            // computing its rows.
-            if i >= first + held || (at >= keep && !cache.in_ram(&ids[i]) && read_rate.is_some_and(|r| block_bytes as f64 / r > compute_s)) {
+            if i >= stop {
                 return None;
             }
-            let rows = cache.get(&ids[i], &prompt[at..at + BLOCK_TOKENS])?;
+            let id = if state_at == Some(i) { PrefixCache::with_state(&ids[i]) } else { ids[i] };
+            // Past what the slot holds, a block on disk is read only where that beats
+            // computing its rows (a recurrent model's restore was decided whole before).
+            if state_at.is_none() && at >= keep && !cache.in_ram(&id) && read_rate.is_some_and(|r| block_bytes as f64 / r > compute_s) {
+                return None;
+            }
+            let rows = cache.get(&id, &prompt[at..at + BLOCK_TOKENS])?;
             block_bytes = rows.len();
             handed += 1;
-            Some((ids[i], rows))
+            Some((id, rows))
         };
         // The first block cuts the slot at its start; a failed one leaves it there or shorter.
         let written = self.pipeline.write_blocks(seq, first * BLOCK_TOKENS, BLOCK_TOKENS, &mut next);
@@ -715,16 +749,30 @@ impl Loop {
             return keep;
         }
         let at = match written {
+            // Rows alone without the state after them (a block file found damaged midway):
+            // the state is not where the sequence ends.
+            Ok(w) if keeps_state && first + w != stop => {
+                tracing::warn!(seq, at = (first + w) * BLOCK_TOKENS, "a prompt-cache block could not be read midway through a recurrent model's restore: the prompt is computed whole");
+                self.pipeline.clear_sequence(seq);
+                0
+            }
             Ok(w) => (first + w) * BLOCK_TOKENS,
             Err((w, kept)) => {
                 tracing::warn!(seq, at = (first + w) * BLOCK_TOKENS, kept, "a prompt-cache block could not be written into the KV cache (a ring member no longer has its rows of it?): it and the blocks after it are computed and kept again");
                 // A member that lost this block (restarted without its disk, evicted it)
                 // lost those kept after it too.
-                for id in &ids[first + w..first + held] {
+                for id in &ids[first + w..stop.max(first + held)] {
                     cache.forget(id);
+                    cache.forget(&PrefixCache::with_state(id));
                 }
-                m::prefix_cache_misses(held - w);
-                ((first + w) * BLOCK_TOKENS).min(kept)
+                m::prefix_cache_misses(stop.max(first + held) - first - w);
+                if keeps_state {
+                    // Rows alone before the failed block left the state behind them.
+                    self.pipeline.clear_sequence(seq);
+                    0
+                } else {
+                    ((first + w) * BLOCK_TOKENS).min(kept)
+                }
             }
         };
         // The slot's tokens before `keep` are the prompt's: it holds the prompt's first `at`.
@@ -744,18 +792,29 @@ impl Loop {
     }
 
     /// A model with a recurrent state: the blocks of `prompt` after the `keep` tokens slot
-    /// `idx` holds that the prompt cache lacks (their ends and ids), kept as the prompt
-    /// passes each end (`Active::save_at`). Only where the prompt's rows will be exact
-    /// (`Slot::save_to`), as [`Loop::prompt_landed`] keeps other models' blocks.
+    /// `idx` holds to keep with the state where they end, every `STATE_EVERY_BLOCKS`th and
+    /// the last whole one a restore of this prompt reaches (one ending a tile before its
+    /// end: the same prompt sent again, and the conversation's next turn, whose template
+    /// renders this turn's last tokens otherwise once answered, both get to it), that the
+    /// prompt cache lacks (their ends and ids), kept as the prompt passes each end
+    /// (`Active::save_at`). Only where the prompt's rows will be exact (`Slot::save_to`), as
+    /// [`Loop::prompt_landed`] keeps the blocks' rows alone.
     fn state_blocks_to_save(&self, idx: usize, keep: usize, prompt: &[i32]) -> VecDeque<(usize, prefix_cache::BlockId)> {
         let Some(cache) = self.blocks.as_ref().filter(|c| c.active() && self.pipeline.keeps_state() && self.slots[idx].save_to.is_some()) else { return VecDeque::new() };
         let whole = prompt.len() / BLOCK_TOKENS;
+        let reached = tile_floor(prompt, prompt.len()) / BLOCK_TOKENS;
         let ids = cache.chain(&prompt[..whole * BLOCK_TOKENS]);
-        ids.into_iter().enumerate().map(|(b, id)| ((b + 1) * BLOCK_TOKENS, id)).filter(|(end, id)| *end > keep && !cache.contains(id)).collect()
+        ids.iter()
+            .enumerate()
+            .filter(|&(b, _)| (b + 1) % STATE_EVERY_BLOCKS == 0 || b + 1 == reached)
+            .map(|(b, id)| ((b + 1) * BLOCK_TOKENS, PrefixCache::with_state(id)))
+            .filter(|(end, id)| *end > keep && !cache.contains(id))
+            .collect()
     }
 
     /// Slot `i` of a model with a recurrent state has landed everything up to the end of
-    /// its next block to keep: the block's rows and the state there go to the prompt cache.
+    /// its next block to keep with the state: the block's rows and the state there go to
+    /// the prompt cache.
     fn keep_state_block(&mut self, i: usize) {
         let s = &mut self.slots[i];
         let Some(a) = s.active.as_mut() else { return };
@@ -768,15 +827,17 @@ impl Loop {
         if cache.contains(&id) {
             return;
         }
-        match self.pipeline.read_rows(seq, end - BLOCK_TOKENS, BLOCK_TOKENS, &id) {
+        match self.pipeline.read_rows(seq, end - BLOCK_TOKENS, BLOCK_TOKENS, &id, true) {
             Some(rows) => cache.put(id, &tokens, rows),
-            // The rest of this prompt's blocks would each start after a missing one.
+            // Rows that cannot be read now (a ring member failed): the rest are skipped.
             None => a.save_at.clear(),
         }
     }
 
     /// Once slot `i`'s prompt has landed everywhere, its rows up to `save_to` are exact,
-    /// and their whole blocks that the prompt cache lacks are read and kept there.
+    /// and their whole blocks that the prompt cache lacks are read and kept there (a model
+    /// with a recurrent state: their rows alone; some were kept with the state as the
+    /// prompt passed their ends).
     fn prompt_landed(&mut self, i: usize) {
         let s = &mut self.slots[i];
         if s.in_flight > 0 || s.active.as_ref().is_some_and(|a| !a.pending.is_empty()) {
@@ -785,18 +846,13 @@ impl Loop {
         let Some(to) = s.save_to.take() else { return };
         s.exact = to.min(s.cached.len());
         let (seq, exact) = (s.seq, s.exact);
-        // A recurrent model's blocks were kept as the prompt passed their ends: the state
-        // of an earlier position is gone now.
-        if self.pipeline.keeps_state() {
-            return;
-        }
         let Some(cache) = self.blocks.as_mut().filter(|c| c.active()) else { return };
         let tokens = &self.slots[i].cached[..exact / BLOCK_TOKENS * BLOCK_TOKENS];
         for (b, id) in cache.chain(tokens).into_iter().enumerate() {
             if cache.contains(&id) {
                 continue;
             }
-            let Some(rows) = self.pipeline.read_rows(seq, b * BLOCK_TOKENS, BLOCK_TOKENS, &id) else { break };
+            let Some(rows) = self.pipeline.read_rows(seq, b * BLOCK_TOKENS, BLOCK_TOKENS, &id, false) else { break };
             cache.put(id, &tokens[b * BLOCK_TOKENS..(b + 1) * BLOCK_TOKENS], rows);
         }
     }

@@ -429,7 +429,11 @@ fn a_block_a_ring_member_lost_is_computed_and_kept_again_and_the_next_request_re
         assert_eq!(lost.cached, Some(if state { 0 } else { block }), "state {state}");
         assert_eq!(lost.completion_tokens, 4);
         let kept_again: Vec<usize> = rig.log.lock().unwrap().reads[reads_before..].iter().map(|&(_, at, _)| at).collect();
-        assert_eq!(kept_again, (1..again.len() / block).map(|b| b * block).collect::<Vec<_>>(), "state {state}: the lost block and those after it kept again");
+        // With a state, the last block a restore reaches with it as the prompt passes its
+        // end, then the rows alone.
+        let rows_again: Vec<usize> = (1..again.len() / block).map(|b| b * block).collect();
+        let expected_reads = if state { [vec![(reached(&again) - 1) * block], rows_again].concat() } else { rows_again };
+        assert_eq!(kept_again, expected_reads, "state {state}: the lost block and those after it kept again");
         answer(rig.submit(&other, 4, &[]));
         let restored = answer(rig.submit(&again, 4, &[]));
         assert_eq!((restored.cached, &restored.text), (Some(expected), &lost.text), "state {state}");
@@ -437,32 +441,71 @@ fn a_block_a_ring_member_lost_is_computed_and_kept_again_and_the_next_request_re
     }
 }
 
-/// A model keeping a recurrent state (Qwen3.5): a block holds the state where it ends,
-/// which exists only while the sequence ends there, so a prompt's pieces stop at each
-/// block's end and the block is read then (and the state checkpointed near the end, as
-/// before). A prompt sharing those blocks after another took the slot (its state gone)
-/// gets them written back and computes only the rest.
+/// Whole blocks a restore of `prompt` reaches: to a tile before its end.
+fn reached(prompt: &[i32]) -> usize {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    (prompt.len() - tile) / tile * tile / super::BLOCK_TOKENS
+}
+
+/// A model keeping a recurrent state (Qwen3.5): the prompt cache keeps the state with every
+/// `STATE_EVERY_BLOCKS`th block and the last whole one a restore reaches, read as the prompt passes
+/// their ends (a position's state exists only while the sequence ends there: the prompt's
+/// pieces stop there and at no other block's end), and every block's rows alone once the
+/// prompt has landed. A prompt sharing part of them, after another conversation took the
+/// slot, gets rows alone up to the furthest block kept with the state and that block with
+/// it (the pipeline records computing on a state rows alone left behind, or a state that is
+/// not its tokens', as violations); the next turn of a conversation gets every block up to
+/// the last one kept with the state in the turn before.
 #[test]
-fn a_recurrent_models_blocks_are_kept_as_its_prompt_passes_their_ends_and_written_back() {
-    let block = super::BLOCK_TOKENS;
-    let (first, again, other) = two_agents_and_another();
+fn a_recurrent_models_state_is_kept_every_few_blocks_and_a_restore_ends_on_a_block_with_it() {
+    let (block, every) = (super::BLOCK_TOKENS, super::prefix_cache::STATE_EVERY_BLOCKS);
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(130));
+    let first = [system.clone(), prompt(" Count with me:")].concat();
+    let whole = first.len() / block;
+    assert!(reached(&first) > every && reached(&first) < 2 * every && whole < 2 * every, "{} tokens", first.len());
     let rig = Rig::with_prompt_cache(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_rows().with_state(), 1, 512);
-    let kept = |rig: &Rig| rig.log.lock().unwrap().reads.iter().map(|&(_, at, n)| (at, n)).collect::<Vec<_>>();
     assert_eq!(answer(rig.submit(&first, 4, &[])).cached, Some(0));
-    let first_blocks: Vec<(usize, usize)> = (0..first.len() / block).map(|i| (i * block, block)).collect();
-    assert_eq!(kept(&rig), first_blocks, "the first prompt's whole blocks, each read where the sequence ended");
     {
         let log = rig.log.lock().unwrap();
-        // No piece of the prompt crosses a block's end.
-        for b in &log.batches {
-            let (lo, hi) = (b.iter().map(|r| r.1).min().unwrap() as usize, b.iter().map(|r| r.1).max().unwrap() as usize);
-            assert!(hi < first.len() - 1 || lo >= first.len() - 1 || lo / block == hi / block, "a piece {lo}..={hi} crosses a block's end");
+        assert_eq!(log.state_reads, vec![every * block, reached(&first) * block], "the state with the {every}th block and the last a restore reaches");
+        let rows_alone: Vec<usize> = log.reads[2..].iter().map(|&(_, at, _)| at).collect();
+        assert_eq!(rows_alone, (0..whole).map(|b| b * block).collect::<Vec<_>>(), "every block's rows alone once the prompt landed");
+        // The prompt's pieces stop where a state is kept and pass other blocks' ends.
+        let prompt_batches = log.batches.iter().map(|b| (b.iter().map(|r| r.1 as usize).min().unwrap(), b.iter().map(|r| r.1 as usize).max().unwrap())).filter(|&(_, hi)| hi < first.len());
+        let mut passed = 0;
+        for (lo, hi) in prompt_batches {
+            assert!(log.state_reads.iter().all(|&end| !(lo < end && hi >= end)), "a piece {lo}..={hi} crosses the end of a block kept with the state");
+            passed += (1..whole).filter(|b| lo < b * block && hi >= b * block).count();
         }
+        assert!(passed > 0, "the prompt stopped at every block's end");
         assert_eq!(log.checkpoints, vec![(0, first.len() - super::batcher::CHECKPOINT_TAIL)]);
     }
-    // Another conversation takes the only slot: the state is the other's now.
+    let other = prompt(&" Something else entirely, about the weather and the sea.".repeat(30));
     assert_eq!(answer(rig.submit(&other, 4, &[])).cached, Some(0));
-    restored_after_another_conversation(&rig, &first, &again, &other);
+    // Sharing `every` + 1 blocks and more: the last block kept with the state before the
+    // prompts part is the `every`th.
+    let again = [system[..(every + 1) * block + 100].to_vec(), prompt(&" Now count backwards, slowly, from the top, please.".repeat(16))].concat();
+    let (writes_before, state_reads_before) = {
+        let log = rig.log.lock().unwrap();
+        (log.writes.len(), log.state_reads.len())
+    };
+    let a = answer(rig.submit(&again, 4, &[]));
+    assert_eq!(a.cached, Some(every * block));
+    {
+        let log = rig.log.lock().unwrap();
+        let written: Vec<usize> = log.writes[writes_before..].iter().map(|&(_, at, _)| at).collect();
+        assert_eq!(written, (0..every).map(|b| b * block).collect::<Vec<_>>());
+        assert_eq!(log.state_writes, vec![every * block], "only the last block restored carries the state");
+        assert!(reached(&again) > every && reached(&again) < 2 * every, "{} tokens", again.len());
+        assert_eq!(log.state_reads[state_reads_before..], [reached(&again) * block], "the new prompt's last block a restore reaches kept with the state");
+    }
+    // The conversation's next turn, after another took the slot: every block up to the
+    // last one the turn before kept with the state.
+    answer(rig.submit(&other, 4, &[]));
+    let next_turn = [again.clone(), prompt(" three four"), prompt(&" And once more, the other way round.".repeat(12))].concat();
+    let b = answer(rig.submit(&next_turn, 4, &[]));
+    assert_eq!(b.cached, Some(reached(&again) * block));
+    assert_eq!(rig.log.lock().unwrap().state_writes.last().copied(), Some(reached(&again) * block));
     assert_eq!(rig.violations(), Vec::<String>::new());
 }
 

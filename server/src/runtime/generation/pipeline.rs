@@ -65,18 +65,20 @@ pub trait Pipeline: Send {
         None
     }
     /// Positions `[at, at + n)` of a sequence's K/V rows as prompt-cache block `key`, for
-    /// the prompt cache; a model that keeps a recurrent state gives them only where they
-    /// end the sequence, with the state there. A ring's workers keep their own rows of the
-    /// block under `key` (what comes back holds the head's). Only called when nothing of
-    /// the sequence is in flight.
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId) -> Option<Vec<u8>> {
-        let _ = (seq, at, n, key);
+    /// the prompt cache; `with_state`, a model that keeps a recurrent state adds the state
+    /// where they end, had only where they end the sequence. A ring's workers keep their
+    /// own rows of the block under `key` (what comes back holds the head's). Only called
+    /// when nothing of the sequence is in flight.
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, with_state: bool) -> Option<Vec<u8>> {
+        let _ = (seq, at, n, key, with_state);
         None
     }
     /// Puts block `key` from `read_rows` back as positions `[at, at + n)` of `seq`, which
-    /// keeps its first `at`. `Err(len)` where it cannot (a block that does not fit, a
-    /// ring member that no longer has its rows of it): `seq` keeps its first `len`
-    /// positions then, `at` or fewer. Only called when nothing of the sequence is in flight.
+    /// keeps its first `at`; a block read without the state leaves a recurrent state behind
+    /// (a restore ends on one read with it). `Err(len)` where it cannot (a block that does
+    /// not fit, a ring member that no longer has its rows of it): `seq` keeps its first
+    /// `len` positions then, `at` or fewer, or holds a stale state if rows alone came
+    /// before (the caller clears it). Only called when nothing of the sequence is in flight.
     fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {
         let _ = (seq, n, key, block);
         Err(at)
@@ -149,8 +151,8 @@ impl Pipeline for LocalPipeline {
         LocalPipeline::row_layout(self)
     }
 
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &BlockId) -> Option<Vec<u8>> {
-        LocalPipeline::read_rows(self, seq, at, n)
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &BlockId, with_state: bool) -> Option<Vec<u8>> {
+        LocalPipeline::read_rows(self, seq, at, n, with_state)
     }
 
     fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &BlockId, block: &[u8]) -> std::result::Result<(), usize> {

@@ -39,6 +39,9 @@ pub struct Log {
     pub reads: Vec<(SeqId, usize, usize)>,
     /// Every block of rows written back, as (sequence, at, positions).
     pub writes: Vec<(SeqId, usize, usize)>,
+    /// With a state: where each block read with the state ends, and each one written back.
+    pub state_reads: Vec<usize>,
+    pub state_writes: Vec<usize>,
     pub clears: Vec<SeqId>,
     /// Every state checkpoint, as (sequence, length).
     pub checkpoints: Vec<(SeqId, usize)>,
@@ -89,8 +92,11 @@ pub struct Scripted {
     rows: bool,
     /// Like a model keeping a recurrent state (Qwen3.5): per sequence, the lengths it was
     /// checkpointed at, the only points a truncation goes back to (else to nothing), and
-    /// rows read only where they end the sequence. None: truncation is exact.
+    /// rows read with the state only where they end the sequence. None: truncation is exact.
     checkpoints: Option<HashMap<SeqId, Vec<usize>>>,
+    /// With a state: sequences whose last block written back held rows alone, so their
+    /// state is not where they end (computing on or reading one is a violation).
+    stale: std::collections::HashSet<SeqId>,
     pub log: Arc<Mutex<Log>>,
     pub controls: Arc<Mutex<Controls>>,
 }
@@ -100,9 +106,16 @@ const SHORTEST_CHUNK: usize = 4;
 /// The logit of the scripted token; every other token gets 0.
 const SCRIPTED_LOGIT: f32 = 10.0;
 
+/// A scripted sequence's "state" after `tokens`: what a block read with the state carries,
+/// checked when it is written back.
+fn state_of(tokens: &[i32]) -> [u8; 8] {
+    // FNV-1a: any change of a token changes it.
+    tokens.iter().flat_map(|t| t.to_le_bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)).to_le_bytes()
+}
+
 impl Scripted {
     pub fn new(n_vocab: usize, n_ctx: usize, script: Script) -> Scripted {
-        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, rows: false, checkpoints: None, log: Arc::default(), controls: Arc::default() }
+        Scripted { n_vocab, n_ctx, script, delay: Duration::ZERO, cache: HashMap::new(), broken: false, depth: 1, shortest_chunk: SHORTEST_CHUNK, failed: Default::default(), flying: VecDeque::new(), snapshots: None, max_batch: None, rows: false, checkpoints: None, stale: Default::default(), log: Arc::default(), controls: Arc::default() }
     }
 
     /// Truncates as a model keeping a recurrent state does under speculation: only back
@@ -195,6 +208,9 @@ impl Pipeline for Scripted {
             }
             None => {}
         }
+        for seq in batch.iter().map(|t| t.seq).filter(|s| self.stale.contains(s)).collect::<std::collections::BTreeSet<_>>() {
+            self.violation(format!("sequence {seq} computed on a state its rows written alone left behind"));
+        }
         let mut rows = Vec::new();
         let mut data = Vec::new();
         for (i, (t, &id)) in batch.iter().zip(tokens).enumerate() {
@@ -262,6 +278,7 @@ impl Pipeline for Scripted {
         self.touch(seq, "cleared");
         self.failed.remove(&seq);
         self.cache.remove(&seq);
+        self.stale.remove(&seq);
         if let Some(snaps) = self.snapshots.as_mut() {
             snaps.remove(&seq);
         }
@@ -291,6 +308,8 @@ impl Pipeline for Scripted {
                 Some(cps) if len < held => {
                     let list = cps.entry(seq).or_default();
                     list.retain(|&at| at <= len);
+                    // Back to a checkpoint's state (or none): a state where it ends.
+                    self.stale.remove(&seq);
                     list.last().copied().unwrap_or(0)
                 }
                 _ => len,
@@ -321,23 +340,33 @@ impl Pipeline for Scripted {
         self.rows.then(|| "scripted tokens".to_string())
     }
 
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &super::prefix_cache::BlockId) -> Option<Vec<u8>> {
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &super::prefix_cache::BlockId, with_state: bool) -> Option<Vec<u8>> {
         self.touch(seq, "read");
+        let with_state = with_state && self.checkpoints.is_some();
         let held = self.cache.get(&seq)?;
         // As the engine: a model with a recurrent state has it only at the sequence's end.
-        if !self.rows || at + n > held.len() || (self.checkpoints.is_some() && at + n != held.len()) {
-            self.violation(format!("rows {at}..{} of sequence {seq} read, which holds {}", at + n, held.len()));
+        if !self.rows || at + n > held.len() || (with_state && (at + n != held.len() || self.stale.contains(&seq))) {
+            self.violation(format!("rows {at}..{} of sequence {seq} read (with the state: {with_state}), which holds {}", at + n, held.len()));
             return None;
         }
-        let block = held[at..at + n].iter().flat_map(|t| t.to_le_bytes()).collect();
-        self.log.lock().unwrap().reads.push((seq, at, n));
+        let mut block: Vec<u8> = held[at..at + n].iter().flat_map(|t| t.to_le_bytes()).collect();
+        if with_state {
+            block.extend_from_slice(&state_of(held));
+        }
+        let mut log = self.log.lock().unwrap();
+        log.reads.push((seq, at, n));
+        if with_state {
+            log.state_reads.push(at + n);
+        }
         Some(block)
     }
 
     fn write_rows(&mut self, seq: SeqId, at: usize, n: usize, _key: &super::prefix_cache::BlockId, block: &[u8]) -> std::result::Result<(), usize> {
         self.touch(seq, "written");
+        let stateful = self.checkpoints.is_some();
+        let with_state = stateful && block.len() == 4 * n + 8;
         let cache = self.cache.entry(seq).or_default();
-        if at > cache.len() || block.len() != 4 * n {
+        if at > cache.len() || (block.len() != 4 * n && !with_state) {
             let (v, kept) = (format!("a block of {} bytes written as rows {at}..{} of sequence {seq}, which holds {}", block.len(), at + n, cache.len()), cache.len().min(at));
             self.violation(v);
             return Err(kept);
@@ -345,18 +374,35 @@ impl Pipeline for Scripted {
         let mut controls = self.controls.lock().unwrap();
         if let Some(i) = controls.lost_rows.iter().position(|&p| p == at) {
             controls.lost_rows.remove(i);
-            let kept = if self.checkpoints.is_some() { 0 } else { at };
+            // As a ring does: a recurrent model's sequence starts over.
+            let kept = if stateful { 0 } else { at };
             cache.truncate(kept);
+            if stateful {
+                self.stale.remove(&seq);
+            }
             return Err(kept);
         }
         drop(controls);
         cache.truncate(at);
-        cache.extend(block.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))));
+        cache.extend(block[..4 * n].chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))));
+        if with_state {
+            if block[4 * n..] != state_of(cache) {
+                let v = format!("a state written at {} of sequence {seq} that is not the state of its tokens", at + n);
+                self.violation(v);
+            }
+            self.stale.remove(&seq);
+        } else if stateful {
+            self.stale.insert(seq);
+        }
         if let Some(list) = self.checkpoints.as_mut().and_then(|cps| cps.get_mut(&seq)) {
             list.retain(|&c| c <= at);
         }
         self.failed.remove(&seq);
-        self.log.lock().unwrap().writes.push((seq, at, n));
+        let mut log = self.log.lock().unwrap();
+        log.writes.push((seq, at, n));
+        if with_state {
+            log.state_writes.push(at + n);
+        }
         Ok(())
     }
 

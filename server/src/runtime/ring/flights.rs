@@ -80,6 +80,18 @@ pub struct Ring<'a, H: HeadWindows> {
     pub members: usize,
 }
 
+/// What a `Rows` frame asks of every worker (see [`Flights::rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowsOp {
+    /// Keep its rows of the block.
+    Keep,
+    /// Keep its rows of the block with the recurrent state where they end (a model with one
+    /// keeps that only every few blocks: a state is far bigger than a block's rows).
+    KeepWithState,
+    /// Write back the rows (and state) it kept.
+    Write,
+}
+
 /// The micro-batches in flight and those done, in order.
 pub struct Flights {
     /// In the ring, in the order they left (they come back in that order).
@@ -291,14 +303,14 @@ impl Flights {
         }
     }
 
-    /// Rows `at..at + n` of `seq` as prompt-cache block `key`, kept (`write` false) or
-    /// written back (`write`) by every worker from its own store, round the ring in-band:
+    /// Rows `at..at + n` of `seq` as prompt-cache block `key`, kept or written back (see
+    /// [`RowsOp`]) by every worker from its own store, round the ring in-band:
     /// the micro-batches ahead of the frame are taken back first (and sent on), then the
     /// frame, after the KV operations queued before. Returns each worker's answer in ring
     /// order (an empty part: a worker without layers, or one that did not keep or write
     /// them). Only asked while nothing of `seq` is in flight. An error: the ring broke.
-    pub fn rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, write: bool, key: [u8; 32]) -> std::result::Result<Vec<Vec<u8>>, String> {
-        let step = self.send_rows(ring, seq, at, n, write, key)?;
+    pub fn rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, op: RowsOp, key: [u8; 32]) -> std::result::Result<Vec<Vec<u8>>, String> {
+        let step = self.send_rows(ring, seq, at, n, op, key)?;
         Ok(self.rows_back(ring, &[step])?.pop().unwrap_or_default())
     }
 
@@ -306,12 +318,13 @@ impl Flights {
     /// after another (a restore's blocks), each member working on its rows of one while the
     /// next member works on the one before, and `rows_back` collects their answers. Nothing
     /// else may be launched on the ring until it has. Returns the frame's step.
-    pub fn send_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, write: bool, key: [u8; 32]) -> std::result::Result<u64, String> {
+    pub fn send_rows<H: HeadWindows>(&mut self, ring: &mut Ring<'_, H>, seq: u64, at: usize, n: usize, op: RowsOp, key: [u8; 32]) -> std::result::Result<u64, String> {
         if !ring.links.formed() {
             return Err(ring.links.why());
         }
         let step = self.next_step();
-        self.send(ring, Frame::Rows { step, seq, at: at as u32, n: n as u32, write, key, parts: Vec::new() })?;
+        let (write, state) = (op == RowsOp::Write, op == RowsOp::KeepWithState);
+        self.send(ring, Frame::Rows { step, seq, at: at as u32, n: n as u32, write, state, key, parts: Vec::new() })?;
         Ok(step)
     }
 
@@ -427,7 +440,7 @@ mod tests {
                 }
                 // Each worker keeps its rows (worker i's: bytes i + 1, `n` of them) or writes
                 // back what it kept, and answers whether it did.
-                Frame::Rows { step, seq, at, n, write, key, mut parts } => {
+                Frame::Rows { step, seq, at, n, write, state, key, mut parts } => {
                     for i in 0..WORKERS {
                         let done = if write {
                             let rows = w.rows_kept.get(&(i, key)).cloned();
@@ -438,7 +451,7 @@ mod tests {
                         };
                         parts.push(if done { vec![1] } else { Vec::new() });
                     }
-                    w.queue.push_back(Frame::Rows { step, seq, at, n, write, key, parts });
+                    w.queue.push_back(Frame::Rows { step, seq, at, n, write, state, key, parts });
                 }
                 other => return Err(format!("unexpected {} frame", other.kind_name())),
             }
@@ -584,7 +597,7 @@ mod tests {
         rig.launch(1, 1, 0, &[8]);
         // Rows of another sequence, kept while both are in the ring: the answers come back
         // after the frames ahead of them, which go on round.
-        let parts = rig.run(|f, r| f.rows(r, 2, 64, 3, false, [5; 32])).unwrap();
+        let parts = rig.run(|f, r| f.rows(r, 2, 64, 3, RowsOp::Keep, [5; 32])).unwrap();
         assert_eq!(parts, vec![vec![1], vec![1]]);
         assert_eq!(rig.wire.wire().sent, vec!["activations", "activations", "rows", "activations", "activations"]);
         for (ticket, last) in [(0, 7), (1, 8)] {
@@ -595,11 +608,11 @@ mod tests {
         // store; a block a worker never kept is a miss in its answer, not an error.
         let parts = rig.run(|f, r| {
             f.kv(r, [KvOp::Truncate { seq: 2, len: 0 }]);
-            f.rows(r, 2, 0, 3, true, [5; 32]).unwrap()
+            f.rows(r, 2, 0, 3, RowsOp::Write, [5; 32]).unwrap()
         });
         assert_eq!(parts, vec![vec![1], vec![1]]);
         rig.wire.wire().rows_kept.remove(&(1, [5; 32]));
-        assert_eq!(rig.run(|f, r| f.rows(r, 2, 0, 3, true, [5; 32])).unwrap(), vec![vec![1], Vec::new()]);
+        assert_eq!(rig.run(|f, r| f.rows(r, 2, 0, 3, RowsOp::Write, [5; 32])).unwrap(), vec![vec![1], Vec::new()]);
         rig.launch(2, 2, 3, &[4]);
         let (t, r) = rig.finish();
         assert_eq!((t, r.unwrap().data), (2, vec![expected(4); N_EMBD]));
@@ -610,16 +623,16 @@ mod tests {
         // A broken ring keeps nothing.
         let next = rig.wire.wire().receives + 1;
         rig.wire.wire().fail_receive = Some(next);
-        assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, false, [6; 32])).is_err());
+        assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, RowsOp::Keep, [6; 32])).is_err());
         assert!(!rig.links.formed());
-        assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, true, [5; 32])).is_err());
+        assert!(rig.run(|f, r| f.rows(r, 2, 0, 3, RowsOp::Write, [5; 32])).is_err());
     }
 
     #[test]
     fn a_restores_rows_frames_go_round_together_and_their_answers_come_back_in_order_after_the_micro_batches() {
         let mut rig = Rig::new();
         for key in [[1; 32], [2; 32], [3; 32]] {
-            rig.run(|f, r| f.rows(r, 4, 0, 2, false, key)).unwrap();
+            rig.run(|f, r| f.rows(r, 4, 0, 2, RowsOp::Keep, key)).unwrap();
         }
         // Worker 1 lost the middle block.
         rig.wire.wire().rows_kept.remove(&(1, [2; 32]));
@@ -627,7 +640,7 @@ mod tests {
         let before = rig.wire.wire().sent.len();
         let answers = rig
             .run(|f, r| {
-                let steps: Vec<u64> = [[1; 32], [2; 32], [3; 32]].iter().enumerate().map(|(b, key)| f.send_rows(r, 4, 2 * b, 2, true, *key).unwrap()).collect();
+                let steps: Vec<u64> = [[1; 32], [2; 32], [3; 32]].iter().enumerate().map(|(b, key)| f.send_rows(r, 4, 2 * b, 2, RowsOp::Write, *key).unwrap()).collect();
                 f.rows_back(r, &steps)
             })
             .unwrap();
@@ -644,7 +657,7 @@ mod tests {
         let next = rig.wire.wire().receives + 1;
         rig.wire.wire().fail_receive = Some(next);
         assert!(rig.run(|f, r| {
-            let step = f.send_rows(r, 4, 0, 2, true, [1; 32]).unwrap();
+            let step = f.send_rows(r, 4, 0, 2, RowsOp::Write, [1; 32]).unwrap();
             f.rows_back(r, &[step])
         })
         .is_err());

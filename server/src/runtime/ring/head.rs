@@ -25,7 +25,7 @@ use transport::{Dtype, KvOp, LinkConfig, LinkServer, StageReport};
 
 use super::adoption::{wanted, Ask, Cluster, LiveCluster, Replanning, Running, Verdict};
 use super::board::{self, PlanBoard};
-use super::flights::{ring_err, Flights, HeadWindows, Ring};
+use super::flights::{ring_err, Flights, HeadWindows, Ring, RowsOp};
 use super::links::{self, Formation, Links, TcpRing};
 use super::paging::WindowPager;
 use super::planning::{Planner, HEAD_NAME};
@@ -596,12 +596,12 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
         Some(format!("ring, each member keeping its rows; head {} gpu {:?}; workers {}; kv {}; batch_invariant {}", self.head.stage.row_layout(), self.head.placed, workers.join(", "), self.cfg.kv, self.cfg.batch_invariant))
     }
 
-    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId) -> Option<Vec<u8>> {
-        let own = self.head.stage.read_rows(seq, at, n)?;
+    fn read_rows(&mut self, seq: SeqId, at: usize, n: usize, key: &BlockId, with_state: bool) -> Option<Vec<u8>> {
+        let own = self.head.stage.read_rows(seq, at, n, with_state)?;
         let workers = self.members.len();
         let answers = if self.head.workers_compute {
             let (flights, mut ring) = self.ring();
-            let answers = flights.rows(&mut ring, seq, at, n, false, *key).map_err(|e| tracing::warn!("rows for the prompt cache not kept: {e}")).ok()?;
+            let answers = flights.rows(&mut ring, seq, at, n, if with_state { RowsOp::KeepWithState } else { RowsOp::Keep }, *key).map_err(|e| tracing::warn!("rows for the prompt cache not kept: {e}")).ok()?;
             // Every worker holding layers kept its rows.
             self.every_worker_did(&answers).then_some(answers)?
         } else {
@@ -635,7 +635,7 @@ impl crate::runtime::generation::Pipeline for RingPipeline {
                 continue;
             }
             let (flights, mut ring) = self.ring();
-            match flights.send_rows(&mut ring, seq, pos, n, true, key) {
+            match flights.send_rows(&mut ring, seq, pos, n, RowsOp::Write, key) {
                 Ok(step) => steps.push(step),
                 Err(e) => return Err((0, self.ring_broke_while_writing(seq, at, &e))),
             }

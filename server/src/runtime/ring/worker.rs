@@ -479,14 +479,15 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
                 }
                 Frame::KvOps { step, ops }
             }
-            Frame::Rows { step, seq, at, n, write, key, mut parts } => {
+            Frame::Rows { step, seq, at, n, write, state: with_state, key, mut parts } => {
                 let mut c = state.compute();
                 if c.generation != generation {
                     return Err(Error::RingBroken(REPLACED.into()));
                 }
-                let kept = kept_rows(state, &mut c, seq, at as usize, n as usize, write, &key);
+                let rows = Rows { seq, at: at as usize, n: n as usize, write, with_state };
+                let kept = kept_rows(state, &mut c, &rows, &key);
                 parts.push(if kept { vec![1] } else { Vec::new() });
-                Frame::Rows { step, seq, at, n, write, key, parts }
+                Frame::Rows { step, seq, at, n, write, state: with_state, key, parts }
             }
             other => other,
         };
@@ -494,13 +495,25 @@ async fn serve_link(mut link: Link, cx: &RingContext, links: &mut UnboundedRecei
     }
 }
 
+/// What a `Rows` frame asks of this worker.
+struct Rows {
+    seq: u64,
+    at: usize,
+    n: usize,
+    write: bool,
+    /// A read of the rows with the recurrent state where they end.
+    with_state: bool,
+}
+
 /// A `Rows` frame on this worker: its windows' rows of positions `at..at + n` of
-/// `seq` kept here as block `key` (read), or the rows kept as `key` written back as those
-/// positions (write). False: nothing kept or written — no layers, no prompt cache, rows
-/// that cannot be read, or (write) a block this worker no longer has (evicted, or lost with
-/// its RAM in a restart); a write that fails leaves `seq` its first `at` positions, as the
-/// head's own failed write does, and the head computes them instead.
-fn kept_rows(state: &Worker, c: &mut Compute, seq: u64, at: usize, n: usize, write: bool, key: &BlockId) -> bool {
+/// `seq` kept here as block `key` (read; with the state where they end if asked), or the
+/// rows kept as `key` written back as those positions (write; with the state if it was
+/// kept). False: nothing kept or written — no layers, no prompt cache, rows that cannot be
+/// read, or (write) a block this worker no longer has (evicted, or lost with its RAM in a
+/// restart); a write that fails leaves `seq` its first `at` positions, as the head's own
+/// failed write does, and the head computes them instead.
+fn kept_rows(state: &Worker, c: &mut Compute, rows: &Rows, key: &BlockId) -> bool {
+    let &Rows { seq, at, n, write, with_state } = rows;
     let Some(stage) = c.stage.as_mut() else { return false };
     let mut blocks = state.blocks.lock().expect("worker blocks");
     let Some(cache) = blocks.as_mut() else {
@@ -521,7 +534,7 @@ fn kept_rows(state: &Worker, c: &mut Compute, seq: u64, at: usize, n: usize, wri
         }
         written
     } else {
-        match stage.read_rows(seq, at, n) {
+        match stage.read_rows(seq, at, n, with_state) {
             Some(rows) => {
                 cache.put(*key, &[], rows);
                 true
