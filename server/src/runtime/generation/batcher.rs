@@ -300,6 +300,17 @@ impl Slot {
     fn free(&self) -> bool {
         self.active.is_none() && self.in_flight == 0
     }
+
+    /// Leading rows of `cached` that a cold prompt computes alike once what is in flight
+    /// has landed: `exact`, or up to `save_to` while a prompt computed in tiles after exact
+    /// rows is on its way. Only these may be reused (kept in the slot, copied to another,
+    /// waited for): a decode row or a short rest is computed one row at a time, and a row
+    /// after a reused prefix that ends off a tile is grouped otherwise than a cold
+    /// prompt's (ggml's repacked matmuls take rows in fours from a batch's first; its
+    /// attention tiles 64 queries), so reusing any of them changes the answer.
+    fn exact_bound(&self) -> usize {
+        self.save_to.map_or(self.exact, |to| to.max(self.exact)).min(self.cached.len())
+    }
 }
 
 struct Active {
@@ -598,13 +609,14 @@ impl Loop {
             .max_by_key(|&(i, l)| (l, std::cmp::Reverse(i)))
             .expect("admit is called with a free slot");
         let mut keep = lcp.min(req.prompt.len().saturating_sub(1));
-        // Where every row kept equals a cold prompt's, they are kept as a copy takes them
-        // (whole tiles, a tile before the prompt's end): the rest is then computed as a
-        // cold prompt computes it, and a prompt sent again answers as it did the first
-        // time. A prompt under a tile is computed one row at a time anyway.
+        // Only rows a cold prompt computes alike are kept, as a copy takes them (whole
+        // tiles, a tile before the prompt's end): the rest is then computed as a cold
+        // prompt computes it, and the answer does not depend on what the slot held — not
+        // on a conversation's generated rows, nor on one shared token (a BOS) that would
+        // shift the grouping of every row after it. A prompt under two tiles keeps none.
         let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
-        if req.prompt.len() >= tile && keep <= self.slots[idx].exact && !self.pipeline.keeps_state() {
-            keep = self.copyable(&req.prompt, keep);
+        if !self.pipeline.keeps_state() {
+            keep = self.copyable(&req.prompt, keep.min(self.slots[idx].exact_bound()));
         }
         let slot = &mut self.slots[idx];
         // A recurrent model keeps less: back to its last checkpoint at or before `keep`.
@@ -665,7 +677,7 @@ impl Loop {
             .iter()
             .enumerate()
             .filter(|(i, s)| *i != idx && s.in_flight == 0 && !s.clear_on_landing)
-            .map(|(i, s)| (i, self.copyable(prompt, common_prefix(&s.cached, prompt))))
+            .map(|(i, s)| (i, self.copyable(prompt, common_prefix(&s.cached, prompt).min(s.exact_bound()))))
             .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)));
         let Some((src, n)) = best.filter(|&(_, n)| n > keep) else { return keep };
         let (from, to) = (self.slots[src].seq, self.slots[idx].seq);
@@ -680,7 +692,8 @@ impl Loop {
         }
         let cached = self.slots[src].cached[..copied].to_vec();
         self.slots[idx].cached = cached;
-        self.slots[idx].exact = self.slots[src].exact.min(copied);
+        // Every row copied is exact: the copy stopped at the source's exact rows.
+        self.slots[idx].exact = copied;
         m::prefix_copied(copied);
         tracing::debug!(from, to, copied, "prompt prefix copied from another slot");
         copied
@@ -868,11 +881,13 @@ impl Loop {
         if self.copyable(prompt, prompt.len()) == 0 {
             return false;
         }
-        let now = self.slots.iter().map(|s| self.copyable(prompt, common_prefix(&s.cached, prompt))).max().unwrap_or(0);
+        let now = self.slots.iter().map(|s| self.copyable(prompt, common_prefix(&s.cached, prompt).min(s.exact_bound()))).max().unwrap_or(0);
         self.slots.iter().filter_map(|s| Some((s, s.active.as_ref()?))).filter(|(_, a)| !a.pending.is_empty()).any(|(s, a)| {
             let held = common_prefix(&s.cached, prompt);
             let coming = if held < s.cached.len() { held } else { held + a.pending.iter().zip(&prompt[held..]).take_while(|(x, y)| x == y).count() };
-            self.copyable(prompt, coming) >= now + HOLD_GAIN
+            // Rows of a prompt that will not be exact are no use to wait for.
+            let exact = s.save_to.map_or(s.exact, |to| to.max(s.exact));
+            self.copyable(prompt, coming.min(exact)) >= now + HOLD_GAIN
         })
     }
 

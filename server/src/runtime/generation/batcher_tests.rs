@@ -277,26 +277,73 @@ fn a_prompt_never_ends_in_a_piece_shorter_than_a_tile() {
     assert_eq!(no_short_rest(128, 200, 512, 64), 128);
 }
 
+/// A prompt sharing a prefix with what its slot holds reuses the shared rows a cold prompt
+/// computes alike — whole tiles of them, a tile before its end, so the rest is grouped as a
+/// cold prompt's rows are — and nothing else: not a conversation's generated rows (decoded
+/// one at a time), not a prompt under two tiles, not one shared first token (a BOS). Any of
+/// those would change how the rows after them round, and with them the answer.
 #[test]
-fn a_shared_prefix_is_reused_from_the_cache() {
-    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 1024, counting()), 1, 2, 64, None);
-    let first = prompt("You are a counting assistant. Count with me:");
+fn a_shared_prefix_is_reused_in_whole_tiles_of_exact_rows_only() {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()), 1, 2, 512, None);
+    let lcp = |a: &[i32], b: &[i32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let system = prompt(&"You are a counting assistant. Count with me, slowly and in order. ".repeat(16));
+    let first = [system.clone(), prompt(" Start at one:")].concat();
+    assert!(first.len() > 3 * tile, "{} tokens", first.len());
     assert_eq!(answer(rig.submit(&first, 3, &[])).cached, Some(0));
-    // Same system text, another question: the shared tokens are not computed again.
-    let shared = first.len() - 3;
-    let mut second = first[..shared].to_vec();
-    second.extend(prompt(" and now backwards"));
+    // Same system text, another question: whole tiles of the shared tokens are reused.
+    let second = [system.clone(), prompt(&" And now backwards, from the top.".repeat(6))].concat();
+    let shared = lcp(&first, &second).min(second.len() - tile) / tile * tile;
+    assert!(shared >= 2 * tile);
     let batches_before = rig.log.lock().unwrap().batches.len();
     let a = answer(rig.submit(&second, 3, &[]));
     assert_eq!(a.cached, Some(shared));
     let log = rig.log.lock().unwrap();
     assert!(log.truncates.contains(&(0, shared)), "{:?}", log.truncates);
-    let first_feed = &log.batches[batches_before];
-    assert_eq!(first_feed[0].1 as usize, shared, "feeding starts after the reused prefix");
-    // The whole prompt again: all but its last token reused (its logits are needed).
+    assert_eq!(log.batches[batches_before][0].1 as usize, shared, "feeding starts after the reused prefix");
     drop(log);
-    let a = answer(rig.submit(&second, 3, &[]));
-    assert_eq!(a.cached, Some(second.len() - 1));
+    // The whole prompt again: whole tiles, to a tile before its end.
+    let again = (second.len() - tile) / tile * tile;
+    assert_eq!(answer(rig.submit(&second, 3, &[])).cached, Some(again));
+    // The conversation goes on after the answer: the prompt's rows are reused, the
+    // answer's are computed again with the rest, as a cold prompt computes them.
+    let continued = [second.clone(), prompt(" one two three"), prompt(&" And once more, the other way.".repeat(8))].concat();
+    assert!(lcp(&continued, &second) == second.len() && lcp(&continued, &[second.clone(), prompt(" one two")].concat()) > second.len());
+    assert_eq!(answer(rig.submit(&continued, 3, &[])).cached, Some(second.len() / tile * tile));
+    // A prompt sharing only its first token with the slot: nothing reused.
+    let other = [continued[..1].to_vec(), prompt(&" Something else entirely, about the sea.".repeat(10))].concat();
+    assert_eq!(lcp(&other, &continued), 1);
+    assert_eq!(answer(rig.submit(&other, 3, &[])).cached, Some(0));
+    // A short prompt, sent twice: under two tiles, computed whole each time.
+    let short = prompt("Count with me:");
+    assert_eq!(answer(rig.submit(&short, 3, &[])).cached, Some(0));
+    assert_eq!(answer(rig.submit(&short, 3, &[])).cached, Some(0));
+    assert_eq!(rig.violations(), Vec::<String>::new());
+}
+
+/// A slot's rows past its exact ones (an answer's, decoded one at a time) are not copied
+/// into another slot either: a conversation continuing in another slot while the first
+/// still generates gets the prompt's rows, whole tiles of them, and computes the answer's
+/// again.
+#[test]
+fn generated_rows_are_not_copied_into_another_slot() {
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
+    let system = prompt(&"You are a careful assistant who answers in full sentences and counts. ".repeat(10));
+    let first = [system.clone(), prompt(" Count with me:")].concat();
+    let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 4096, counting()).with_delay(Duration::from_millis(2)), 2, 4, 512, None);
+    let rx = rig.submit(&first, 400, &[]);
+    // The first answer counts " one two three four ..."; once 80 of its tokens are in its
+    // slot, a request with them and more arrives and lands in the other slot.
+    let answered = prompt(&" one two three four".repeat(20));
+    assert_eq!(answered.len(), 80);
+    wait_until("80 tokens generated", || rig.log.lock().unwrap().batches.iter().flatten().any(|r| r.0 == 0 && r.1 as usize > first.len() + 80));
+    let next_turn = [first.clone(), answered, prompt(&" And again, please, from one.".repeat(8))].concat();
+    let b = answer(rig.submit(&next_turn, 3, &[]));
+    assert_eq!(answer(rx).completion_tokens, 400);
+    let expected = first.len() / tile * tile;
+    assert!((first.len() + 80) / tile * tile > expected, "the generated rows would add a tile");
+    assert_eq!(b.cached, Some(expected), "the prompt's whole tiles only");
+    assert_eq!(rig.log.lock().unwrap().copies, vec![(0, 1, expected)]);
     assert_eq!(rig.violations(), Vec::<String>::new());
 }
 
@@ -370,13 +417,14 @@ fn blocks_of_a_prompt_that_left_its_slot_are_written_back_and_only_the_rest_is_f
     // Another conversation takes the only slot.
     assert_eq!(answer(rig.submit(&other, 4, &[])).cached, Some(0));
     restored_after_another_conversation(&rig, &first, &again, &other);
-    // A prompt continuing after the generated tokens: its rows follow rows a cold prompt
-    // would compute otherwise, so none is kept.
+    // A prompt continuing after the generated tokens: those rows are computed again as a
+    // cold prompt's, so the rows after them are exact too and their new blocks are kept.
+    let tile = scheduler::pipelining::MIN_PROMPT_CHUNK;
     let before = kept(&rig).len();
     let continued = [again.clone(), prompt(" one two three four"), prompt(&" And once more, the other way round.".repeat(30))].concat();
     let d = answer(rig.submit(&continued, 2, &[]));
-    assert!(d.cached.unwrap() > again.len(), "{:?}", d.cached);
-    assert_eq!(kept(&rig).len(), before, "nothing kept after generated rows");
+    assert_eq!(d.cached, Some(again.len() / tile * tile));
+    assert_eq!(kept(&rig).len(), before + continued.len() / block - again.len() / block, "the continued prompt's new blocks kept");
     assert_eq!(rig.violations(), Vec::<String>::new());
 }
 
@@ -818,7 +866,8 @@ fn a_client_gone_while_its_chunks_fly_frees_its_slot_only_when_they_land() {
     let rx = rig.submit(&long, 1000, &[]);
     wait_until("its chunks fly", || rig.log.lock().unwrap().max_in_flight >= 2);
     drop(rx);
-    // The next request waits for the slot, then reuses what the landed chunks cached.
+    // The next request waits for the slot (the landed rows of a prompt given up are not
+    // reused: they were never marked exact).
     let a = answer(rig.submit(&long, 3, &[]));
     assert_eq!(a.completion_tokens, 3, "{a:?}");
     assert_eq!(rig.violations(), Vec::<String>::new());
