@@ -127,6 +127,19 @@ pub fn write_parts_atomically(path: &std::path::Path, parts: &[&[u8]]) -> std::i
     std::fs::rename(&tmp, path)
 }
 
+/// Bytes free to this user on the file system holding `path` (`None` where it cannot be
+/// told).
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid C string and a zeroed struct statvfs fills.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// Bytes as lowercase hex.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -137,25 +150,30 @@ pub fn hex(bytes: &[u8]) -> String {
 pub enum Open {
     /// Read and write; created when missing, kept when there.
     ReadWrite,
-    /// Write a file that must not exist yet.
+    /// Write a file that must not exist yet, readable by this user alone: what hearth writes
+    /// aside (a prompt's K/V rows and tokens, profiles, manifests) is nobody else's to read.
     CreateNew,
+    /// Read a file that exists.
+    Read,
 }
 
-/// Opens a file hearth writes in a folder it was given (`--model-dir`, its cache, a disk
-/// to measure) without following a symbolic link at its name, and only if it is a regular
-/// file: a link or a device planted there by anyone who can write the folder would
-/// otherwise have hearth resize or write whatever it points at.
+/// Opens a file hearth writes or reads in a folder it was given (`--model-dir`, its cache,
+/// a disk to measure) without following a symbolic link at its name, without waiting on a
+/// FIFO, and only if it is a regular file: a link, a FIFO or a device planted there by
+/// anyone who can write the folder would otherwise have hearth resize or write whatever
+/// it points at, or hang on it.
 pub fn open_in_dir(path: &std::path::Path, how: Open) -> std::io::Result<std::fs::File> {
     use std::os::unix::fs::OpenOptionsExt;
     let mut options = std::fs::OpenOptions::new();
     match how {
         Open::ReadWrite => options.read(true).write(true).create(true).truncate(false),
-        Open::CreateNew => options.write(true).create_new(true),
+        Open::CreateNew => options.write(true).create_new(true).mode(0o600),
+        Open::Read => options.read(true),
     };
     // O_NONBLOCK: opening a FIFO planted at the name must not wait for a reader.
     let file = options.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path).map_err(|e| {
         if e.raw_os_error() == Some(libc::ELOOP) {
-            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} is a symbolic link: hearth does not write through links", path.display()))
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{} is a symbolic link: hearth does not follow links in its folders", path.display()))
         } else {
             e
         }

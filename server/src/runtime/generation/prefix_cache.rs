@@ -8,8 +8,13 @@
 //! A block's id chains every token before it and the namespace: the model file's
 //! fingerprint, what a block of rows holds (layers, K/V types and widths) and how the rows
 //! were computed. A block of another model file, cache type or plan simply misses. Disk
-//! files are written to a temporary name, synced and renamed, and carry a checksum of
-//! their rows: a crash or a damaged file is a miss, never rows read as valid.
+//! files are written to a temporary name, synced and renamed, and carry a MAC of
+//! everything they hold under a key of this cache directory's own (`key`, readable by its
+//! owner alone): a crash, a damaged file or one changed by anyone without the key (its
+//! checksum recomputed) is a miss, never rows read as valid. The directory and its files
+//! are the owner's alone (0700, 0600: a block holds a prompt's tokens in clear), a block
+//! is read only from a regular file opened without following links or waiting on a FIFO,
+//! and a namespace folder that is a link is not written through.
 //!
 //! Owned by the batching loop (one thread); only disk writes and removals go to a writer
 //! thread, in order, so that a request never waits on a disk write.
@@ -17,10 +22,12 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::Read;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};
 use std::time::{Instant, SystemTime};
 
+use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
 use crate::metrics as m;
@@ -41,8 +48,15 @@ pub const BLOCK_TOKENS: usize = 256;
 /// gives back up to 3 blocks fewer than one with a state at every block.
 pub const STATE_EVERY_BLOCKS: usize = 4;
 
-/// Identifies a disk file as a block of this format (and its version).
-const MAGIC: &[u8; 8] = b"HRTHBLK1";
+/// Identifies a disk file as a block of this format (and its version). Version 2: a keyed
+/// MAC instead of a checksum (version 1 files are misses, removed when met).
+const MAGIC: &[u8; 8] = b"HRTHBLK2";
+
+/// The cache directory's MAC key, 32 random bytes made by the first server to use the
+/// directory, readable by its owner alone.
+const KEY_FILE: &str = "key";
+
+type HmacSha256 = Hmac<Sha256>;
 
 /// Temporary files (`process::write_atomically`'s `<name>.tmp.<pid>`) older than this in
 /// the cache directory are what a crash left: removed at start. Younger ones may be another
@@ -52,7 +66,7 @@ const STALE_TEMP: std::time::Duration = std::time::Duration::from_secs(3600);
 pub type BlockId = [u8; 32];
 
 /// A file header's bytes before the block's tokens: magic, namespace, id, token count, rows'
-/// length and checksum.
+/// length and MAC.
 const HEADER_FIXED: usize = 8 + 32 + 32 + 4 + 8 + 32;
 
 /// Where blocks are kept and how much of them (`--prompt-cache-ram`, `--prompt-cache-dir`,
@@ -110,14 +124,16 @@ struct DiskFile {
 }
 
 enum DiskOp {
-    /// The header (and its checksum of the rows) is made on the writer thread: hashing a
+    /// The header (and its MAC of the rows) is made on the writer thread: hashing a
     /// block is milliseconds per MB, not for the batching loop.
-    Write { path: PathBuf, namespace: BlockId, id: BlockId, tokens: Vec<i32>, rows: Arc<Vec<u8>> },
+    Write { path: PathBuf, key: [u8; 32], namespace: BlockId, id: BlockId, tokens: Vec<i32>, rows: Arc<Vec<u8>> },
     Remove(PathBuf),
 }
 
 struct Disk {
     root: PathBuf,
+    /// The directory's MAC key (`KEY_FILE`).
+    key: [u8; 32],
     /// The namespace's files: `root/<namespace hex>/<id hex>`.
     dir: PathBuf,
     budget: u64,
@@ -189,8 +205,8 @@ impl PrefixCache {
         self.ram_used = 0;
         if let (Some(ns), Some(d)) = (namespace, self.disk.as_mut()) {
             d.dir = d.root.join(hex(&ns));
-            if let Err(e) = fs::create_dir_all(&d.dir) {
-                tracing::warn!(dir = %d.dir.display(), "prompt cache: the directory cannot be made ({e}); blocks are kept in RAM only");
+            if let Err(e) = own_dir(&d.dir) {
+                tracing::warn!(dir = %d.dir.display(), "prompt cache: the directory cannot be used ({e}); blocks are kept in RAM only");
                 self.disk = None;
             }
         }
@@ -268,13 +284,11 @@ impl PrefixCache {
         let entry = disk.files.get_mut(&path)?;
         entry.last_used = now;
         let started = Instant::now();
-        match read_block(&path, &self.namespace?, id, tokens) {
+        match read_block(&path, &disk.key, &self.namespace?, id, tokens) {
             Ok(rows) => {
                 let s = started.elapsed().as_secs_f64().max(1e-6);
                 let rate = rows.len() as f64 / s;
                 disk.read_rate = if disk.read_rate == 0.0 { rate } else { disk.read_rate + 0.25 * (rate - disk.read_rate) };
-                // Recently used survives a restart too: the file's time orders eviction.
-                let _ = fs::File::options().write(true).open(&path).and_then(|f| f.set_modified(SystemTime::now()));
                 m::prefix_cache_hit("disk", rows.len());
                 let rows = Arc::new(rows);
                 self.keep_in_ram(*id, rows.clone());
@@ -302,7 +316,8 @@ impl PrefixCache {
                 let size = (HEADER_FIXED + 4 * tokens.len() + rows.len()) as u64;
                 disk.files.insert(path.clone(), DiskFile { size, last_used: self.clock });
                 disk.used += size;
-                disk.send(DiskOp::Write { path, namespace, id, tokens: tokens.to_vec(), rows: rows.clone() });
+                let key = disk.key;
+                disk.send(DiskOp::Write { path, key, namespace, id, tokens: tokens.to_vec(), rows: rows.clone() });
                 m::prefix_cache_written(size as usize);
                 disk.evict();
             }
@@ -372,14 +387,23 @@ impl Drop for PrefixCache {
 
 impl Disk {
     fn open(root: &Path, budget: u64) -> std::io::Result<Disk> {
-        fs::create_dir_all(root)?;
+        // The root may be a link the operator made (a cache on another disk); what hearth
+        // makes inside it is its own.
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(root)?;
+        private(root, 0o700);
+        let key = directory_key(root)?;
         let mut files = HashMap::new();
         let mut used = 0;
         // Every namespace's files, ordered by when they were last used (their times).
         let mut found: Vec<(PathBuf, u64, SystemTime)> = Vec::new();
         for ns in fs::read_dir(root)?.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())) {
+            // Folders and files an earlier version made readable by others become private.
+            private(&ns.path(), 0o700);
             for f in fs::read_dir(ns.path())?.flatten() {
                 let Ok(meta) = f.metadata() else { continue };
+                if meta.is_file() {
+                    private(&f.path(), 0o600);
+                }
                 let name = f.file_name();
                 let name = name.to_string_lossy();
                 let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
@@ -400,7 +424,7 @@ impl Disk {
             files.insert(path, DiskFile { size, last_used: i as u64 });
         }
         let (tx, thread) = spawn_writer();
-        let mut disk = Disk { root: root.to_path_buf(), dir: root.to_path_buf(), budget, used, files, writer: Some(tx), thread: Some(thread), read_rate: 0.0 };
+        let mut disk = Disk { root: root.to_path_buf(), key, dir: root.to_path_buf(), budget, used, files, writer: Some(tx), thread: Some(thread), read_rate: 0.0 };
         disk.evict();
         Ok(disk)
     }
@@ -439,8 +463,8 @@ fn spawn_writer() -> (mpsc::Sender<DiskOp>, std::thread::JoinHandle<()>) {
         .spawn(move || {
             for op in rx {
                 match op {
-                    DiskOp::Write { path, namespace, id, tokens, rows } => {
-                        let header = header(&namespace, &id, &tokens, &rows);
+                    DiskOp::Write { path, key, namespace, id, tokens, rows } => {
+                        let header = header(&key, &namespace, &id, &tokens, &rows);
                         // Written aside, synced and renamed, never through a link planted in
                         // the directory: a reader sees a whole block or none.
                         if let Err(e) = crate::process::write_parts_atomically(&path, &[&header, &rows]) {
@@ -457,26 +481,37 @@ fn spawn_writer() -> (mpsc::Sender<DiskOp>, std::thread::JoinHandle<()>) {
     (tx, thread)
 }
 
-/// A file's header: magic, namespace, id, the block's tokens, the rows' length and checksum.
-fn header(namespace: &BlockId, id: &BlockId, tokens: &[i32], rows: &[u8]) -> Vec<u8> {
+/// A file's header: magic, namespace, id, the block's tokens, the rows' length and MAC.
+fn header(key: &[u8; 32], namespace: &BlockId, id: &BlockId, tokens: &[i32], rows: &[u8]) -> Vec<u8> {
     let mut h = Vec::with_capacity(HEADER_FIXED + tokens.len() * 4);
     h.extend_from_slice(MAGIC);
     h.extend_from_slice(namespace);
     h.extend_from_slice(id);
     h.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
     h.extend_from_slice(&(rows.len() as u64).to_le_bytes());
-    h.extend_from_slice(&Sha256::digest(rows));
-    for t in tokens {
-        h.extend_from_slice(&t.to_le_bytes());
-    }
+    let token_bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let tag = block_mac(key, &h, &token_bytes, rows).finalize().into_bytes();
+    h.extend_from_slice(&tag);
+    h.extend_from_slice(&token_bytes);
     h
 }
 
-/// Reads and checks a block file: every header field must be what was asked, and the rows
-/// must match their checksum.
-fn read_block(path: &Path, namespace: &BlockId, id: &BlockId, tokens: &[i32]) -> std::io::Result<Vec<u8>> {
+/// The MAC of a block file: every byte of it but the tag, under the directory's key.
+fn block_mac(key: &[u8; 32], fields: &[u8], tokens: &[u8], rows: &[u8]) -> HmacSha256 {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(fields);
+    mac.update(tokens);
+    mac.update(rows);
+    mac
+}
+
+/// Reads and checks a block file: a regular file (no link followed, no FIFO waited on),
+/// every header field what was asked, and its MAC under the directory's key. A block read
+/// is used: its file's time becomes now (recently used survives a restart too: file times
+/// order eviction).
+fn read_block(path: &Path, key: &[u8; 32], namespace: &BlockId, id: &BlockId, tokens: &[i32]) -> std::io::Result<Vec<u8>> {
     let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string());
-    let mut f = fs::File::open(path)?;
+    let mut f = crate::process::open_in_dir(path, crate::process::Open::Read)?;
     let len = f.metadata()?.len();
     let fixed = HEADER_FIXED;
     let mut head = vec![0u8; fixed];
@@ -496,10 +531,64 @@ fn read_block(path: &Path, namespace: &BlockId, id: &BlockId, tokens: &[i32]) ->
     }
     let mut rows = vec![0u8; usize::try_from(n_rows).map_err(|_| bad("too large"))?];
     f.read_exact(&mut rows)?;
-    if Sha256::digest(&rows)[..] != head[84..116] {
-        return Err(bad("checksum mismatch"));
-    }
+    // Constant time, though nothing here is secret from the reader: it is the key that is.
+    block_mac(key, &head[..84], &stored, &rows).verify_slice(&head[84..116]).map_err(|_| bad("its MAC does not match: changed, or written under another key"))?;
+    let _ = f.set_modified(SystemTime::now());
     Ok(rows)
+}
+
+/// The directory's MAC key: read from `KEY_FILE`, or made (random) and written there,
+/// readable by its owner alone, when the directory has none. A key file of another size is
+/// replaced (every block under the old key then misses).
+fn directory_key(root: &Path) -> std::io::Result<[u8; 32]> {
+    let path = root.join(KEY_FILE);
+    let read = || -> std::io::Result<Option<[u8; 32]>> {
+        match crate::process::open_in_dir(&path, crate::process::Open::Read) {
+            Ok(mut f) => {
+                let mut bytes = Vec::new();
+                f.read_to_end(&mut bytes)?;
+                Ok(<[u8; 32]>::try_from(bytes.as_slice()).ok())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    if let Some(key) = read()? {
+        return Ok(key);
+    }
+    let key: [u8; 32] = rand::random();
+    crate::process::write_atomically(&path, &key)?;
+    // Another server sharing the directory may have written its key at once: the one on
+    // disk is the one every server reads from now on.
+    Ok(read()?.unwrap_or(key))
+}
+
+/// A namespace folder: made (the owner's alone), and used only if it is a folder itself,
+/// not a link to one planted in the directory (writes would go wherever it points).
+fn own_dir(dir: &Path) -> std::io::Result<()> {
+    match fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    let meta = fs::symlink_metadata(dir)?;
+    if !meta.file_type().is_dir() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "it is not a folder (a link?): hearth does not follow links in its folders"));
+    }
+    private(dir, 0o700);
+    Ok(())
+}
+
+/// Takes group and other permissions off a file or folder this user owns (one made by an
+/// earlier version, or by a umask that shares).
+fn private(path: &Path, mode: u32) {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if let Ok(meta) = fs::symlink_metadata(path) {
+        if !meta.file_type().is_symlink() && meta.uid() == me && meta.mode() & 0o077 != 0 {
+            let _ = fs::set_permissions(path, fs::Permissions::from_mode(mode));
+        }
+    }
 }
 
 use crate::process::hex;
@@ -605,6 +694,79 @@ mod tests {
         assert!(other.chain(&t).iter().all(|id| !other.contains(id)));
         drop(other);
         fs::remove_dir_all(&root).ok();
+    }
+
+    /// The directory is the owner's own: a block whose rows were changed with the checksum
+    /// recomputed (anyone could; only the key's holder can make the MAC) is a miss; a FIFO
+    /// put where a block file was is a miss at once, not a hang; a namespace folder that is
+    /// a link is not written through; folders and files are the owner's alone (a block
+    /// holds a prompt's tokens in clear).
+    #[test]
+    fn a_changed_block_a_fifo_or_a_linked_folder_is_never_used_and_files_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = temp_dir("hostile");
+        let cfg = PrefixCacheConfig { ram_bytes: 0, dir: Some(root.clone()), disk_bytes: 1 << 20 };
+        let ns = namespace(&["m", "hostile"]);
+        let t = tokens(2 * BLOCK_TOKENS, 9);
+        let block = |i: usize| (i * BLOCK_TOKENS)..((i + 1) * BLOCK_TOKENS);
+        let ids = {
+            let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
+            let ids = c.chain(&t);
+            for i in 0..2 {
+                c.put(ids[i], &t[block(i)], vec![i as u8 + 1; 1000]);
+            }
+            ids
+        };
+        let dir = root.join(hex(&ns));
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&root), 0o700);
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&root.join(KEY_FILE)), 0o600);
+        for id in &ids {
+            assert_eq!(mode(&dir.join(hex(id))), 0o600, "a block file");
+        }
+        // Block 0's rows changed and its old checksum field (a SHA-256 of the rows, what a
+        // version 1 reader checked) recomputed.
+        let path = dir.join(hex(&ids[0]));
+        let mut bytes = fs::read(&path).unwrap();
+        let rows_at = bytes.len() - 1000;
+        bytes[rows_at..].fill(0xee);
+        let digest = Sha256::digest(&bytes[rows_at..]);
+        bytes[84..116].copy_from_slice(&digest);
+        fs::write(&path, &bytes).unwrap();
+        // Block 1's file replaced by a FIFO after the index was made.
+        let mut c = PrefixCache::open_for(ns, &cfg).unwrap();
+        assert!(c.contains(&ids[0]) && c.contains(&ids[1]));
+        let fifo = dir.join(hex(&ids[1]));
+        fs::remove_file(&fifo).unwrap();
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string; mkfifo only makes a file.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (t0, t1) = (t[block(0)].to_vec(), t[block(1)].to_vec());
+        let reader = std::thread::spawn(move || {
+            let got = (c.get(&ids[0], &t0).is_some(), c.get(&ids[1], &t1).is_some());
+            let _ = tx.send(got);
+            c
+        });
+        // A hang becomes a failure (the bound is generous: the reads take milliseconds).
+        let got = rx.recv_timeout(std::time::Duration::from_secs(30)).expect("reading a FIFO in place of a block hung");
+        assert_eq!(got, (false, false), "the changed block and the FIFO are misses");
+        drop(reader.join().unwrap());
+        // A namespace folder that is a link to another folder: nothing is written there.
+        let elsewhere = temp_dir("hostile-elsewhere");
+        fs::create_dir_all(&elsewhere).unwrap();
+        let linked = namespace(&["m", "linked"]);
+        std::os::unix::fs::symlink(&elsewhere, root.join(hex(&linked))).unwrap();
+        {
+            let mut c = PrefixCache::open_for(linked, &cfg).unwrap();
+            let ids = c.chain(&t);
+            c.put(ids[0], &t[block(0)], vec![7; 1000]);
+            c.flush();
+        }
+        assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0, "written through a linked folder");
+        fs::remove_dir_all(&root).ok();
+        fs::remove_dir_all(&elsewhere).ok();
     }
 
     #[test]
