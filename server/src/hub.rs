@@ -8,7 +8,10 @@
 //! then each file from `/{repo}/resolve/{commit}/{path}` (which redirects to storage), so
 //! every part of a split model comes from one commit. Downloads resume where they stopped
 //! (an HTTP range from the end of `blobs/<sha>.incomplete`), across dropped connections and
-//! killed processes, and a file is kept only when its SHA-256 is the hub's.
+//! killed processes, and a file is kept only when it is what the hub lists: an LFS file
+//! (every GGUF of any size) by its SHA-256, a small file kept in git by its git blob id.
+//! The listing is read up to `LISTING_LIMIT` bytes, and a pull that would not fit on the
+//! cache's disk is refused before its first byte.
 //!
 //! A leaf like `models`: the CLI resolves `--model` with it. Only the head pulls; workers
 //! fetch their windows from the head.
@@ -19,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use serde::Deserialize;
+use sha1::Sha1;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
@@ -36,6 +40,13 @@ const ATTEMPTS: u32 = 6;
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// A log line with the progress this often when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(10);
+/// The most bytes of a repo's listing read: an entry is ~200 bytes, so this holds ~80,000
+/// files, far more than any model repo has; a listing past it is refused rather than held
+/// in memory whole (a hostile mirror can send gigabytes).
+const LISTING_LIMIT: usize = 16 << 20;
+/// Room left on the cache's disk after a pull: a disk filled to the last byte breaks
+/// everything else writing to it (logs, the prompt cache, the system).
+const DISK_MARGIN: u64 = 1 << 30;
 /// The terminal's progress line is redrawn at most this often.
 const DRAW_EVERY: Duration = Duration::from_millis(200);
 
@@ -253,7 +264,10 @@ async fn pull_async(hub: &Hub, model: &ModelRef) -> Result<Pulled> {
     let client = client(hub)?;
     let url = format!("{}/api/models/{}/revision/main?blobs=true", hub.endpoint, model.repo);
     let listing = match client.get(&url).send().await {
-        Ok(r) if r.status().is_success() => r.json::<Listing>().await.map_err(|e| Error::Fetch(format!("{url}: not the hub's listing: {e}")))?,
+        Ok(r) if r.status().is_success() => {
+            let body = read_bounded(r, LISTING_LIMIT).await.map_err(|e| Error::Fetch(format!("{url}: {e}")))?;
+            serde_json::from_slice::<Listing>(&body).map_err(|e| Error::Fetch(format!("{url}: not the hub's listing: {e}")))?
+        }
         Ok(r) => {
             let status = r.status();
             let what = match status.as_u16() {
@@ -293,6 +307,7 @@ async fn pull_async(hub: &Hub, model: &ModelRef) -> Result<Pulled> {
     let dir = hub.repo_dir(&model.repo);
     let snapshot = dir.join("snapshots").join(&listing.sha);
     let total: u64 = chosen.iter().map(|f| f.size).sum();
+    fits_on_disk(&dir, &chosen, &model.to_string())?;
     let mut progress = Progress::new(model.to_string(), total);
     let mut downloaded = 0;
     for f in &chosen {
@@ -416,14 +431,19 @@ async fn fetch_blob(client: &reqwest::Client, hub: &Hub, repo: &str, commit: &st
             return Err(Error::Fetch(format!("{}: {last_error} ({ATTEMPTS} tries); run the pull again to resume", f.path)));
         }
     }
-    // The whole file is here: it is kept only if it is what the hub lists.
+    // The whole file is here: it is kept only if it is what the hub lists — an LFS file by
+    // its SHA-256, a file kept in git by its blob id (SHA-1 of a "blob <size>" header and
+    // the bytes, what git names it by).
     let check = part_path.clone();
-    let digest = tokio::task::spawn_blocking(move || sha256_of(&check)).await.map_err(|e| Error::Fetch(e.to_string()))?.map_err(|e| io("read", &part_path, e))?;
-    if let Some(want) = &f.sha256 {
-        if &digest != want {
-            let _ = std::fs::remove_file(&part_path);
-            return Err(Error::Fetch(format!("{}: the download's SHA-256 is {digest}, the hub lists {want}: removed (a broken mirror or proxy?)", f.path)));
-        }
+    let lfs = f.sha256.is_some();
+    let digest = tokio::task::spawn_blocking(move || if lfs { sha256_of(&check) } else { git_blob_id(&check) }).await.map_err(|e| Error::Fetch(e.to_string()))?.map_err(|e| io("read", &part_path, e))?;
+    let (want, what) = match &f.sha256 {
+        Some(sha) => (sha, "SHA-256"),
+        None => (&f.blob, "git blob id"),
+    };
+    if &digest != want {
+        let _ = std::fs::remove_file(&part_path);
+        return Err(Error::Fetch(format!("{}: the download's {what} is {digest}, the hub lists {want}: removed (a broken mirror or proxy?)", f.path)));
     }
     std::fs::rename(&part_path, &blob).map_err(|e| io("rename", &part_path, e))?;
     Ok(fetched)
@@ -499,6 +519,67 @@ async fn resume(client: &reqwest::Client, url: &str, f: &RemoteFile, part: &Path
         return Err(Resume::Retry(format!("the connection ended at byte {} of {}", have + got, f.size), got));
     }
     Ok(got)
+}
+
+/// A response's body, refused once it passes `limit` bytes (before holding more).
+async fn read_bounded(mut r: reqwest::Response, limit: usize) -> std::result::Result<Vec<u8>, String> {
+    if r.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(format!("the listing is {} bytes, more than the {limit} a model repo's listing takes: refused", r.content_length().unwrap_or(0)));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = r.chunk().await.map_err(|e| format!("the listing could not be read: {e}"))? {
+        if body.len() + chunk.len() > limit {
+            return Err(format!("the listing is more than the {limit} bytes a model repo's listing takes: refused"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// Refuses a pull whose files (what is not already in the cache) would not fit on the
+/// cache's disk with `DISK_MARGIN` to spare, before any byte is fetched.
+fn fits_on_disk(dir: &Path, files: &[RemoteFile], what: &str) -> Result<()> {
+    let blobs = dir.join("blobs");
+    let needed: u64 = files
+        .iter()
+        .map(|f| {
+            let have = |p: PathBuf| std::fs::metadata(p).map_or(0, |m| m.len());
+            if have(blobs.join(&f.blob)) == f.size {
+                0
+            } else {
+                f.size.saturating_sub(have(blobs.join(format!("{}.incomplete", f.blob))))
+            }
+        })
+        .sum();
+    // The nearest folder that exists tells the disk.
+    let Some(free) = dir.ancestors().find(|a| a.exists()).and_then(crate::process::free_bytes) else { return Ok(()) };
+    if needed.saturating_add(DISK_MARGIN) > free {
+        let gb = |b: u64| b as f64 / 1e9;
+        return Err(Error::Fetch(format!(
+            "{what} needs {:.1} GB more on the disk of {} and {:.1} GB is free (with {:.1} GB kept spare): free some space or point HF_HUB_CACHE at a bigger disk",
+            gb(needed),
+            dir.display(),
+            gb(free),
+            gb(DISK_MARGIN)
+        )));
+    }
+    Ok(())
+}
+
+/// git's blob id of a file: SHA-1 of `blob <size>\0` and its bytes.
+fn git_blob_id(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha1::new();
+    hasher.update(format!("blob {}\0", file.metadata()?.len()).as_bytes());
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 fn sha256_of(path: &Path) -> std::io::Result<String> {

@@ -46,6 +46,23 @@ struct Stand {
     /// Authorization headers the hub's own endpoints saw.
     hub_auth: Mutex<Vec<bool>>,
     storage_url: Mutex<String>,
+    /// (path, size): the listing claims this size for that file.
+    claimed_size: Option<(String, u64)>,
+    /// Files listed as kept in git (no LFS entry: a size and a git blob id).
+    in_git: Vec<String>,
+    /// A file in git whose listed blob id is not its bytes'.
+    wrong_blob_id: Option<String>,
+    /// Made-up entries added to the listing (a hostile mirror's endless listing).
+    extra_siblings: usize,
+}
+
+/// git's blob id of `bytes`.
+fn git_blob_id(bytes: &[u8]) -> String {
+    use sha1::Digest as _;
+    let mut h = sha1::Sha1::new();
+    h.update(format!("blob {}\0", bytes.len()).as_bytes());
+    h.update(bytes);
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 type Shared = Arc<Stand>;
@@ -57,16 +74,22 @@ fn authorized(h: &HeaderMap) -> bool {
 async fn listing(State(s): State<Shared>, UrlPath((owner, name, _rev)): UrlPath<(String, String, String)>, h: HeaderMap) -> Response {
     s.hub_auth.lock().unwrap().push(authorized(&h));
     let Some(files) = s.repos.get(&format!("{owner}/{name}")) else { return StatusCode::NOT_FOUND.into_response() };
-    let siblings: Vec<serde_json::Value> = files
+    let mut siblings: Vec<serde_json::Value> = files
         .iter()
         .map(|(path, bytes)| {
             let mut sha = sha256(bytes);
             if s.wrong_sha.as_deref() == Some(path.as_str()) {
                 sha = sha256(b"something else");
             }
-            serde_json::json!({"rfilename": path, "size": bytes.len(), "blobId": "ab".repeat(20), "lfs": {"sha256": sha, "size": bytes.len(), "pointerSize": 130}})
+            let size = s.claimed_size.as_ref().filter(|(p, _)| p == path).map_or(bytes.len() as u64, |(_, n)| *n);
+            if s.in_git.contains(path) {
+                let blob = if s.wrong_blob_id.as_deref() == Some(path.as_str()) { git_blob_id(b"something else") } else { git_blob_id(bytes) };
+                return serde_json::json!({"rfilename": path, "size": size, "blobId": blob});
+            }
+            serde_json::json!({"rfilename": path, "size": size, "blobId": "ab".repeat(20), "lfs": {"sha256": sha, "size": size, "pointerSize": 130}})
         })
         .collect();
+    siblings.extend((0..s.extra_siblings).map(|i| serde_json::json!({"rfilename": format!("padding/file-{i:08}.bin"), "size": 1, "blobId": "cd".repeat(20), "lfs": {"sha256": "ef".repeat(32), "size": 1, "pointerSize": 130}})));
     axum::Json(serde_json::json!({"id": format!("{owner}/{name}"), "sha": COMMIT, "siblings": siblings})).into_response()
 }
 
@@ -254,6 +277,51 @@ fn bytes_that_are_not_the_listed_ones_are_refused_and_a_killed_pull_resumes() {
     let pulled = hub::pull(&hub, &"someone/Good-GGUF".parse().unwrap()).unwrap();
     assert_eq!(std::fs::read(&pulled.path).unwrap(), good);
     std::fs::remove_dir_all(&cache).unwrap();
+}
+
+/// Pulls that cannot fit or cannot be checked are refused: a listing claiming more than the
+/// disk holds is refused before the first byte (nothing fetched, nothing written), a
+/// listing larger than any model repo's is refused without being held whole, and a small
+/// file kept in git is checked by its git blob id (kept when it matches, refused when not).
+#[test]
+fn pulls_that_cannot_fit_or_cannot_be_checked_are_refused() {
+    let small = random_bytes(40_000, 6);
+    let mut stand = Stand::default();
+    stand.repos.insert("someone/Huge-GGUF".into(), vec![("huge-Q4_0.gguf".into(), random_bytes(1000, 7))]);
+    stand.claimed_size = Some(("huge-Q4_0.gguf".into(), 1 << 40));
+    stand.repos.insert("someone/Tiny-GGUF".into(), vec![("tiny-Q8_0.gguf".into(), small.clone())]);
+    stand.repos.insert("someone/Forged-GGUF".into(), vec![("forged-Q8_0.gguf".into(), random_bytes(30_000, 8))]);
+    stand.in_git = vec!["tiny-Q8_0.gguf".into(), "forged-Q8_0.gguf".into()];
+    stand.wrong_blob_id = Some("forged-Q8_0.gguf".into());
+    let (shared, endpoint, _rt) = start(stand);
+    let cache = scratch("refusals");
+    let hub = Hub { endpoint, token: None, cache: cache.clone() };
+
+    let e = hub::pull(&hub, &"someone/Huge-GGUF".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("needs 1099.5 GB") && e.contains("free"), "{e}");
+    assert!(shared.storage.lock().unwrap().is_empty(), "nothing fetched");
+    assert!(!cache.join("models--someone--Huge-GGUF/blobs").exists(), "nothing written");
+
+    // A small file kept in git: its blob id checked.
+    let pulled = hub::pull(&hub, &"someone/Tiny-GGUF".parse().unwrap()).unwrap();
+    assert_eq!(std::fs::read(&pulled.path).unwrap(), small);
+    let e = hub::pull(&hub, &"someone/Forged-GGUF".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("git blob id"), "{e}");
+    let blobs = cache.join("models--someone--Forged-GGUF/blobs");
+    let left: Vec<_> = std::fs::read_dir(&blobs).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| !n.ends_with(".lock")).collect();
+    assert!(left.is_empty(), "unverified bytes were kept: {left:?}");
+    std::fs::remove_dir_all(&cache).unwrap();
+
+    // A listing of 100,000 made-up files (~17 MB): refused.
+    let mut stand = Stand::default();
+    stand.repos.insert("someone/Endless-GGUF".into(), vec![("endless-Q4_0.gguf".into(), random_bytes(1000, 9))]);
+    stand.extra_siblings = 100_000;
+    let (_shared, endpoint, _rt2) = start(stand);
+    let cache = scratch("endless");
+    let hub = Hub { endpoint, token: None, cache: cache.clone() };
+    let e = hub::pull(&hub, &"someone/Endless-GGUF".parse().unwrap()).unwrap_err().to_string();
+    assert!(e.contains("listing") && e.contains("refused"), "{e}");
+    std::fs::remove_dir_all(&cache).ok();
 }
 
 /// The commands as a user runs them: `hearth pull` prints the path of the real default
