@@ -1,6 +1,7 @@
 //! `hearth serve` as a user runs it: it loads the model, answers /health, on SIGTERM
-//! lets running streams finish and exits cleanly, and no crowd of slow or idle
-//! connections keeps other clients out.
+//! lets running streams finish and exits cleanly, no crowd of slow or idle connections
+//! or of console streams keeps other clients out, and the web guard's flags
+//! (`--allowed-hosts`, `--cors-origins`) hold end to end.
 
 mod common;
 
@@ -118,7 +119,7 @@ fn slow_and_idle_connections_do_not_lock_out_a_client() {
     let mut held = Vec::new();
     for _ in 0..IDLE {
         let mut s = TcpStream::connect(&server.addr).unwrap();
-        write!(s, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        write!(s, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
         let mut buf = [0u8; 512];
         assert!(s.read(&mut buf).unwrap() > 0);
         held.push(s);
@@ -126,7 +127,7 @@ fn slow_and_idle_connections_do_not_lock_out_a_client() {
     for _ in 0..SLOW {
         // The server may close some at once; the client does not care.
         if let Ok(mut s) = TcpStream::connect(&server.addr) {
-            let _ = write!(s, "GET /health HTTP/1.1\r\nHost: x\r\n");
+            let _ = write!(s, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n");
             held.push(s);
         }
     }
@@ -151,7 +152,7 @@ fn connections_trickling_bodies_do_not_lock_out_a_client() {
     let mut held = Vec::new();
     for _ in 0..CAP + 8 {
         if let Ok(mut s) = TcpStream::connect(&server.addr) {
-            let _ = write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{");
+            let _ = write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{");
             held.push(s);
         }
     }
@@ -171,7 +172,7 @@ fn connections_trickling_bodies_do_not_lock_out_a_client() {
 fn a_body_that_arrives_too_slowly_is_refused_after_the_grace() {
     let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--header-timeout", "2"]);
     let mut s = TcpStream::connect(&server.addr).unwrap();
-    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n").unwrap();
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n").unwrap();
     let mut trickle = s.try_clone().unwrap();
     let started = Instant::now();
     let writer = std::thread::spawn(move || {
@@ -201,17 +202,17 @@ fn header_and_idle_timeouts_close_connections_but_streams_run_on() {
     let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--header-timeout", "1"]);
     let limit = Duration::from_secs(30);
     let mut slow = TcpStream::connect(&server.addr).unwrap();
-    write!(slow, "GET /health HTTP/1.1\r\nHost: x\r\n").unwrap();
+    write!(slow, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
     let got = read_until_closed(&mut slow, limit);
     assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "{got}");
 
     let mut idle = TcpStream::connect(&server.addr).unwrap();
-    write!(idle, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").unwrap();
     let got = read_until_closed(&mut idle, limit);
     assert!(got.starts_with("HTTP/1.1 200"), "{got}");
 
     let mut stalled = TcpStream::connect(&server.addr).unwrap();
-    write!(stalled, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\"").unwrap();
+    write!(stalled, "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\"").unwrap();
     let got = read_until_closed(&mut stalled, limit);
     assert!(!got.starts_with("HTTP/1.1 200"), "{got}");
 
@@ -259,4 +260,124 @@ fn a_model_file_truncated_while_served_is_an_error_not_a_crash() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "hearth exited with {status} after the file changed");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Opens a console stream (`GET /console/state` as server-sent events) and reads up to the
+/// end of the answer's head: the connection, and what came so far (empty if it was closed).
+fn console_stream(addr: &str) -> (TcpStream, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(s, "GET /console/state HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    (s, String::from_utf8_lossy(&got).into_owned())
+}
+
+/// Console streams never end by themselves: more of them than --max-connections all get
+/// their stream, and API clients are still served, because the streams are capped apart
+/// and leave the API's count (before, the fifth stream was closed unanswered, and so was
+/// every API client after it).
+#[test]
+fn console_streams_do_not_take_the_api_connections() {
+    const CAP: usize = 4;
+    let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--max-connections", "4"]);
+    let mut streams = Vec::new();
+    for i in 0..CAP + 2 {
+        let (s, head) = console_stream(&server.addr);
+        assert!(head.starts_with("HTTP/1.1 200"), "console stream {i} beside {} others: {head:?}", streams.len());
+        streams.push(s);
+    }
+    let models = http(&server.addr, "GET", "/v1/models", "", "").unwrap();
+    assert_eq!(models.status, 200, "{}", models.body);
+    let body = r#"{"model":"","messages":[{"role":"user","content":"Hi"}],"max_tokens":4,"temperature":0}"#;
+    let chat = http(&server.addr, "POST", "/v1/chat/completions", "", body).unwrap();
+    assert_eq!(chat.status, 200, "{}", chat.body);
+    let metrics = http(&server.addr, "GET", "/metrics", "", "").unwrap().body;
+    assert!(gauge(&metrics, "hearth_http_connections") <= CAP as f64, "{metrics}");
+    drop(streams);
+}
+
+/// Past --max-console-streams a new stream gets 503 with Retry-After (the console retries
+/// by itself), API clients are still served, and a stream whose client left frees its slot.
+#[test]
+fn console_streams_past_their_cap_get_503_and_the_api_is_served() {
+    let server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--max-connections", "4", "--max-console-streams", "2"]);
+    let (first, head) = console_stream(&server.addr);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+    let (second, head) = console_stream(&server.addr);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+    let refused = http(&server.addr, "GET", "/console/state", "Accept: text/event-stream\r\n", "").unwrap();
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert!(refused.headers.contains("retry-after:"), "{}", refused.headers);
+    assert!(refused.body.contains("too_many_streams") && refused.body.contains("--max-console-streams"), "{}", refused.body);
+    for _ in 0..3 {
+        let models = http(&server.addr, "GET", "/v1/models", "", "").unwrap();
+        assert_eq!(models.status, 200, "{}", models.body);
+    }
+    drop(first);
+    // The server sees the client gone at the stream's next write (a new snapshot, or the
+    // keep-alive comment at the latest).
+    let third = wait_for("a stream's slot freed", Duration::from_secs(90), || {
+        let (s, head) = console_stream(&server.addr);
+        head.starts_with("HTTP/1.1 200").then_some(s)
+    });
+    drop((second, third));
+}
+
+/// A console stream never ends by itself: on SIGTERM the server closes it and exits (a
+/// graceful end waits for responses to finish, and this one never would).
+#[test]
+fn sigterm_closes_console_streams_and_exits() {
+    let mut server = Served::start(&["--threads", "1", "--ctx-size", "512", "--parallel", "1"]);
+    let (mut s, head) = console_stream(&server.addr);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head:?}");
+    server.terminate();
+    // The exit first: the stream's keep-alive comments would keep a read waiting for ever.
+    let status = wait_for("hearth exits with a console stream open", Duration::from_secs(60), || server.child.try_wait().unwrap());
+    assert!(status.success(), "hearth exited with {status}");
+    read_until_closed(&mut s, Duration::from_secs(60));
+}
+
+/// Sends one raw request (its head lines given, `Connection: close` added) and reads the
+/// whole answer.
+fn exchange(addr: &str, head: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "{head}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    read_until_closed(&mut s, Duration::from_secs(60))
+}
+
+/// The web guard through the real flags and environment: a foreign Host is refused and an
+/// allowed name served, a `text/plain` body is refused with 415 and runs nothing, and only
+/// the configured origins get a CORS grant.
+#[test]
+fn allowed_hosts_and_cors_origins_from_the_flags_and_the_environment() {
+    let origins = std::ffi::OsString::from("http://app.example,http://localhost:3000");
+    let server = Served::start_model_env(&common::default_model(), &["--threads", "1", "--ctx-size", "512", "--parallel", "1", "--allowed-hosts", "hearth.local"], &[("HEARTH_CORS_ORIGINS", &origins)]);
+    let addr = &server.addr;
+    let port = addr.rsplit(':').next().unwrap();
+    let got = exchange(addr, &format!("GET /v1/models HTTP/1.1\r\nHost: evil.example:{port}"), "");
+    assert!(got.starts_with("HTTP/1.1 403") && got.contains("host_not_allowed"), "{got}");
+    let got = exchange(addr, &format!("GET /metrics HTTP/1.1\r\nHost: evil.example:{port}"), "");
+    assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+    let got = exchange(addr, &format!("GET /v1/models HTTP/1.1\r\nHost: hearth.local:{port}"), "");
+    assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+    let body = r#"{"model":"","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}"#;
+    let got = exchange(addr, &format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: text/plain"), body);
+    assert!(got.starts_with("HTTP/1.1 415") && got.contains("unsupported_media_type"), "{got}");
+    let got = exchange(addr, &format!("POST /api/generate HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded"), r#"{"model":"","prompt":"Hi"}"#);
+    assert!(got.starts_with("HTTP/1.1 415"), "{got}");
+    let metrics = http(addr, "GET", "/metrics", "", "").unwrap().body;
+    assert_eq!(gauge(&metrics, "hearth_generated_tokens_total").max(0.0), 0.0, "a refused request generated: {metrics}");
+    let got = exchange(addr, &format!("GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://localhost:3000"), "");
+    assert!(got.contains("access-control-allow-origin: http://localhost:3000"), "{got}");
+    let got = exchange(addr, &format!("OPTIONS /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://app.example\r\nAccess-Control-Request-Method: POST\r\nAccess-Control-Request-Headers: authorization, content-type"), "");
+    assert!(got.starts_with("HTTP/1.1 200") && got.contains("access-control-allow-origin: http://app.example"), "{got}");
+    let got = exchange(addr, &format!("GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://evil.example"), "");
+    assert!(!got.contains("access-control-allow-origin"), "{got}");
 }

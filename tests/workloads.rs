@@ -303,7 +303,7 @@ fn eight_mixed_requests_through_a_pipelined_ring_give_their_answers_alone() {
         use std::io::Write;
         let body = json!({"model": "", "prompt": long, "max_tokens": 24, "temperature": 0}).to_string();
         let mut c = std::net::TcpStream::connect(&h.addr).unwrap();
-        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        write!(c, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
     assert_eq!(complete(&h.addr, &long, 24), long_alone, "the long prompt after a client gave it up in flight");

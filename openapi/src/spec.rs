@@ -49,10 +49,14 @@ impl HealthResponse {
 enum GenerationRefusals {
     #[response(status = 401, description = "Missing or wrong API key")]
     Unauthorized(ErrorResponse),
+    #[response(status = 403, description = "The request names the server by a host name it does not answer to (`host_not_allowed`; see `--allowed-hosts`)")]
+    ForeignHost(ErrorResponse),
     #[response(status = 404, description = "Unknown model (`model_not_found`)")]
     ModelNotFound(ErrorResponse),
     #[response(status = 413, description = "Request body over the server's limit")]
     TooLarge(ErrorResponse),
+    #[response(status = 415, description = "The body is not declared JSON (`unsupported_media_type`): send `Content-Type: application/json`")]
+    NotJson(ErrorResponse),
     #[response(status = 429, description = "The request queue or the queue of requests being prepared is full; retry later",
         headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
     Busy(ErrorResponse),
@@ -128,10 +132,14 @@ enum AnthropicRefusals {
     Invalid(AnthropicErrorResponse),
     #[response(status = 401, description = "Missing or wrong API key (`authentication_error`)")]
     Unauthorized(AnthropicErrorResponse),
+    #[response(status = 403, description = "The request names the server by a host name it does not answer to (`permission_error`; see `--allowed-hosts`)")]
+    ForeignHost(AnthropicErrorResponse),
     #[response(status = 404, description = "Unknown model (`not_found_error`)")]
     ModelNotFound(AnthropicErrorResponse),
     #[response(status = 413, description = "Request body over the server's limit (`request_too_large`)")]
     TooLarge(AnthropicErrorResponse),
+    #[response(status = 415, description = "The body is not declared JSON (`invalid_request_error`): send `Content-Type: application/json`")]
+    NotJson(AnthropicErrorResponse),
     #[response(status = 500, description = "Internal error (`api_error`)")]
     Internal(AnthropicErrorResponse),
     #[response(status = 503, description = "Not ready, shutting down, or a ring member lost (`api_error`); retry later",
@@ -194,10 +202,14 @@ enum OllamaRefusals {
     Invalid(OllamaError),
     #[response(status = 401, description = "Missing or wrong API key")]
     Unauthorized(OllamaError),
+    #[response(status = 403, description = "The request names the server by a host name it does not answer to (see `--allowed-hosts`)")]
+    ForeignHost(OllamaError),
     #[response(status = 404, description = "Not the model this server serves")]
     ModelNotFound(OllamaError),
     #[response(status = 413, description = "Request body over the server's limit")]
     TooLarge(OllamaError),
+    #[response(status = 415, description = "The body is not declared JSON: send `Content-Type: application/json`")]
+    NotJson(OllamaError),
     #[response(status = 429, description = "At capacity; retry later",
         headers(("Retry-After" = u64, description = "Seconds to wait before retrying")))]
     Busy(OllamaError),
@@ -289,6 +301,7 @@ fn root() {}
 /// counters since the start for rates). With `Accept: text/event-stream` the answer is a
 /// stream of `state` events, one snapshot each time it changes (checked every second),
 /// with comments to keep idle connections open. Needs the API key when the server has one.
+/// Streams are capped apart from the API's connections (`--max-console-streams`).
 #[utoipa::path(
     get,
     path = "/console/state",
@@ -302,6 +315,9 @@ fn root() {}
                 (String = "text/event-stream"),
             )),
         (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
+        (status = 503, description = "Every console stream slot is taken (`too_many_streams`); retry later",
+            body = ErrorResponse,
+            headers(("Retry-After" = u64, description = "Seconds to wait before retrying"))),
     )
 )]
 fn console_state() {}
@@ -372,6 +388,7 @@ fn delete_response() {}
         (status = 400, description = "Malformed JSON or a token id outside the vocabulary", body = ErrorResponse),
         (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
         (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
+        (status = 415, description = "The body is not declared JSON (`unsupported_media_type`)", body = ErrorResponse),
         (status = 429, description = "Too many requests waiting to be prepared", body = ErrorResponse)),
     security(("api_key" = [])))]
 fn tokenize() {}
@@ -382,6 +399,7 @@ fn tokenize() {}
         (status = 400, description = "Malformed JSON or a token id outside the vocabulary", body = ErrorResponse),
         (status = 401, description = "Missing or wrong API key", body = ErrorResponse),
         (status = 413, description = "Request body over the server's limit", body = ErrorResponse),
+        (status = 415, description = "The body is not declared JSON (`unsupported_media_type`)", body = ErrorResponse),
         (status = 429, description = "Too many requests waiting to be prepared", body = ErrorResponse)),
     security(("api_key" = [])))]
 fn detokenize() {}
@@ -670,7 +688,11 @@ impl Modify for SseEvents {
             fields are ignored); hearth's extensions are marked in the field descriptions. Every \
             error of those operations, and 404 for an unknown route, has OpenAI's envelope \
             `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`; the `Anthropic` \
-            and `Ollama` operations answer in their own APIs' envelopes."
+            and `Ollama` operations answer in their own APIs' envelopes. Every route refuses \
+            a request that names the server by a host name it does not answer to (403, \
+            `host_not_allowed`: IP addresses, `localhost`, the machine's name and \
+            `--allowed-hosts` are served), and routes that take JSON refuse a body not \
+            declared `application/json` (415). CORS grants exist only for `--cors-origins`."
     ),
     paths(create_chat_completion, create_completion, create_embedding, create_response, get_response, delete_response, create_message, count_message_tokens, ollama_version, ollama_tags, ollama_ps, ollama_show, ollama_pull, ollama_chat, ollama_generate, ollama_embed, ollama_embeddings, list_models, retrieve_model, tokenize, detokenize, root, console_state, health, metrics, get_plan, replan, get_cluster, what_if),
     modifiers(&BearerApiKey, &SseEvents),

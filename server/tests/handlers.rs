@@ -14,7 +14,8 @@ use engine::chat_template::ChatTemplate;
 use engine::tokenizer::Tokenizer;
 use hearth::error::ReplanError;
 use hearth::http::reasoning::ReasoningFormat;
-use hearth::http::AppState;
+use hearth::http::server::EndlessStreams;
+use hearth::http::{AppState, WebPolicy};
 use hearth::runtime::generation::{Event, Finish, GenerationRequest, SubmitError};
 use hearth::runtime::ring::board::PlanBoard;
 use hearth::runtime::views::{ClusterView, PlanView};
@@ -114,6 +115,11 @@ fn app(fake: Arc<Fake>, admin_key: Option<&str>) -> axum::Router {
 
 /// `app`, with the reasoning format of another model's template when given.
 fn app_with(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<ReasoningFormat>) -> axum::Router {
+    app_guarded(fake, admin_key, reasoning, WebPolicy::default(), EndlessStreams::default())
+}
+
+/// `app_with`, with the given Host and CORS policy and console stream slots.
+fn app_guarded(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<ReasoningFormat>, web: WebPolicy, endless: EndlessStreams) -> axum::Router {
     hearth::metrics::install();
     let tokenizer = vocabulary();
     let source = tokenizer.chat_template_source().expect("a chat template");
@@ -134,6 +140,8 @@ fn app_with(fake: Arc<Fake>, admin_key: Option<&str>, reasoning: Option<Reasonin
         facts: Default::default(),
         responses: Default::default(),
         embeddings: None,
+        web,
+        endless,
     });
     hearth::http::router(state)
 }
@@ -560,4 +568,179 @@ async fn embeddings_without_an_embedding_model_say_how_to_serve_one() {
     let (_, _, body) = call(app(fake, None), "GET", "/v1/models", None, None).await;
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["data"].as_array().unwrap().len(), 1);
+}
+
+/// A request with exactly these headers (no content type unless given).
+async fn raw(app: axum::Router, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> (StatusCode, axum::http::HeaderMap, String) {
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = app.oneshot(req.body(Body::from(body.to_string())).unwrap()).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    (parts.status, parts.headers, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// The generation routes of each API, with a body each takes, and a check that an error
+/// is in that API's envelope with the given OpenAI code (or Anthropic type).
+fn generation_routes() -> Vec<(&'static str, Value, fn(&Value, &str))> {
+    fn openai(v: &Value, code: &str) {
+        assert_eq!(v["error"]["code"], code, "{v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    fn anthropic(v: &Value, kind: &str) {
+        assert_eq!((v["type"].as_str(), v["error"]["type"].as_str()), (Some("error"), Some(kind)), "{v}");
+    }
+    fn ollama(v: &Value, _: &str) {
+        assert!(v["error"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    }
+    vec![
+        ("/v1/chat/completions", chat(json!({})), openai as fn(&Value, &str)),
+        ("/v1/completions", completion(json!({})), openai as fn(&Value, &str)),
+        ("/v1/messages", message(json!({})), anthropic as fn(&Value, &str)),
+        ("/api/chat", json!({"model": "fake", "messages": [{"role": "user", "content": "hi"}], "stream": false}), ollama as fn(&Value, &str)),
+        ("/api/generate", json!({"model": "fake", "prompt": "hi", "stream": false}), ollama as fn(&Value, &str)),
+    ]
+}
+
+/// What a web page may send to any address without asking the server first — a form, a
+/// `text/plain` body, an untyped body (a Blob) from a page, which always says where it is
+/// from — is refused with 415 on every JSON route, in its API's envelope, and never runs;
+/// JSON, and an untyped body from a client that is not a browser, are taken.
+#[tokio::test]
+async fn bodies_a_web_page_can_send_unasked_are_refused_with_415_and_never_run() {
+    let fake = Arc::new(Fake::new(happy()));
+    let forged: [&[(&str, &str)]; 5] = [
+        &[("content-type", "text/plain")],
+        &[("content-type", "text/plain;charset=UTF-8"), ("origin", "https://evil.example")],
+        &[("content-type", "application/x-www-form-urlencoded")],
+        &[("content-type", "multipart/form-data; boundary=xyz")],
+        &[("origin", "https://evil.example")],
+    ];
+    for (path, body, check) in generation_routes() {
+        for headers in forged {
+            let (status, _, text) = raw(app(fake.clone(), None), "POST", path, headers, &body.to_string()).await;
+            assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{path} {headers:?}: {text}");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: not JSON ({e}): {text}"));
+            check(&v, if path == "/v1/messages" { "invalid_request_error" } else { "unsupported_media_type" });
+            assert!(text.contains("application/json"), "{path}: the refusal says what to send: {text}");
+        }
+        assert!(fake.seen.lock().unwrap().is_empty(), "{path}: a refused request ran");
+    }
+    for path in ["/tokenize", "/v1/embeddings", "/api/show", "/api/pull"] {
+        let (status, _, text) = raw(app(fake.clone(), None), "POST", path, &[("content-type", "text/plain")], r#"{"content": "hi", "model": "fake", "input": "hi"}"#).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{path}: {text}");
+    }
+    for (path, body, _) in generation_routes() {
+        for headers in [&[("content-type", "application/json")][..], &[("content-type", "application/json; charset=utf-8"), ("origin", "http://127.0.0.1:8080")], &[]] {
+            let (status, _, text) = raw(app(fake.clone(), None), "POST", path, headers, &body.to_string()).await;
+            assert_eq!(status, StatusCode::OK, "{path} {headers:?}: {text}");
+        }
+    }
+    assert_eq!(fake.seen.lock().unwrap().len(), 15);
+}
+
+/// A request that names the server by a foreign host (a DNS-rebinding page) is refused
+/// on every route, key or none, in its API's envelope, before anything runs; IP
+/// addresses, loopback names, no Host, and the allow-list's names are served.
+#[tokio::test]
+async fn a_foreign_host_is_refused_on_every_route_and_served_names_are_not() {
+    let fake = Arc::new(Fake::new(happy()));
+    let evil = [("host", "evil.example:8080"), ("content-type", "application/json")];
+    for path in ["/", "/health", "/metrics", "/console/state", "/v1/models", "/openapi.json", "/api/tags", "/api/version", "/console/console.js"] {
+        let (status, _, text) = raw(app(fake.clone(), None), "GET", path, &evil, "").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {text}");
+        assert!(text.contains("evil.example") && text.contains("--allowed-hosts"), "{path}: {text}");
+    }
+    let (status, _, text) = raw(app(fake.clone(), None), "GET", "/console/state", &[("host", "evil.example"), ("accept", "text/event-stream")], "").await;
+    envelope(status, &text, StatusCode::FORBIDDEN, Some("host_not_allowed"));
+    for (path, body, check) in generation_routes() {
+        let (status, _, text) = raw(app(fake.clone(), None), "POST", path, &evil, &body.to_string()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {text}");
+        check(&serde_json::from_str(&text).unwrap(), if path == "/v1/messages" { "permission_error" } else { "host_not_allowed" });
+    }
+    assert!(fake.seen.lock().unwrap().is_empty(), "a refused request ran");
+    for host in ["127.0.0.1:8080", "localhost:8080", "LOCALHOST", "[::1]:8080", "192.168.1.20:8080", "10.0.0.5"] {
+        let (status, _, text) = raw(app(fake.clone(), None), "GET", "/v1/models", &[("host", host)], "").await;
+        assert_eq!(status, StatusCode::OK, "{host}: {text}");
+    }
+    let (status, _, _) = raw(app(fake.clone(), None), "GET", "/metrics", &[], "").await;
+    assert_eq!(status, StatusCode::OK, "no Host at all");
+    let listed = |hosts: &[&str]| WebPolicy::new(&hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>(), &[]).unwrap();
+    let guarded = |web: WebPolicy| app_guarded(fake.clone(), None, None, web, EndlessStreams::default());
+    for (web, host, want) in [
+        (listed(&["hearth.local"]), "hearth.local:8080", StatusCode::OK),
+        (listed(&["hearth.local"]), "evil.example", StatusCode::FORBIDDEN),
+        (listed(&["*.home.arpa"]), "pc.home.arpa", StatusCode::OK),
+        (listed(&["*"]), "evil.example", StatusCode::OK),
+    ] {
+        let (status, _, text) = raw(guarded(web), "GET", "/console/state", &[("host", host)], "").await;
+        assert_eq!(status, want, "{host}: {text}");
+    }
+}
+
+/// No CORS grant unless origins are configured, preflight or not; with them, exactly
+/// those origins get one, and a preflight for the SDKs' headers is answered.
+#[tokio::test]
+async fn cors_grants_nothing_by_default_and_only_the_configured_origins() {
+    let fake = Arc::new(Fake::new(happy()));
+    let preflight = |origin: &'static str| {
+        [("origin", origin), ("access-control-request-method", "POST"), ("access-control-request-headers", "authorization,content-type")]
+    };
+    let (status, headers, _) = raw(app(fake.clone(), None), "GET", "/v1/models", &[("origin", "http://app.example")], "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(!headers.contains_key("access-control-allow-origin"), "{headers:?}");
+    let (_, headers, _) = raw(app(fake.clone(), None), "OPTIONS", "/v1/chat/completions", &preflight("http://app.example"), "").await;
+    assert!(headers.keys().all(|k| !k.as_str().starts_with("access-control-")), "{headers:?}");
+
+    let web = WebPolicy::new(&[], &["http://app.example".into()]).unwrap();
+    let cors = || app_guarded(fake.clone(), None, None, web.clone(), EndlessStreams::default());
+    let (status, headers, _) = raw(cors(), "GET", "/v1/models", &[("origin", "http://app.example")], "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["access-control-allow-origin"], "http://app.example");
+    let (status, headers, _) = raw(cors(), "OPTIONS", "/v1/chat/completions", &preflight("http://app.example"), "").await;
+    assert!(status.is_success(), "{status}");
+    assert_eq!(headers["access-control-allow-origin"], "http://app.example");
+    assert!(headers["access-control-allow-methods"].to_str().unwrap().contains("POST"), "{headers:?}");
+    assert!(headers["access-control-allow-headers"].to_str().unwrap().contains("authorization"), "{headers:?}");
+    let (_, headers, _) = raw(cors(), "POST", "/v1/chat/completions", &[("origin", "http://app.example"), ("content-type", "application/json")], &chat(json!({})).to_string()).await;
+    assert_eq!(headers["access-control-allow-origin"], "http://app.example");
+    for (method, h) in [("GET", &[("origin", "http://other.example")][..]), ("OPTIONS", &preflight("http://other.example")[..])] {
+        let (_, headers, _) = raw(cors(), method, "/v1/chat/completions", h, "").await;
+        assert!(!headers.contains_key("access-control-allow-origin"), "{method}: {headers:?}");
+    }
+    let any = WebPolicy::new(&[], &["*".into()]).unwrap();
+    let (_, headers, _) = raw(app_guarded(fake.clone(), None, None, any, EndlessStreams::default()), "GET", "/v1/models", &[("origin", "http://other.example")], "").await;
+    assert_eq!(headers["access-control-allow-origin"], "*");
+}
+
+/// Console streams hold a slot each while they run: past the cap a new one is refused
+/// with 503 (the page retries), and a slot is free again once a stream is dropped.
+#[tokio::test]
+async fn console_streams_past_their_cap_get_503_until_one_ends() {
+    let fake = Arc::new(Fake::new(happy()));
+    let streams = EndlessStreams::new(2);
+    let app = || app_guarded(fake.clone(), None, None, WebPolicy::default(), streams.clone());
+    let open = || {
+        let (app, req) = (app(), Request::builder().uri("/console/state").header("accept", "text/event-stream").body(Body::empty()).unwrap());
+        async move { app.oneshot(req).await.unwrap() }
+    };
+    let first = open().await;
+    let second = open().await;
+    for r in [&first, &second] {
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["connection"], "close", "a stream's connection ends with it");
+    }
+    let third = open().await;
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(third.headers().contains_key("retry-after"));
+    let text = String::from_utf8(third.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    envelope(StatusCode::SERVICE_UNAVAILABLE, &text, StatusCode::SERVICE_UNAVAILABLE, Some("too_many_streams"));
+    // A snapshot is no stream: it takes no slot.
+    let (status, _, _) = call(app(), "GET", "/console/state", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    drop(first);
+    assert_eq!(open().await.status(), StatusCode::OK);
+    drop(second);
 }

@@ -372,7 +372,7 @@ fn hearth_pull_and_hearth_models_as_a_user_runs_them() {
         };
         assert!(log.contains("already here"), "the served model came from the cache: {log}");
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").unwrap();
         let mut answer = String::new();
         s.read_to_string(&mut answer).unwrap();
         assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("smollm2-135m-instruct-q4_1"), "{answer}");

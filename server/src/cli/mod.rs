@@ -445,9 +445,26 @@ pub struct ServeArgs {
     /// never timed: a stream may last as long as it generates.
     #[arg(long, env = "HEARTH_HEADER_TIMEOUT", default_value_t = 30)]
     pub header_timeout: u64,
+    /// Most live console streams at once (`GET /console/state` as server-sent events, one
+    /// per open console tab). They are apart from --max-connections, so open consoles never
+    /// take an API client's place; past the cap a new one gets 503 and the page retries.
+    #[arg(long, env = "HEARTH_MAX_CONSOLE_STREAMS", default_value_t = crate::http::server::DEFAULT_MAX_STREAMS)]
+    pub max_console_streams: usize,
     /// Bearer token clients must send to /v1/* (none: open).
     #[arg(long, env = "HEARTH_API_KEY")]
     pub api_key: Option<String>,
+    /// Host names the API answers to beside IP addresses, localhost and this machine's
+    /// name: a request naming any other host gets 403 (a guard against DNS rebinding, by
+    /// which a web page would read the API as its own site). Comma-separated;
+    /// `*.home.arpa` allows a domain's names, `*` turns the check off (behind a reverse
+    /// proxy that checks names itself). E.g. `hearth.local,hearth` (mDNS, a compose service).
+    #[arg(long, env = "HEARTH_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Origins whose web pages may call the API and read its answers (CORS), e.g.
+    /// `http://localhost:3000`; `*` for any. Off by default: only the console, on the
+    /// head's own origin, can.
+    #[arg(long, env = "HEARTH_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
     /// Name clients use for the model (default: the file name without .gguf).
     #[arg(long, env = "HEARTH_MODEL_ALIAS")]
     pub model_alias: Option<String>,

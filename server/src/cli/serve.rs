@@ -99,9 +99,9 @@ pub fn chat_template(choice: Option<&str>, tokenizer: &Tokenizer) -> Result<Chat
     }
 }
 
-/// `--max-connections` and `--header-timeout`.
+/// `--max-connections`, `--max-console-streams` and `--header-timeout`.
 pub fn connection_limits(args: &ServeArgs) -> ConnectionLimits {
-    ConnectionLimits { max_connections: args.max_connections.max(1), header_timeout: Duration::from_secs(args.header_timeout.max(1)) }
+    ConnectionLimits { max_connections: args.max_connections.max(1), max_streams: args.max_console_streams.max(1), header_timeout: Duration::from_secs(args.header_timeout.max(1)) }
 }
 
 /// Everything `serve` needs before it listens; also used by `bench-serve` and the
@@ -109,6 +109,8 @@ pub fn connection_limits(args: &ServeArgs) -> ConnectionLimits {
 pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn std::error::Error>> {
     crate::metrics::install();
     let addr: SocketAddr = format!("{}:{}", args.host, args.port).parse().map_err(|e| format!("invalid --host/--port: {e}"))?;
+    // Checked before the model loads: a typo fails at once.
+    let web = http::WebPolicy::new(&args.allowed_hosts, &args.cors_origins)?;
     let cfg = head_config(args)?;
     let tokenizer = Arc::new(Tokenizer::load(&cfg.model)?);
     let template = chat_template(args.chat_template.as_deref(), &tokenizer)?;
@@ -134,6 +136,8 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
         facts,
         responses: Default::default(),
         embeddings,
+        web,
+        endless: http::server::EndlessStreams::new(args.max_console_streams.max(1)),
     });
     Ok((state, addr))
 }

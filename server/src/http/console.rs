@@ -4,9 +4,13 @@
 //! Prometheus scrapes and nothing computed twice.
 //!
 //! The page holds keys only in its own tab (no cookie): the server's answers carry no
-//! CORS grant, and a page on another origin can neither read them nor make the browser
-//! send a key it holds. The content security policy lets the page load only its own
-//! script and style and talk only to this server.
+//! CORS grant (unless `--cors-origins` gives one), and a page on another origin can
+//! neither read them nor make the browser send a key it holds. The content security policy
+//! lets the page load only its own script and style and talk only to this server.
+//!
+//! The live stream never ends by itself: each holds a slot of `--max-console-streams`,
+//! apart from the API's connections (`server::endless`), so open consoles cannot crowd out
+//! API clients.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -67,7 +71,8 @@ pub async fn icon() -> Response {
     asset("image/svg+xml", ICON)
 }
 
-/// `GET /console/state`: a snapshot, or with `Accept: text/event-stream` a stream of them.
+/// `GET /console/state`: a snapshot, or with `Accept: text/event-stream` a stream of them
+/// (503 when every stream slot is taken: the page retries).
 pub async fn state(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let wants_stream = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()).is_some_and(|a| a.contains("text/event-stream"));
     if !wants_stream {
@@ -76,7 +81,11 @@ pub async fn state(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             None => ApiError::Internal("the console's snapshot failed".into()).into_response(),
         };
     }
-    let events = futures::stream::unfold((state, None::<String>), |(state, mut last)| async move {
+    let Some(slot) = state.endless.take() else {
+        return ApiError::TooManyStreams { cap: state.endless.cap() }.into_response();
+    };
+    // The slot lives in the stream's state: freed when the stream ends or is dropped.
+    let events = futures::stream::unfold((state, None::<String>, slot), |(state, mut last, slot)| async move {
         loop {
             if last.is_some() {
                 tokio::time::sleep(STREAM_EVERY).await;
@@ -88,12 +97,12 @@ pub async fn state(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Re
             if last.as_deref() != Some(key.as_str()) {
                 s.at = at;
                 let event = Event::default().event("state").json_data(&s).unwrap_or_else(|_| Event::default().comment("unserialisable"));
-                return Some((Ok::<_, Infallible>(event), (state, Some(key))));
+                return Some((Ok::<_, Infallible>(event), (state, Some(key), slot)));
             }
             last = Some(key);
         }
     });
-    Sse::new(events).keep_alive(KeepAlive::default()).into_response()
+    super::server::endless(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
 }
 
 /// A snapshot taken off the async workers: it renders the metrics and reads folders.

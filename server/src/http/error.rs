@@ -42,6 +42,17 @@ pub enum ApiError {
     NotFound { method: String, path: String },
     #[error("Request body is larger than the limit of {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// A JSON route sent a body that is not declared JSON (what a web page can send
+    /// anywhere unasked); the type given, if any.
+    #[error("The request body must be JSON: send `Content-Type: application/json`{}", .0.as_deref().map_or_else(|| " (a request from a web page must say so)".to_string(), |t| format!(" (got `{t}`)")))]
+    UnsupportedMediaType(Option<String>),
+    /// The request names the server by a host name it does not answer to (a guard against
+    /// DNS rebinding); the name given.
+    #[error("The host `{0}` is not a name this server answers to: use its IP address or localhost, or start hearth with --allowed-hosts NAME (HEARTH_ALLOWED_HOSTS; `*` turns the check off, e.g. behind a reverse proxy)")]
+    HostNotAllowed(String),
+    /// Every slot for endless streams (`--max-console-streams`) is taken.
+    #[error("{cap} console streams are open, the most --max-console-streams allows: close a console tab, or retry")]
+    TooManyStreams { cap: usize },
     #[error("The server is at capacity: all sequence slots are busy and the queue is full. Retry shortly.")]
     QueueFull,
     /// Every request-preparation thread is busy and its queue is full.
@@ -120,13 +131,14 @@ impl ApiError {
         match self {
             ApiError::InvalidParameter { .. } | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::AdminDisabled => StatusCode::FORBIDDEN,
+            ApiError::AdminDisabled | ApiError::HostNotAllowed(_) => StatusCode::FORBIDDEN,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             // OpenAI answers an unknown model with 404 (the SDKs' NotFoundError).
             ApiError::NotFound { .. } | ApiError::ModelNotFound(_) | ApiError::ResponseNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull | ApiError::PreparationBusy => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ShuttingDown | ApiError::Unavailable(_) | ApiError::TooManyStreams { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -144,6 +156,9 @@ impl ApiError {
             ApiError::NotFound { .. } => ("invalid_request_error", None, Some("unknown_url")),
             ApiError::ResponseNotFound(_) => ("invalid_request_error", None, Some("response_not_found")),
             ApiError::PayloadTooLarge { .. } => ("invalid_request_error", None, Some("request_too_large")),
+            ApiError::UnsupportedMediaType(_) => ("invalid_request_error", None, Some("unsupported_media_type")),
+            ApiError::HostNotAllowed(_) => ("invalid_request_error", None, Some("host_not_allowed")),
+            ApiError::TooManyStreams { .. } => ("server_error", None, Some("too_many_streams")),
             ApiError::QueueFull | ApiError::PreparationBusy => ("rate_limit_exceeded", None, Some("rate_limit_exceeded")),
             ApiError::ShuttingDown => ("server_error", None, Some("shutting_down")),
             ApiError::Unavailable(_) => ("server_error", None, Some("ring_unavailable")),
@@ -196,10 +211,32 @@ impl ApiError {
             }
             Dialect::Ollama => (self.status(), axum::Json(serde_json::json!({"error": self.body().error.message}))).into_response(),
         };
-        if matches!(self, ApiError::QueueFull | ApiError::PreparationBusy | ApiError::ShuttingDown | ApiError::Unavailable(_)) {
+        if matches!(self, ApiError::QueueFull | ApiError::PreparationBusy | ApiError::ShuttingDown | ApiError::Unavailable(_) | ApiError::TooManyStreams { .. }) {
             resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER_SECS));
         }
         resp
+    }
+}
+
+impl Dialect {
+    /// The API a path belongs to, for a refusal made before routing (the Host check):
+    /// the paths [`super::router`] groups under Anthropic's and Ollama's envelopes.
+    pub fn of_path(path: &str) -> Dialect {
+        if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            Dialect::Anthropic
+        } else if path.starts_with("/api/") {
+            Dialect::Ollama
+        } else {
+            Dialect::OpenAi
+        }
+    }
+}
+
+impl ApiError {
+    /// The refusal of a request to `path` made outside the route groups, in the envelope
+    /// of the API that path belongs to.
+    pub fn into_response_at(self, path: &str) -> Response {
+        self.response_in(Dialect::of_path(path))
     }
 }
 

@@ -1,5 +1,6 @@
-//! A JSON body extractor whose failures are OpenAI-style errors: malformed JSON and wrong
-//! field types are 400 with serde's message, oversized bodies 413.
+//! A JSON body extractor whose failures are OpenAI-style errors: a body not declared JSON
+//! is 415 (`guard::json_content`), malformed JSON and wrong field types are 400 with
+//! serde's message, oversized bodies 413.
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
@@ -13,6 +14,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        // Before the body is read: a refused request costs nothing and runs nothing.
+        super::guard::json_content(req.headers())?;
         let limit = req.extensions().get::<BodyLimit>().map(|l| l.0);
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {

@@ -1,5 +1,6 @@
 //! The HTTP face of the head node: OpenAI's routes (chat, completions, Responses),
-//! Anthropic's Messages, Ollama's API, auth, limits, metrics, and the OpenAPI document.
+//! Anthropic's Messages, Ollama's API, auth, limits, what web pages may do (`guard`),
+//! metrics, and the OpenAPI document.
 //! Each API's handlers turn its JSON into a chat request (one preparation path) and the
 //! shared turn (`turn`) back into its JSON and events, errors into its envelope
 //! (`error::Dialect`); they never touch the engine directly.
@@ -12,6 +13,7 @@ mod console;
 mod embeddings;
 mod error;
 mod generate;
+pub mod guard;
 mod json;
 mod ollama;
 mod prepare;
@@ -38,6 +40,7 @@ use engine::tokenizer::Tokenizer;
 use openapi::{HealthResponse, Limits, ModelCard, ModelList};
 
 pub use error::ApiError;
+pub use guard::WebPolicy;
 pub use responses::ResponseStore;
 use error::Dialect;
 
@@ -69,6 +72,11 @@ pub struct AppState {
     pub responses: ResponseStore,
     /// The embedding model served beside the chat model (`--embedding-model`), if any.
     pub embeddings: Option<Arc<Embeddings>>,
+    /// The Host names served and the origins whose pages may read answers
+    /// (`--allowed-hosts`, `--cors-origins`).
+    pub web: WebPolicy,
+    /// Slots of the console's endless streams (`--max-console-streams`).
+    pub endless: server::EndlessStreams,
 }
 
 /// The embedding model: its queue and what clients are told of its file.
@@ -130,7 +138,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/admin/cluster", get(admin::cluster))
         .route("/admin/what-if", post(admin::what_if))
         .route_layer(middleware::from_fn_with_state(state.clone(), admin::require_admin_key));
-    Router::new()
+    let app = Router::new()
         .merge(api)
         .merge(anthropic)
         .merge(ollama)
@@ -144,7 +152,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
-        .fallback(not_found)
+        .fallback(not_found);
+    // Inside the Host check: a foreign name gets no grant, preflight or not.
+    let app = match state.web.cors() {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.layer(middleware::from_fn_with_state(state.clone(), guard::check_host))
         .layer(middleware::from_fn(record_metrics))
         .layer(axum::extract::DefaultBodyLimit::max(state.body_limit))
         .layer(axum::Extension(json::BodyLimit(state.body_limit)))

@@ -1,7 +1,7 @@
 //! The API port: HTTP/1.1 served by hyper directly, with a connection cap (a connection
 //! idle, or still sending a request body, makes room for a new one), header and idle
-//! timeouts, a pace every request body must keep, and a graceful end that lets every
-//! request in progress finish.
+//! timeouts, a pace every request body must keep, a cap of its own for endless streams
+//! (the console's), and a graceful end that lets every request in progress finish.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -12,6 +12,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue};
+use axum::response::Response;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -21,10 +23,14 @@ use tower::ServiceExt;
 use tower_http::map_request_body::MapRequestBodyLayer;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
-/// How the API port treats connections (`--max-connections`, `--header-timeout`).
+/// How the API port treats connections (`--max-connections`, `--header-timeout`,
+/// `--max-console-streams`).
 #[derive(Debug, Clone, Copy)]
 pub struct ConnectionLimits {
     pub max_connections: usize,
+    /// Connections serving an endless stream, on top of `max_connections` (the streams
+    /// themselves are capped by [`EndlessStreams`]; this sizes the open-file limit).
+    pub max_streams: usize,
     /// For a request's headers, between requests on a kept-alive connection, and between
     /// the pieces of a request body; also the grace before a body's pace is held to
     /// [`MIN_BODY_RATE`]. Never for responses.
@@ -46,9 +52,61 @@ const DISPLACE_WAIT: Duration = Duration::from_millis(200);
 /// not spin while connections close.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
+/// The default of `--max-console-streams`: a console tab holds one stream, and a home has a
+/// few people with a few tabs each; each stream costs a snapshot a second.
+pub const DEFAULT_MAX_STREAMS: usize = 32;
+
+/// Slots for endless streams (the console's live state), apart from the API's connections:
+/// a stream holds one for as long as it runs, and its connection leaves the API's count
+/// ([`endless`]), so open consoles can take neither each other's nor API clients' places.
+/// Past the cap a new stream is refused (503) rather than an old one closed: the console
+/// retries by itself, and tabs closing each other's streams would take turns for ever.
+#[derive(Debug, Clone)]
+pub struct EndlessStreams {
+    slots: Arc<Semaphore>,
+    cap: usize,
+}
+
+impl Default for EndlessStreams {
+    fn default() -> Self {
+        EndlessStreams::new(DEFAULT_MAX_STREAMS)
+    }
+}
+
+impl EndlessStreams {
+    pub fn new(cap: usize) -> EndlessStreams {
+        EndlessStreams { slots: Arc::new(Semaphore::new(cap)), cap }
+    }
+
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// A slot for a new stream, or `None` when all are taken.
+    pub fn take(&self) -> Option<EndlessSlot> {
+        self.slots.clone().try_acquire_owned().ok().map(EndlessSlot)
+    }
+}
+
+/// One endless stream's slot: kept by the stream, freed when it ends or its client goes.
+pub struct EndlessSlot(#[allow(dead_code)] OwnedSemaphorePermit);
+
+/// Response extension of an endless stream.
+#[derive(Debug, Clone, Copy)]
+struct Endless;
+
+/// Marks `resp` as an endless stream: served by [`serve_api`], its connection stops
+/// counting against `--max-connections` and is closed at shutdown (the stream would never
+/// finish by itself), and it closes when the stream ends, having given its place back.
+pub fn endless(mut resp: Response) -> Response {
+    resp.extensions_mut().insert(Endless);
+    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
 /// Serves `app` over HTTP/1.1 on `listener` until `shutdown` resolves; then stops
-/// accepting, closes idle connections, lets every request in progress finish (streams
-/// included) and returns.
+/// accepting, closes idle connections and endless streams, lets every request in progress
+/// finish (generation streams included) and returns.
 ///
 /// Unlike `axum::serve`, nothing a client does holds the port: a connection must send its
 /// headers within the header timeout and may sit idle no longer than that (hyper's header
@@ -58,7 +116,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// has been sending a body the longest, so a crowd of slow, idle or trickling clients
 /// cannot lock out real ones. Only a connection whose request is being answered is safe.
 pub async fn serve_api(listener: TcpListener, app: Router, limits: ConnectionLimits, shutdown: impl Future<Output = ()>) {
-    fit_open_files(limits.max_connections);
+    fit_open_files(limits.max_connections + limits.max_streams);
     let app = app.layer(MapRequestBodyLayer::new(Body::new)).layer(RequestBodyTimeoutLayer::new(limits.header_timeout));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
@@ -85,15 +143,18 @@ pub async fn serve_api(listener: TcpListener, app: Router, limits: ConnectionLim
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let conn = open.add();
+        let conn = open.add(permit);
         let service = hyper::service::service_fn({
-            let (app, conn) = (app.clone(), conn.clone());
+            let (app, conn, open) = (app.clone(), conn.clone(), open.clone());
             move |req: hyper::Request<hyper::body::Incoming>| {
                 let busy = Busy::start(&conn);
                 let req = req.map(|body| Body::new(Paced::new(Body::new(body), &conn, limits.header_timeout)));
-                let app = app.clone();
+                let (app, conn, open) = (app.clone(), conn.clone(), open.clone());
                 async move {
                     let resp = app.oneshot(req).await?;
+                    if resp.extensions().get::<Endless>().is_some() {
+                        open.to_endless(&conn);
+                    }
                     Ok::<_, std::convert::Infallible>(resp.map(|body| Tracked { body, _busy: busy }))
                 }
             }
@@ -104,12 +165,14 @@ pub async fn serve_api(listener: TcpListener, app: Router, limits: ConnectionLim
             tokio::select! {
                 _ = serving => {}
                 _ = conn.displace.notified() => crate::metrics::connection_displaced(),
+                _ = conn.cut.notified() => {}
             }
             open.remove(conn.id);
-            drop(permit);
+            drop(conn.take_permit());
         });
     }
     drop(listener);
+    open.cut_streams();
     graceful.shutdown().await;
 }
 
@@ -123,11 +186,15 @@ async fn accept_failed(e: std::io::Error) {
     tokio::time::sleep(ACCEPT_BACKOFF).await;
 }
 
-/// The open connections, for choosing one to close when the cap is reached.
+/// The open connections, for choosing one to close when the cap is reached, and those
+/// serving endless streams, apart.
 #[derive(Default)]
 struct Connections {
     next_id: AtomicU64,
     all: Mutex<HashMap<u64, Arc<Conn>>>,
+    streams: Mutex<HashMap<u64, Arc<Conn>>>,
+    /// Shutdown began: a connection that turns endless now is cut at once.
+    stopping: AtomicBool,
 }
 
 struct Conn {
@@ -142,6 +209,16 @@ struct Conn {
     /// Since when a request body has been arriving, while one is (HTTP/1.1: one request at
     /// a time per connection).
     body_since: Mutex<Option<Instant>>,
+    /// Its place among `--max-connections`, until it closes or turns endless.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Told to close: it serves an endless stream and the server is shutting down.
+    cut: Notify,
+}
+
+impl Conn {
+    fn take_permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.permit.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
 }
 
 impl Connections {
@@ -150,7 +227,11 @@ impl Connections {
         self.all.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn add(&self) -> Arc<Conn> {
+    fn streams(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Conn>>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn add(&self, permit: OwnedSemaphorePermit) -> Arc<Conn> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             id,
@@ -159,6 +240,8 @@ impl Connections {
             displaced: AtomicBool::new(false),
             displace: Notify::new(),
             body_since: Mutex::new(None),
+            permit: Mutex::new(Some(permit)),
+            cut: Notify::new(),
         });
         let mut all = self.lock();
         all.insert(id, conn.clone());
@@ -167,9 +250,38 @@ impl Connections {
     }
 
     fn remove(&self, id: u64) {
+        self.streams().remove(&id);
         let mut all = self.lock();
         all.remove(&id);
         crate::metrics::connections(all.len());
+    }
+
+    /// `conn` now serves an endless stream (which holds a slot of [`EndlessStreams`]): it
+    /// gives its place among `--max-connections` back and is no longer a candidate to make
+    /// room (its request is being answered). The stream's `Connection: close` ends it with
+    /// the stream.
+    fn to_endless(&self, conn: &Arc<Conn>) {
+        let place = conn.take_permit();
+        {
+            let mut all = self.lock();
+            all.remove(&conn.id);
+            crate::metrics::connections(all.len());
+        }
+        self.streams().insert(conn.id, conn.clone());
+        drop(place);
+        // After the insert: either `cut_streams` sees it, or this sees `stopping`.
+        if self.stopping.load(Ordering::SeqCst) {
+            conn.cut.notify_one();
+        }
+    }
+
+    /// Shutdown: every endless stream's connection is closed (a graceful end waits for
+    /// responses to finish, and these never do).
+    fn cut_streams(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for conn in self.streams().values() {
+            conn.cut.notify_one();
+        }
     }
 
     /// A place for a new connection: a free one, or the one of the connection idle the
