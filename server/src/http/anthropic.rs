@@ -348,7 +348,8 @@ enum Open {
     Text,
 }
 
-/// A streamed message: `message_start`, each block's start, deltas and stop (block
+/// A streamed message: `message_start` (once the prompt is processed, with the usage's
+/// cached split), each block's start, deltas and stop (block
 /// indices are positions in the message's content), `message_delta` with the stop reason
 /// and usage, `message_stop`. Tool calls are decided at the end of the turn, so each comes
 /// as one whole `input_json_delta`.

@@ -2,8 +2,9 @@
 //! (chat and text completions, Anthropic Messages) or as NDJSON lines (Ollama). It merges
 //! the choices' event streams, counts the usage (with cached prompt tokens) until every
 //! choice has finished, and ends the stream after a failure; SSE gets keep-alives. What
-//! differs — the frames themselves, how a stream closes and how a failure reads — comes
-//! from the endpoint's `Chunks`.
+//! differs — the frames themselves, whether the opening waits for the prompt to be
+//! processed, how a stream closes and how a failure reads — comes from the endpoint's
+//! `Chunks`.
 
 use std::convert::Infallible;
 
