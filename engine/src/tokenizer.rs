@@ -242,11 +242,14 @@ impl TextStream {
         }
     }
 
-    /// Whatever is left at the end of generation.
+    /// Whatever is left at the end of generation: nothing, since `push` keeps back only
+    /// the first bytes of a character still to come. Generation ended before it came (a
+    /// length cut in the middle of an emoji), and half a character has no text: written
+    /// out it was a U+FFFD that clients kept (Open WebUI stored "📌\u{FFFD}" as a chat's
+    /// emoji). Every API's text comes through here, streamed or whole.
     pub fn finish(&mut self) -> String {
-        let rest = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
-        rest
+        String::new()
     }
 }
 
@@ -270,6 +273,7 @@ mod tests {
         let mut s = TextStream::default();
         assert_eq!(s.push(&[b'x', 0xFF, b'y']), "x\u{FFFD}y");
         assert_eq!(s.push(&[0xE2, 0x98]), "");
-        assert_eq!(s.finish(), "\u{FFFD}");
+        // The snowman's last byte never came: the half character is dropped.
+        assert_eq!(s.finish(), "");
     }
 }

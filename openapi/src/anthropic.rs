@@ -35,8 +35,9 @@ pub struct MessagesRequest {
     /// The most tokens to generate (required, as Anthropic requires it).
     #[schema(minimum = 1)]
     pub max_tokens: u32,
-    /// The conversation, oldest first: `user` and `assistant` turns. A last `assistant`
-    /// turn is a prefill that the answer continues.
+    /// The conversation, oldest first: `user` and `assistant` turns, and `system` turns
+    /// (Claude Code sends them; text only). A last `assistant` turn is a prefill that the
+    /// answer continues.
     pub messages: Vec<InputMessage>,
     /// System prompt: a string or text blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,14 +164,30 @@ pub enum SystemPrompt {
     Blocks(Vec<SystemBlock>),
 }
 
+/// How Claude Code's first system block begins: `x-anthropic-billing-header: cc_version=…;
+/// cc_entrypoint=…; cch=…;`. It is billing metadata for Anthropic's servers, not an
+/// instruction to the model, and it changes with each conversation's first prompt: at the
+/// head of the prompt it made every new conversation recompute the whole system prompt and
+/// tools behind it (~12k tokens, 119 s cold instead of 1.2 s). So it never reaches the
+/// prompt; dropping it rather than moving it after the stable part keeps the model's input
+/// free of text it was never meant to read.
+pub const BILLING_HEADER_PREFIX: &str = "x-anthropic-billing-header:";
+
 impl SystemPrompt {
-    /// The prompt's text, blocks joined by a blank line.
+    /// The prompt's text, blocks joined by a blank line, without Claude Code's billing
+    /// header block (`BILLING_HEADER_PREFIX`).
     pub fn text(&self) -> String {
         match self {
+            SystemPrompt::Text(t) if is_billing_header(t) => String::new(),
             SystemPrompt::Text(t) => t.clone(),
-            SystemPrompt::Blocks(b) => b.iter().map(|b| b.text.as_str()).collect::<Vec<_>>().join("\n\n"),
+            SystemPrompt::Blocks(b) => b.iter().map(|b| b.text.as_str()).filter(|t| !is_billing_header(t)).collect::<Vec<_>>().join("\n\n"),
         }
     }
+}
+
+/// Whether a system block is Claude Code's billing header.
+pub fn is_billing_header(text: &str) -> bool {
+    text.trim_start().starts_with(BILLING_HEADER_PREFIX)
 }
 
 /// A text block of the system prompt.
@@ -189,6 +206,9 @@ pub struct SystemBlock {
 pub enum AnthropicRole {
     User,
     Assistant,
+    /// Instructions inside the conversation (Anthropic's mid-conversation system
+    /// messages; Claude Code sends one in its first request).
+    System,
 }
 
 /// One turn of the conversation.
@@ -555,6 +575,20 @@ mod tests {
         assert_eq!(r.system.unwrap().text(), "You are Claude Code.");
         assert!(r.tool_choice.unwrap().single());
         assert_eq!(r.messages.len(), 3);
+    }
+
+    #[test]
+    fn system_turns_parse_and_the_billing_header_is_no_part_of_the_system_prompt() {
+        let body = json!({
+            "model": "claude-sonnet-4-6", "max_tokens": 10,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.3.a1b; cc_entrypoint=cli; cch=00000;"}, {"type": "text", "text": "You are Claude Code."}],
+            "messages": [{"role": "user", "content": "hi"}, {"role": "system", "content": [{"type": "text", "text": "Answer in French."}]}]
+        });
+        let r: MessagesRequest = serde_json::from_value(body).unwrap();
+        r.validate().unwrap();
+        assert_eq!(r.messages[1].role, AnthropicRole::System);
+        assert_eq!(r.system.unwrap().text(), "You are Claude Code.");
+        assert_eq!(SystemPrompt::Text("x-anthropic-billing-header: cc_version=1;".into()).text(), "");
     }
 
     #[test]

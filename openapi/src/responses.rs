@@ -24,8 +24,9 @@ pub struct ResponsesRequest {
     /// A system message before the input (not carried over by `previous_response_id`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
-    /// Tools: `function` tools are offered to the model; others (web search, shell, ...)
-    /// are left out.
+    /// Tools: `function` tools, and the functions of `namespace` tools (Codex's sub-agent
+    /// and MCP tools), are offered to the model; others (web search, shell, ...) are left
+    /// out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ResponsesTool>>,
     /// `none`, `auto`, `required`, or `{"type": "function", "name"}`.
@@ -105,6 +106,9 @@ pub enum InputItem {
     FunctionCall {
         call_id: String,
         name: String,
+        /// The namespace tool the function belongs to, as the call came back.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
         /// The arguments as JSON text.
         arguments: String,
     },
@@ -170,7 +174,8 @@ pub struct SummaryText {
     pub text: String,
 }
 
-/// A tool: a function (flat, no `function` wrapper), or another kind hearth leaves out.
+/// A tool: a function (flat, no `function` wrapper), a `namespace` holding functions in
+/// `tools`, or another kind hearth leaves out.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ResponsesTool {
     #[serde(rename = "type")]
@@ -184,6 +189,10 @@ pub struct ResponsesTool {
     pub parameters: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
+    /// A `namespace` tool's functions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(no_recursion)]
+    pub tools: Option<Vec<ResponsesTool>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, ToSchema)]
@@ -255,7 +264,18 @@ pub struct IncompleteDetails {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputItem {
     Message { id: String, role: String, status: String, content: Vec<OutputText> },
-    FunctionCall { id: String, call_id: String, name: String, arguments: String, status: String },
+    FunctionCall {
+        id: String,
+        call_id: String,
+        /// The function's own name (inside its namespace, if any).
+        name: String,
+        /// The `namespace` tool the function came in, if it did: Codex finds its handler by
+        /// namespace and name.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
+        arguments: String,
+        status: String,
+    },
     Reasoning { id: String, summary: Vec<SummaryText>, content: Vec<ReasoningText>, status: String },
 }
 

@@ -372,6 +372,12 @@ async fn ollama_chat_and_generate_say_what_chat_says_as_ndjson() {
     // Generate through the template gives the same text; the bare id names the model too.
     let (_, g) = s.ollama("/api/generate", &json!({"model": model.trim_end_matches(":latest"), "prompt": question, "options": options, "stream": false})).await;
     assert_eq!(g[0]["response"], want.as_str());
+    // Whole answers split their time at the first token as streamed ones do (Open WebUI's
+    // tokens per second is eval_count / eval_duration).
+    for end in [&one[0], &g[0], last] {
+        let (total, prompt, eval) = (end["total_duration"].as_u64().unwrap(), end["prompt_eval_duration"].as_u64().unwrap(), end["eval_duration"].as_u64().unwrap());
+        assert!(eval > 0 && prompt < total && prompt + eval == total, "{end}");
+    }
 
     // A long conversation near the context, in Home Assistant's shape.
     let corpus = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt")).unwrap();
@@ -550,4 +556,139 @@ async fn responses_say_what_chat_says_with_indexed_events_and_a_bounded_store() 
         assert_eq!(r.status(), 400, "{b}");
         assert_eq!(r.json::<Value>().await.unwrap()["error"]["param"], param, "{b}");
     }
+}
+
+/// A system prompt long enough that reusing it shows (a few hundred tokens).
+fn long_system_prompt() -> String {
+    let corpus = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../testdata/prima-cpp-excerpt.txt")).unwrap();
+    let mut text = String::from("You are a coding agent. Read the notes below.\n\n");
+    for p in corpus.split("\n\n").filter(|p| !p.trim().is_empty()) {
+        if text.len() > 1500 {
+            break;
+        }
+        text.push_str(p);
+        text.push_str("\n\n");
+    }
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_system_turns_and_claude_codes_billing_header() {
+    let s = start().await;
+    let count = |body: Value| {
+        let s = &s;
+        async move {
+            let (status, counted) = s.anthropic("/v1/messages/count_tokens", &body).await;
+            assert_eq!(status, 200, "{body}: {counted}");
+            counted["input_tokens"].as_u64().unwrap()
+        }
+    };
+    let user = json!({"role": "user", "content": "What is the capital of France?"});
+    // A system turn first in `messages` is the system prompt, whether sent so or in `system`.
+    let plain = count(json!({"model": "claude-x", "messages": [user]})).await;
+    let as_turn = count(json!({"model": "claude-x", "messages": [{"role": "system", "content": "Answer in French."}, user]})).await;
+    let as_field = count(json!({"model": "claude-x", "system": "Answer in French.", "messages": [user]})).await;
+    assert_eq!(as_turn, as_field);
+    // (SmolLM2's template writes its own default system prompt when there is none.)
+    assert_ne!(as_turn, plain);
+    let with_both = count(json!({"model": "claude-x", "system": "Be brief.", "messages": [{"role": "system", "content": [{"type": "text", "text": "Answer in French."}]}, user]})).await;
+    assert!(with_both > as_field, "the system turn joins the system prompt: {with_both} vs {as_field}");
+    // Later, after a user turn (Anthropic's mid-conversation system message): kept in place.
+    let later = count(json!({"model": "claude-x", "system": "Be brief.", "messages": [user, {"role": "system", "content": "Answer in French."}]})).await;
+    let without = count(json!({"model": "claude-x", "system": "Be brief.", "messages": [user]})).await;
+    assert!(later > without, "{later} vs {without}");
+    let (status, msg) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 8, "temperature": 0, "messages": [{"role": "system", "content": "Answer in French."}, user, {"role": "system", "content": "Be brief."}]})).await;
+    assert_eq!(status, 200, "{msg}");
+    assert_eq!(msg["type"], "message");
+    // A system turn holds text only.
+    let (status, err) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 8, "messages": [user, {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "x", "input": {}}]}]})).await;
+    assert_eq!((status, err["error"]["type"].as_str()), (400, Some("invalid_request_error")), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_claude_codes_billing_header_keeps_the_system_prompt_cached() {
+    let s = start().await;
+    let count = |body: Value| {
+        let s = &s;
+        async move {
+            let (status, counted) = s.anthropic("/v1/messages/count_tokens", &body).await;
+            assert_eq!(status, 200, "{body}: {counted}");
+            counted["input_tokens"].as_u64().unwrap()
+        }
+    };
+    let user = json!({"role": "user", "content": "What is the capital of France?"});
+    // Claude Code's billing header block is not part of the prompt, so two conversations
+    // whose headers differ share the whole system prompt in the cache.
+    let system = long_system_prompt();
+    let header = |cch: &str| json!({"type": "text", "text": format!("x-anthropic-billing-header: cc_version=2.1.3.{cch}; cc_entrypoint=cli; cch={cch};")});
+    let blocks = |cch: &str| json!([header(cch), {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}]);
+    let counted = count(json!({"model": "claude-x", "system": blocks("a1b2c"), "messages": [user]})).await;
+    assert!(counted > 200, "{counted}");
+    let mut cached = Vec::new();
+    for cch in ["a1b2c", "d3e4f"] {
+        let (status, msg) = s.anthropic("/v1/messages", &json!({"model": "claude-x", "max_tokens": 4, "temperature": 0, "system": blocks(cch), "messages": [user]})).await;
+        assert_eq!(status, 200, "{msg}");
+        let u = &msg["usage"];
+        assert_eq!(u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap(), counted, "{u}");
+        cached.push(u["cache_read_input_tokens"].as_u64().unwrap());
+    }
+    // Reuse ends on a whole tile (64 tokens) at least a tile before the prompt's end, so
+    // that the rest is computed as a cold prompt computes it.
+    assert!(cached[1] + 2 * 64 >= counted, "the second conversation reuses the system prompt: {cached:?} of {counted}");
+    // Dropped, not moved: the prompt is the one without the header.
+    assert_eq!(counted, count(json!({"model": "claude-x", "system": system, "messages": [user]})).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_message_start_reports_the_cached_split() {
+    let s = start().await;
+    let body = json!({"model": "claude-x", "max_tokens": 6, "temperature": 0, "stream": true, "system": long_system_prompt(), "messages": [{"role": "user", "content": "Summarise."}]});
+    let mut starts = Vec::new();
+    for _ in 0..2 {
+        let events = s.anthropic_stream(&body).await;
+        let (_, delta) = streamed_message(&events);
+        let start = events[0].1["message"]["usage"].clone();
+        // message_start says what message_delta says: the same split of the prompt.
+        for key in ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"] {
+            assert_eq!(start[key], delta["usage"][key], "{key}: {start} vs {}", delta["usage"]);
+        }
+        starts.push(start);
+    }
+    let again = &starts[1];
+    assert!(again["cache_read_input_tokens"].as_u64().unwrap() > 200, "the second request reuses the prompt: {again}");
+    assert_eq!(
+        again["input_tokens"].as_u64().unwrap() + again["cache_read_input_tokens"].as_u64().unwrap(),
+        starts[0]["input_tokens"].as_u64().unwrap() + starts[0]["cache_read_input_tokens"].as_u64().unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_offer_namespace_functions_and_call_them_with_their_namespace() {
+    let s = start().await;
+    // Codex's sub-agent tools come as a namespace of functions.
+    let schema = json!({"type": "object", "properties": {"task": {"type": "string", "maxLength": 40}}, "required": ["task"], "additionalProperties": false});
+    let tools = json!([{"type": "namespace", "name": "collaboration", "description": "Work with sub-agents.", "tools": [
+        {"type": "function", "name": "spawn_agent", "description": "Start a sub-agent on a task.", "strict": false, "parameters": schema}
+    ]}]);
+    let body = json!({"model": "", "input": "Start a sub-agent that lists the files.", "tools": tools, "tool_choice": "required", "max_output_tokens": 120, "temperature": 0});
+    let r = s.client.post(format!("{}/v1/responses", s.base)).bearer_auth(KEY).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let whole: Value = r.json().await.unwrap();
+    let call = whole["output"].as_array().unwrap().iter().find(|o| o["type"] == "function_call").unwrap_or_else(|| panic!("a function call: {whole}")).clone();
+    assert_eq!((call["name"].as_str(), call["namespace"].as_str()), (Some("spawn_agent"), Some("collaboration")), "{call}");
+    assert!(serde_json::from_str::<Value>(call["arguments"].as_str().unwrap()).unwrap()["task"].is_string(), "{call}");
+    // Streamed, the item says the same.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = response_events(&s, &streamed).await;
+    let done = events.iter().rev().find(|e| e.0 == "response.output_item.done").unwrap();
+    assert_eq!((done.1["item"]["name"].as_str(), done.1["item"]["namespace"].as_str()), (Some("spawn_agent"), Some("collaboration")), "{:?}", done.1);
+    // Codex sends the call back with its namespace, and the result after it.
+    let input = json!([
+        {"role": "user", "content": "Start a sub-agent that lists the files."},
+        {"type": "function_call", "call_id": "call_1", "name": "spawn_agent", "namespace": "collaboration", "arguments": call["arguments"]},
+        {"type": "function_call_output", "call_id": "call_1", "output": "agent started"}
+    ]);
+    let r = s.client.post(format!("{}/v1/responses", s.base)).bearer_auth(KEY).json(&json!({"model": "", "input": input, "tools": tools, "max_output_tokens": 8, "temperature": 0})).send().await.unwrap();
+    assert_eq!(r.status(), 200);
 }

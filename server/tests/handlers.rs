@@ -493,6 +493,14 @@ async fn anthropic_thinking_is_a_thinking_block() {
     let names: Vec<String> = named_events(&text).into_iter().map(|(n, d)| if n == "content_block_delta" { d["delta"]["type"].as_str().unwrap().to_string() } else { n }).collect();
     let want = ["message_start", "ping", "content_block_start", "thinking_delta", "thinking_delta", "signature_delta", "content_block_stop", "content_block_start", "text_delta", "text_delta", "content_block_stop", "message_delta", "message_stop"];
     assert_eq!(names, want);
+    // message_start waits for the prompt to be processed, so its usage splits the prompt as
+    // message_delta's does: the 3 tokens the batcher reused are cache reads.
+    let events = named_events(&text);
+    let (start, end) = (&events[0].1["message"]["usage"], &events[events.len() - 2].1["usage"]);
+    assert_eq!(start["cache_read_input_tokens"], 3, "{start}");
+    for key in ["input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"] {
+        assert_eq!(start[key], end[key], "{key}: {start} vs {end}");
+    }
 }
 
 #[tokio::test]

@@ -56,7 +56,7 @@ pub async fn messages(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<
     let reasoning = (state.reasoning, prepared.opens_thinking);
     let head = Head { id, model: req.model.clone(), prompt_tokens: spec.prompt.len(), stops };
     if req.stream {
-        let events = MessageEvents { turn: TurnStream::new(reasoning), tool_use: prepared.tool_use, open: None, next_index: 0, end: None, head };
+        let events = MessageEvents { turn: TurnStream::new(reasoning), tool_use: prepared.tool_use, open: None, next_index: 0, end: None, head, cached: 0 };
         return Ok(stream::sse(receivers, spec.prompt.len(), events));
     }
     let choice = generate::collect_all(receivers).await?.pop().unwrap_or_default();
@@ -118,6 +118,7 @@ fn to_chat(state: &AppState, req: &MessagesRequest) -> Result<(ChatCompletionReq
     }
     for (i, m) in req.messages.iter().enumerate() {
         match (m.role, &m.content) {
+            (AnthropicRole::System, content) => push_system(&mut messages, system_turn_text(content, i)?),
             (role, InputContent::Text(text)) => push_text(&mut messages, role, text.clone()),
             (AnthropicRole::User, InputContent::Blocks(blocks)) => {
                 // Tool results answer the previous assistant turn's calls, so they come
@@ -216,12 +217,57 @@ fn to_chat(state: &AppState, req: &MessagesRequest) -> Result<(ChatCompletionReq
     Ok((chat_req, prefill))
 }
 
+/// A system turn's text: a string or text blocks (Claude Code's billing header block, if
+/// one comes here, is dropped as from `system`).
+fn system_turn_text(content: &InputContent, i: usize) -> Result<String, ApiError> {
+    let blocks = match content {
+        InputContent::Text(t) => return Ok(if openapi::is_billing_header(t) { String::new() } else { t.clone() }),
+        InputContent::Blocks(blocks) => blocks,
+    };
+    let mut text = Vec::with_capacity(blocks.len());
+    for (j, b) in blocks.iter().enumerate() {
+        match b {
+            InputBlock::Text { text: t } if openapi::is_billing_header(t) => {}
+            InputBlock::Text { text: t } => text.push(t.as_str()),
+            _ => {
+                let at = format!("messages[{i}].content[{j}]");
+                return Err(invalid(at.clone(), format!("{at}: system turns hold text blocks only")));
+            }
+        }
+    }
+    Ok(text.join("\n\n"))
+}
+
+/// Adds a system turn of `messages`. Before the conversation's first user or assistant
+/// turn it joins the system prompt, as the real API reads it. Later (Anthropic's
+/// mid-conversation system messages, which follow a user turn) it stays where it is, in
+/// that user turn: many chat templates refuse a system message anywhere but first, and
+/// moving it up into the system prompt would change the prompt's start, so every earlier
+/// turn would be computed again instead of coming from the cache.
+fn push_system(messages: &mut Vec<ChatMessage>, text: String) {
+    if text.is_empty() {
+        return;
+    }
+    if messages.iter().all(|m| m.role == Role::System) {
+        match messages.first_mut() {
+            Some(first) => {
+                let merged = format!("{}\n\n{text}", first.text());
+                first.content = Some(MessageContent::Text(merged));
+            }
+            None => messages.push(ChatMessage::new(Role::System, text)),
+        }
+    } else {
+        push_text(messages, AnthropicRole::User, text);
+    }
+}
+
 /// Adds text as a turn of `role`, merged into the previous turn when that is a plain turn
 /// of the same role (Anthropic allows consecutive turns of one role; templates do not).
 fn push_text(messages: &mut Vec<ChatMessage>, role: AnthropicRole, text: String) {
     let role = match role {
         AnthropicRole::User => Role::User,
         AnthropicRole::Assistant => Role::Assistant,
+        AnthropicRole::System => Role::System,
     };
     match messages.last_mut() {
         Some(last) if last.role == role && last.tool_calls.is_none() && last.reasoning_content.is_none() => {
@@ -302,12 +348,15 @@ enum Open {
     Text,
 }
 
-/// A streamed message: `message_start`, each block's start, deltas and stop (block
+/// A streamed message: `message_start` (once the prompt is processed, with the usage's
+/// cached split), each block's start, deltas and stop (block
 /// indices are positions in the message's content), `message_delta` with the stop reason
 /// and usage, `message_stop`. Tool calls are decided at the end of the turn, so each comes
 /// as one whole `input_json_delta`.
 struct MessageEvents {
     head: Head,
+    /// Prompt tokens reused from the cache, known before `message_start`.
+    cached: usize,
     turn: TurnStream,
     tool_use: Option<ToolUse>,
     open: Option<(u32, Open)>,
@@ -365,8 +414,16 @@ impl MessageEvents {
 impl stream::Chunks for MessageEvents {
     type Frame = SseEvent;
 
+    fn opens_after_start(&self) -> bool {
+        true
+    }
+
+    fn cached(&mut self, cached_tokens: usize) {
+        self.cached = cached_tokens;
+    }
+
     fn opening(&mut self) -> Vec<SseEvent> {
-        let usage = usage(self.head.prompt_tokens, 0, 0);
+        let usage = usage(self.head.prompt_tokens, 0, self.cached);
         vec![event(&MessageStreamEvent::MessageStart { message: self.head.message(Vec::new(), None, None, usage) }), event(&MessageStreamEvent::Ping)]
     }
 

@@ -144,13 +144,18 @@ pub struct Choice {
     pub finish: Option<Finish>,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// When the prompt was processed and generation began (Ollama's durations split there).
+    pub started: Option<Instant>,
 }
 
 pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Choice, ApiError> {
     let mut c = Choice::default();
     while let Some(ev) = rx.recv().await {
         match ev {
-            Event::Started { cached_tokens, .. } => c.cached_tokens = cached_tokens,
+            Event::Started { cached_tokens, .. } => {
+                c.cached_tokens = cached_tokens;
+                c.started = Some(Instant::now());
+            }
             Event::Token { text, info } => {
                 c.text.push_str(&text);
                 c.tokens.extend(info);

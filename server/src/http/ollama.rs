@@ -400,7 +400,7 @@ async fn respond(state: &AppState, model: String, shape: Shape, stream: bool, (p
     let choice = generate::collect_all(receivers).await?.pop().unwrap_or_default();
     let answer = Answer::of(choice.text, reasoning, prepared.tool_use.as_ref());
     let reason = done_reason(choice.finish.unwrap_or(Finish::Stop));
-    let end = ends(began, None, prompt_tokens, choice.completion_tokens, reason);
+    let end = ends(began, choice.started, prompt_tokens, choice.completion_tokens, reason);
     let v = match shape {
         Shape::Chat => {
             let mut v = frame(shape, &model, Piece::Text(answer.text), answer.calls, true, Some(end));
@@ -427,8 +427,9 @@ fn done_reason(f: Finish) -> &'static str {
     }
 }
 
-/// The counts and durations of the last chunk: the prompt's evaluation until the first
-/// token, generation after it.
+/// The counts and durations of the last chunk: the prompt's evaluation until generation
+/// began (the first token streamed, or whole: the batcher's `Started`), generation after
+/// it. Open WebUI shows eval_count / eval_duration as the answer's tokens per second.
 fn ends(began: Instant, first_token: Option<Instant>, prompt_tokens: usize, eval_count: usize, reason: &str) -> OllamaEnd {
     let total = began.elapsed();
     let prompt = first_token.map_or(total, |t| t - began);

@@ -140,8 +140,71 @@ fn parts_text(parts: &[InputPart], at: &str) -> Result<String, ApiError> {
     Ok(out.join("\n"))
 }
 
+/// The functions offered to the model, by the name it calls them: every `function` tool,
+/// and every function of a `namespace` tool (Codex sends its sub-agent and MCP tools so)
+/// under its own name. Codex finds a call's handler by namespace and name, so a call of a
+/// namespaced function goes back with its namespace (`split`). Where a name is taken
+/// already, by a plain function or another namespace's, the later one is offered qualified
+/// as Codex writes tool names: the namespace, then `__` unless it ends so, then the name.
+#[derive(Default)]
+struct Offered {
+    tools: Vec<Tool>,
+    /// Offered name → (namespace, function name), for namespaced functions only.
+    namespaced: HashMap<String, (String, String)>,
+}
+
+/// The separator of a qualified name (Codex's MCP namespaces, `mcp__server__`, end in it).
+const NAMESPACE_SEPARATOR: &str = "__";
+
+impl Offered {
+    fn of(req: &ResponsesRequest) -> Offered {
+        let mut o = Offered::default();
+        let mut taken: std::collections::HashSet<String> = req.tools.iter().flatten().filter(|t| t.kind == "function").filter_map(|t| t.name.clone()).collect();
+        for t in req.tools.iter().flatten() {
+            match t.kind.as_str() {
+                "function" => o.tools.push(function_tool(t, t.name.clone().unwrap_or_default())),
+                "namespace" => {
+                    let namespace = t.name.clone().unwrap_or_default();
+                    for f in t.tools.iter().flatten().filter(|f| f.kind == "function") {
+                        let name = f.name.clone().unwrap_or_default();
+                        let offered = if taken.contains(&name) {
+                            let sep = if namespace.ends_with(NAMESPACE_SEPARATOR) { "" } else { NAMESPACE_SEPARATOR };
+                            format!("{namespace}{sep}{name}")
+                        } else {
+                            name.clone()
+                        };
+                        taken.insert(offered.clone());
+                        o.namespaced.insert(offered.clone(), (namespace.clone(), name));
+                        o.tools.push(function_tool(f, offered));
+                    }
+                }
+                _ => {}
+            }
+        }
+        o
+    }
+
+    /// A call of the offered name as (function name, namespace).
+    fn split(&self, offered: &str) -> (String, Option<String>) {
+        match self.namespaced.get(offered) {
+            Some((namespace, name)) => (name.clone(), Some(namespace.clone())),
+            None => (offered.to_string(), None),
+        }
+    }
+
+    /// The name a function (of a namespace, if given) was offered by.
+    fn offered(&self, namespace: Option<&str>, name: &str) -> String {
+        let Some(namespace) = namespace else { return name.to_string() };
+        self.namespaced.iter().find(|(_, (ns, n))| ns == namespace && n == name).map_or_else(|| name.to_string(), |(offered, _)| offered.clone())
+    }
+}
+
+fn function_tool(t: &openapi::ResponsesTool, name: String) -> Tool {
+    Tool { kind: Default::default(), function: FunctionDefinition { name, description: t.description.clone(), parameters: t.parameters.clone(), strict: t.strict } }
+}
+
 /// The input items as chat turns, after the stored conversation they continue.
-fn conversation(req: &ResponsesRequest, previous: Option<&Stored>) -> Result<Vec<ChatMessage>, ApiError> {
+fn conversation(req: &ResponsesRequest, previous: Option<&Stored>, offered: &Offered) -> Result<Vec<ChatMessage>, ApiError> {
     let mut messages: Vec<ChatMessage> = previous.map(|p| p.conversation.clone()).unwrap_or_default();
     let items: Vec<InputItem> = match &req.input {
         ResponsesInput::Text(t) => vec![InputItem::Message { role: "user".into(), content: MessageInput::Text(t.clone()) }],
@@ -173,8 +236,9 @@ fn conversation(req: &ResponsesRequest, previous: Option<&Stored>) -> Result<Vec
                 }
                 messages.push(m);
             }
-            InputItem::FunctionCall { call_id, name, arguments } => {
-                let call = ToolCall { id: call_id.clone(), kind: Default::default(), function: FunctionCall { name: name.clone(), arguments: arguments.clone() } };
+            InputItem::FunctionCall { call_id, name, namespace, arguments } => {
+                let name = offered.offered(namespace.as_deref(), name);
+                let call = ToolCall { id: call_id.clone(), kind: Default::default(), function: FunctionCall { name, arguments: arguments.clone() } };
                 // Calls of one turn are one assistant message.
                 match messages.last_mut() {
                     Some(last) if last.role == Role::Assistant && reasoning.is_empty() && (last.tool_calls.is_some() || last.text().is_empty()) => last.tool_calls.get_or_insert_with(Vec::new).push(call),
@@ -217,24 +281,18 @@ fn conversation(req: &ResponsesRequest, previous: Option<&Stored>) -> Result<Vec
 
 /// The Responses request as a chat request (instructions first), and the conversation to
 /// keep (without the instructions, which `previous_response_id` does not carry over).
-fn to_chat(state: &AppState, req: &ResponsesRequest, previous: Option<&Stored>) -> Result<(ChatCompletionRequest, Vec<ChatMessage>), ApiError> {
+fn to_chat(state: &AppState, req: &ResponsesRequest, previous: Option<&Stored>, offered: &Offered) -> Result<(ChatCompletionRequest, Vec<ChatMessage>), ApiError> {
     check_model(state, &req.model)?;
     if req.background == Some(true) {
         return Err(invalid("background", "background: responses are not run in the background on this server; leave it out"));
     }
-    let kept = conversation(req, previous)?;
+    let kept = conversation(req, previous, offered)?;
     let mut messages = Vec::with_capacity(kept.len() + 1);
     if let Some(i) = req.instructions.as_ref().filter(|i| !i.is_empty()) {
         messages.push(ChatMessage::new(Role::System, i.clone()));
     }
     messages.extend(kept.iter().cloned());
-    let tools: Vec<Tool> = req
-        .tools
-        .iter()
-        .flatten()
-        .filter(|t| t.kind == "function")
-        .map(|t| Tool { kind: Default::default(), function: FunctionDefinition { name: t.name.clone().unwrap_or_default(), description: t.description.clone(), parameters: t.parameters.clone(), strict: t.strict } })
-        .collect();
+    let tools = offered.tools.clone();
     let tool_choice = match &req.tool_choice {
         None => None,
         Some(Value::String(s)) => Some(ToolChoice::Mode(match s.as_str() {
@@ -266,8 +324,8 @@ fn to_chat(state: &AppState, req: &ResponsesRequest, previous: Option<&Stored>) 
     let chat_req = ChatCompletionRequest {
         model: String::new(),
         messages,
-        tools: (!tools.is_empty()).then_some(tools),
-        tool_choice: if req.tools.iter().flatten().any(|t| t.kind == "function") { tool_choice } else { None },
+        tools: (!tools.is_empty()).then(|| tools.clone()),
+        tool_choice: if tools.is_empty() { None } else { tool_choice },
         parallel_tool_calls: req.parallel_tool_calls,
         response_format,
         reasoning_effort,
@@ -285,6 +343,7 @@ struct Head {
     created_at: u64,
     model: String,
     req: Arc<ResponsesRequest>,
+    offered: Arc<Offered>,
 }
 
 impl Head {
@@ -337,20 +396,22 @@ fn output_text(text: String) -> OutputText {
     OutputText { kind: "output_text".into(), text, annotations: Vec::new() }
 }
 
-fn call_item(call: &HarmonyCall, status: &str) -> OutputItem {
-    OutputItem::FunctionCall { id: new_id("fc"), call_id: new_id("call"), name: call.name.clone(), arguments: call.arguments.clone(), status: status.into() }
+fn call_item(call: &HarmonyCall, status: &str, offered: &Offered) -> OutputItem {
+    let (name, namespace) = offered.split(&call.name);
+    OutputItem::FunctionCall { id: new_id("fc"), call_id: new_id("call"), name, namespace, arguments: call.arguments.clone(), status: status.into() }
 }
 
 /// The assistant's turn as a chat message, for the kept conversation.
-fn as_chat_turn(output: &[OutputItem]) -> ChatMessage {
+fn as_chat_turn(output: &[OutputItem], offered: &Offered) -> ChatMessage {
     let mut m = ChatMessage { content: None, ..ChatMessage::new(Role::Assistant, "") };
     for item in output {
         match item {
             OutputItem::Reasoning { content, .. } => m.reasoning_content = Some(content.iter().map(|c| c.text.as_str()).collect()),
             OutputItem::Message { content, .. } => m.content = Some(openapi::MessageContent::Text(content.iter().map(|c| c.text.as_str()).collect())),
-            OutputItem::FunctionCall { call_id, name, arguments, .. } => {
-                m.tool_calls.get_or_insert_with(Vec::new).push(ToolCall { id: call_id.clone(), kind: Default::default(), function: FunctionCall { name: name.clone(), arguments: arguments.clone() } })
-            }
+            OutputItem::FunctionCall { call_id, name, namespace, arguments, .. } => m
+                .tool_calls
+                .get_or_insert_with(Vec::new)
+                .push(ToolCall { id: call_id.clone(), kind: Default::default(), function: FunctionCall { name: offered.offered(namespace.as_deref(), name), arguments: arguments.clone() } }),
         }
     }
     m
@@ -358,7 +419,7 @@ fn as_chat_turn(output: &[OutputItem]) -> ChatMessage {
 
 fn keep(state: &AppState, head: &Head, response: &ResponseObject, mut conversation: Vec<ChatMessage>) {
     if head.req.store != Some(false) {
-        conversation.push(as_chat_turn(&response.output));
+        conversation.push(as_chat_turn(&response.output, &head.offered));
         state.responses.put(response.clone(), conversation);
     }
 }
@@ -370,16 +431,18 @@ pub async fn create(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Re
         None => None,
     };
     let req = Arc::new(req);
+    let offered = Arc::new(Offered::of(&req));
     let (prepared, kept) = {
         let state = state.clone();
         let req = req.clone();
+        let offered = offered.clone();
         prepare::run(move || {
-            let (chat_req, kept) = to_chat(&state, &req, previous.as_deref())?;
+            let (chat_req, kept) = to_chat(&state, &req, previous.as_deref(), &offered)?;
             chat::prepare(&state, &chat_req, Input::CHAT).map(|p| (p, kept))
         })
         .await?
     };
-    let head = Head { id: new_id("resp"), created_at: now_secs(), model: if req.model.is_empty() { state.model_id.clone() } else { req.model.clone() }, req: req.clone() };
+    let head = Head { id: new_id("resp"), created_at: now_secs(), model: if req.model.is_empty() { state.model_id.clone() } else { req.model.clone() }, req: req.clone(), offered };
     let spec = GenSpec {
         id: head.id.clone(),
         prompt: prepared.prompt,
@@ -405,7 +468,7 @@ pub async fn create(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<Re
     if !answer.text.is_empty() || answer.calls.is_empty() {
         output.push(message_item(new_id("msg"), Some(answer.text), "completed"));
     }
-    output.extend(answer.calls.iter().map(|c| call_item(c, "completed")));
+    output.extend(answer.calls.iter().map(|c| call_item(c, "completed", &head.offered)));
     let incomplete = choice.finish == Some(Finish::Length) && answer.calls.is_empty();
     let u = usage(&stream::usage(spec.prompt.len(), choice.completion_tokens, choice.cached_tokens));
     let response = head.response(if incomplete { "incomplete" } else { "completed" }, output, Some(u), incomplete);
@@ -523,9 +586,9 @@ impl stream::Chunks for ResponseEvents {
         self.close_open(&mut out);
         for call in &calls {
             let output_index = self.index();
-            let item = call_item(call, "completed");
-            let OutputItem::FunctionCall { id, name, arguments, call_id, .. } = &item else { continue };
-            let added = OutputItem::FunctionCall { id: id.clone(), call_id: call_id.clone(), name: name.clone(), arguments: String::new(), status: "in_progress".into() };
+            let item = call_item(call, "completed", &self.head.offered);
+            let OutputItem::FunctionCall { id, name, namespace, arguments, call_id, .. } = &item else { continue };
+            let added = OutputItem::FunctionCall { id: id.clone(), call_id: call_id.clone(), name: name.clone(), namespace: namespace.clone(), arguments: String::new(), status: "in_progress".into() };
             let (id, name, arguments) = (id.clone(), name.clone(), arguments.clone());
             out.push(self.event(ResponseStreamEvent::OutputItemAdded { output_index, item: added }));
             out.push(self.event(ResponseStreamEvent::FunctionCallArgumentsDelta { item_id: id.clone(), output_index, delta: arguments.clone() }));
@@ -558,8 +621,38 @@ mod tests {
     use super::*;
 
     fn response(id: &str) -> ResponseObject {
-        let head = Head { id: id.into(), created_at: 0, model: "m".into(), req: Arc::new(ResponsesRequest::default()) };
+        let head = Head { id: id.into(), created_at: 0, model: "m".into(), req: Arc::new(ResponsesRequest::default()), offered: Arc::default() };
         head.response("completed", Vec::new(), None, false)
+    }
+
+    #[test]
+    fn namespaced_functions_are_offered_by_their_names_and_called_back_with_their_namespace() {
+        // Codex's shapes: a plain function, its sub-agent namespace, an MCP namespace whose
+        // function's name is taken, and a hosted tool left out.
+        let req: ResponsesRequest = serde_json::from_value(json!({
+            "model": "", "input": "hi",
+            "tools": [
+                {"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                {"type": "namespace", "name": "collaboration", "description": "sub-agents", "tools": [
+                    {"type": "function", "name": "spawn_agent", "description": "spawns", "strict": false, "parameters": {"type": "object"}},
+                    {"type": "function", "name": "wait", "parameters": {"type": "object"}}
+                ]},
+                {"type": "namespace", "name": "mcp__files__", "description": "files", "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]},
+                {"type": "web_search"}
+            ]
+        }))
+        .unwrap();
+        let o = Offered::of(&req);
+        let names: Vec<&str> = o.tools.iter().map(|t| t.function.name.as_str()).collect();
+        assert_eq!(names, ["shell", "spawn_agent", "wait", "mcp__files__shell"]);
+        assert_eq!(o.split("spawn_agent"), ("spawn_agent".to_string(), Some("collaboration".to_string())));
+        assert_eq!(o.split("mcp__files__shell"), ("shell".to_string(), Some("mcp__files__".to_string())));
+        assert_eq!(o.split("shell"), ("shell".to_string(), None));
+        assert_eq!(o.offered(Some("mcp__files__"), "shell"), "mcp__files__shell");
+        assert_eq!(o.offered(Some("collaboration"), "wait"), "wait");
+        assert_eq!(o.offered(None, "shell"), "shell");
+        let OutputItem::FunctionCall { name, namespace, .. } = call_item(&HarmonyCall { name: "spawn_agent".into(), arguments: "{}".into() }, "completed", &o) else { unreachable!() };
+        assert_eq!((name.as_str(), namespace.as_deref()), ("spawn_agent", Some("collaboration")));
     }
 
     #[test]

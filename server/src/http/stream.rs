@@ -2,8 +2,9 @@
 //! (chat and text completions, Anthropic Messages) or as NDJSON lines (Ollama). It merges
 //! the choices' event streams, counts the usage (with cached prompt tokens) until every
 //! choice has finished, and ends the stream after a failure; SSE gets keep-alives. What
-//! differs — the frames themselves, how a stream closes and how a failure reads — comes
-//! from the endpoint's `Chunks`.
+//! differs — the frames themselves, whether the opening waits for the prompt to be
+//! processed, how a stream closes and how a failure reads — comes from the endpoint's
+//! `Chunks`.
 
 use std::convert::Infallible;
 
@@ -25,6 +26,16 @@ pub trait Chunks: Send + 'static {
     type Frame: Send + 'static;
     /// What goes out before any token (chat: each choice's role; completions: echoes).
     fn opening(&mut self) -> Vec<Self::Frame>;
+    /// Whether `opening` waits until every choice's prompt is processed, and so carries
+    /// how many prompt tokens came from the cache (`cached`, told just before): Anthropic's
+    /// `message_start` reports the usage's split, which the batcher knows only then. Any
+    /// other event (a failure, an answer with nothing to generate) opens at once.
+    fn opens_after_start(&self) -> bool {
+        false
+    }
+    /// The prompt tokens reused from the cache (the most any choice reused), before a
+    /// waiting `opening`.
+    fn cached(&mut self, _cached_tokens: usize) {}
     /// New text of choice `i`, with its log-probabilities when asked for.
     fn text(&mut self, i: usize, text: String, info: Option<TokenInfo>) -> Vec<Self::Frame>;
     /// Choice `i` ended: what it still held back, then its finish chunk.
@@ -81,16 +92,26 @@ pub fn ndjson(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, ch
 /// The frames `chunks` renders of the choices' events, in arrival order.
 fn frames<C: Chunks>(receivers: Vec<UnboundedReceiver<Event>>, prompt_tokens: usize, mut chunks: C) -> impl futures::Stream<Item = C::Frame> + Send {
     let n = receivers.len();
-    let opening = chunks.opening();
-    let (mut completion, mut cached, mut finished, mut ended) = (0, 0, 0, false);
+    let mut opened = !chunks.opens_after_start();
+    let opening = if opened { chunks.opening() } else { Vec::new() };
+    let (mut completion, mut cached, mut started, mut finished, mut ended) = (0, 0, 0, 0, false);
     let body = generate::merged(receivers).flat_map(move |(i, event)| {
         let mut out = Vec::new();
         // After a failure the stream is over: the other choices' events are dropped.
         if ended {
             return futures::stream::iter(out);
         }
+        if let Event::Started { cached_tokens } = &event {
+            cached = cached.max(*cached_tokens);
+            started += 1;
+        }
+        if !opened && (started == n || !matches!(event, Event::Started { .. })) {
+            chunks.cached(cached);
+            out.extend(chunks.opening());
+            opened = true;
+        }
         match event {
-            Event::Started { cached_tokens } => cached = cached.max(cached_tokens),
+            Event::Started { .. } => {}
             Event::Token { text, info } => out.extend(chunks.text(i, text, info)),
             Event::Done { finish, completion_tokens } => {
                 completion += completion_tokens;

@@ -1307,8 +1307,8 @@ impl Loop {
         if let Some((finish, flush)) = end {
             let mut a = s.active.take().expect("active above");
             if flush {
-                // Text held back for a possible stop string, or bytes of a character that
-                // never completed, are real output.
+                // Text held back for a possible stop string is real output; the bytes of a
+                // character that never completed are not (`TextStream::finish` drops them).
                 let (mut tail, hit) = a.stop.push(&a.text.finish());
                 if !hit {
                     tail.push_str(&a.stop.finish());

@@ -192,6 +192,26 @@ fn a_stop_string_cuts_the_text_before_it() {
 }
 
 #[test]
+fn a_length_cut_inside_a_character_drops_its_first_bytes() {
+    // Byte-level BPE writes the pin as several tokens; the script writes "x📌" over and
+    // over, so every max_tokens cuts at another byte of it.
+    let tokens = vocabulary().tokenize("x📌", false);
+    assert!(tokens.len() >= 3, "the pin should take several tokens: {tokens:?}");
+    let script_tokens = tokens.clone();
+    let rig = Rig::simple(Box::new(move |h| {
+        let last = *h.last().unwrap();
+        script_tokens.iter().position(|&t| t == last).map_or(script_tokens[0], |i| script_tokens[(i + 1) % script_tokens.len()])
+    }));
+    for max_tokens in 1..=2 * tokens.len() {
+        let a = answer(rig.submit(&prompt("Pins:"), max_tokens, &[]));
+        assert_eq!(a.finish, Some(Finish::Length));
+        let whole = max_tokens / tokens.len();
+        let want = format!("{}{}", "x📌".repeat(whole), if max_tokens % tokens.len() > 0 { "x" } else { "" });
+        assert_eq!(a.text, want, "max_tokens {max_tokens}: no U+FFFD for the cut character");
+    }
+}
+
+#[test]
 fn the_context_ends_an_answer_with_length() {
     let rig = Rig::start(Scripted::new(vocabulary().n_vocab(), 12, counting()), 1, 2, 64, None);
     let p = prompt("Count with me, please:");
