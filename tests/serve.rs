@@ -58,6 +58,19 @@ fn a_missing_model_is_a_clear_error() {
     assert!(err.contains("/nonexistent/model.gguf"), "{err}");
 }
 
+/// A chat template that doubles a string forty times (a terabyte in a handful of steps)
+/// is refused at start: the server renders a probe conversation under the render bounds in
+/// its sandboxed renderer, and names the template it will not serve.
+#[test]
+fn a_chat_template_that_blows_its_bounds_is_refused_at_start() {
+    let file = std::env::temp_dir().join(format!("hearth-bomb-{}.jinja", std::process::id()));
+    std::fs::write(&file, "{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}{{ ns.s | length }}").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hearth-under-test")).args(["serve", "--port", "0", "--threads", "1", "--chat-template"]).arg(&file).arg("--model").arg(common::default_model()).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(file.to_str().unwrap()) && err.contains("refused") && err.contains("memory bound"), "{err}");
+}
+
 #[test]
 fn gpu_layers_without_an_accelerator_are_a_clear_error() {
     if !engine::accelerators().is_empty() {

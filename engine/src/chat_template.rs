@@ -3,8 +3,18 @@
 //! do; or one of llama.cpp's built-in templates by name (`chatml`, `llama3`, ...) for a
 //! model whose file carries none. llama.cpp's heuristics are not used on a Jinja source:
 //! they drop template logic such as SmolLM2's default system prompt.
+//!
+//! A Jinja template is a program written by a stranger (a GGUF pulled by name, a file), so
+//! every render is bounded: in work (minijinja's fuel, about one unit per VM instruction) and
+//! in output (counted as it is written), both scaled to the size of the input ([`Bounds`]).
+//! Memory cannot be bounded inside this process: minijinja has no such limit, a string or
+//! list doubled forty times is forty instructions, and Rust aborts the whole process when an
+//! allocation fails. A server therefore renders through [`crate::template_sandbox`] (a child
+//! process with a memory rlimit); in-process rendering ([`ChatTemplate::new`]) is for
+//! trusted templates and tests.
 
 use std::ffi::{CStr, CString};
+use std::sync::{Mutex, PoisonError};
 
 use minijinja::{Environment, ErrorKind, Value};
 
@@ -22,10 +32,111 @@ pub struct ChatTemplate {
 }
 
 enum Renderer {
-    Jinja(Environment<'static>),
+    /// Rendered in this process. The lock is held for a render: minijinja reads the fuel
+    /// from the environment, and each render's fuel depends on its input.
+    Jinja(Mutex<Environment<'static>>),
     /// One of llama.cpp's built-in templates, by name: roles and text only (no tools, no
-    /// variables), as llama.cpp formats them.
+    /// variables), as llama.cpp formats them. Fixed C++ code, nothing to bound.
     Builtin(CString),
+    /// Rendered by child processes that hold the same template in a memory-bounded
+    /// sandbox (the server's way).
+    Isolated(crate::template_sandbox::Sandbox),
+}
+
+/// The bounds of one render, from the size of its input (the messages, tools and variables
+/// as JSON) and its message count. Scaled, not fixed: a bomb in a short request fails after
+/// a few million steps (well under a second), and the largest request a server takes still
+/// has room.
+pub struct Bounds;
+
+impl Bounds {
+    /// Steps any render may take: the probe conversation through the templates in testdata
+    /// takes 300 to 1,200 (`real_templates_render_long_conversations_within_the_bounds`).
+    pub const FUEL_BASE: u64 = 2_000_000;
+    /// More steps per byte of input. A template walks each message a few times (Qwen3's
+    /// scans them backwards for the last user turn); the templates in testdata take about
+    /// 1.5 steps per byte of a long conversation.
+    pub const FUEL_PER_INPUT_BYTE: u64 = 16;
+    /// More steps per pair of messages: some real templates look through the whole
+    /// conversation for each message (Gemma 4's: ~3.7 steps per pair), so their work grows
+    /// with the square of the message count; 2,048 messages (the API's cap) at this rate is
+    /// ~1.2e8 steps, a few seconds.
+    pub const FUEL_PER_MESSAGE_PAIR: u64 = 28;
+    /// Output any render may write: the template's own text around the messages.
+    pub const OUTPUT_BASE: usize = 1 << 20;
+    /// More output per byte of input: a prompt repeats the client's text (tool schemas
+    /// through an indenting `tojson` included) a few times at most.
+    pub const OUTPUT_PER_INPUT_BYTE: usize = 8;
+
+    pub fn fuel(input_bytes: usize, messages: usize) -> u64 {
+        let pairs = (messages as u64).saturating_mul(messages as u64);
+        Self::FUEL_BASE.saturating_add(Self::FUEL_PER_INPUT_BYTE.saturating_mul(input_bytes as u64)).saturating_add(Self::FUEL_PER_MESSAGE_PAIR.saturating_mul(pairs))
+    }
+
+    pub fn output(input_bytes: usize) -> usize {
+        Self::OUTPUT_BASE.saturating_add(Self::OUTPUT_PER_INPUT_BYTE.saturating_mul(input_bytes))
+    }
+}
+
+/// One render's input, as the template sees it; serializable for the sandbox.
+#[derive(serde::Serialize, Clone, Copy)]
+pub struct RenderInput<'a> {
+    pub messages: &'a [serde_json::Value],
+    pub tools: Option<&'a serde_json::Value>,
+    pub add_generation_prompt: bool,
+    pub vars: &'a Variables,
+}
+
+impl RenderInput<'_> {
+    /// Bytes of the input as JSON, counted without writing it anywhere.
+    pub fn json_len(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0 += buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut c = Count(0);
+        let _ = serde_json::to_writer(&mut c, self);
+        c.0
+    }
+}
+
+/// The render's output, refused past `limit` bytes: minijinja stops at the failed write.
+struct CappedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("the chat template's output bound"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Whether `e` or an error it wraps (a failure inside a macro or filter) is of `kind`.
+fn has_kind(e: &minijinja::Error, kind: ErrorKind) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<minijinja::Error>().is_some_and(|m| m.kind() == kind) {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 const TEMPLATE_NAME: &str = "chat";
@@ -183,21 +294,43 @@ fn python_float(f: f64) -> String {
     }
 }
 
+/// Deepest macro recursion in a render: minijinja's default, stated here because it bounds
+/// a render's stack as the fuel bounds its steps.
+const JINJA_RECURSION_LIMIT: usize = 500;
+
+/// The minijinja environment of a template: HF's Python-isms and `tojson`, the template
+/// parsed.
+fn jinja_environment(source: &str) -> Result<Environment<'static>> {
+    let mut env = Environment::new();
+    env.set_recursion_limit(JINJA_RECURSION_LIMIT);
+    // HF templates call Python string methods (.strip(), .startswith(), ...).
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
+        Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+    });
+    env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
+    // Python's `json.dumps` as HF templates call it (GLM's `tojson(ensure_ascii=False)`,
+    // `indent`, `separators`): minijinja's own takes no such arguments and writes
+    // compact, HTML-escaped JSON, which no model was trained on.
+    env.add_filter("tojson", python_tojson);
+    env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e}")))?;
+    Ok(env)
+}
+
 impl ChatTemplate {
+    /// A Jinja template rendered in this process, bounded in work and output but not in
+    /// memory (see the module's header): for trusted templates and tests.
     pub fn new(source: &str, bos: &str, eos: &str) -> Result<ChatTemplate> {
-        let mut env = Environment::new();
-        // HF templates call Python string methods (.strip(), .startswith(), ...).
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
-        env.add_function("strftime_now", |fmt: String| -> String { strftime_now(&fmt) });
-        // Python's `json.dumps` as HF templates call it (GLM's `tojson(ensure_ascii=False)`,
-        // `indent`, `separators`): minijinja's own takes no such arguments and writes
-        // compact, HTML-escaped JSON, which no model was trained on.
-        env.add_filter("tojson", python_tojson);
-        env.add_template_owned(TEMPLATE_NAME, source.to_string()).map_err(|e| Error::ChatTemplate(format!("cannot parse the template: {e}")))?;
-        Ok(ChatTemplate { renderer: Renderer::Jinja(env), source: source.to_string(), bos: bos.to_string(), eos: eos.to_string() })
+        Ok(ChatTemplate { renderer: Renderer::Jinja(Mutex::new(jinja_environment(source)?)), source: source.to_string(), bos: bos.to_string(), eos: eos.to_string() })
+    }
+
+    /// A Jinja template rendered in child processes under the sandbox's memory bound, as
+    /// well as in work and output. The template is parsed here first, so a broken one is
+    /// refused with the parser's message.
+    pub fn isolated(source: &str, bos: &str, eos: &str, config: crate::template_sandbox::SandboxConfig) -> Result<ChatTemplate> {
+        jinja_environment(source)?;
+        let sandbox = crate::template_sandbox::Sandbox::start(config, source, bos, eos)?;
+        Ok(ChatTemplate { renderer: Renderer::Isolated(sandbox), source: source.to_string(), bos: bos.to_string(), eos: eos.to_string() })
     }
 
     /// llama.cpp's built-in template `name` (see [`builtin_names`]).
@@ -218,7 +351,7 @@ impl ChatTemplate {
     /// Whether the template renders tool definitions and calls itself (a Jinja template
     /// that reads `tools`); otherwise the API describes tools in a system message.
     pub fn knows_tools(&self) -> bool {
-        matches!(self.renderer, Renderer::Jinja(_)) && self.source.contains("tools")
+        matches!(self.renderer, Renderer::Jinja(_) | Renderer::Isolated(_)) && self.source.contains("tools")
     }
 
     /// Renders `messages` (OpenAI-shaped JSON objects) and optional tool definitions.
@@ -230,20 +363,55 @@ impl ChatTemplate {
     /// the template's own variables win over them. A built-in template reads the roles
     /// and text of the messages only.
     pub fn render_with(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool, vars: &Variables) -> Result<String> {
-        let env = match &self.renderer {
-            Renderer::Jinja(env) => env,
-            Renderer::Builtin(name) => return render_builtin(name, messages, add_generation_prompt),
-        };
+        let mut out = self.render_all(&[RenderInput { messages, tools, add_generation_prompt, vars }])?;
+        out.pop().ok_or_else(|| Error::ChatTemplate("the renderer answered no text".into()))
+    }
+
+    /// Each input rendered, in order, each under its own [`Bounds`] (one trip to the
+    /// sandbox for all of them).
+    pub fn render_all(&self, inputs: &[RenderInput]) -> Result<Vec<String>> {
+        match &self.renderer {
+            Renderer::Jinja(env) => inputs.iter().map(|i| self.render_here(env, i).map(|(text, _)| text)).collect(),
+            Renderer::Builtin(name) => inputs.iter().map(|i| render_builtin(name, i.messages, i.add_generation_prompt)).collect(),
+            Renderer::Isolated(sandbox) => sandbox.render(inputs),
+        }
+    }
+
+    /// One render in this process, and the steps (fuel) it took.
+    fn render_here(&self, env: &Mutex<Environment<'static>>, input: &RenderInput) -> Result<(String, u64)> {
+        self.render_with_fuel(env, input, Bounds::fuel(input.json_len(), input.messages.len()))
+    }
+
+    fn render_with_fuel(&self, env: &Mutex<Environment<'static>>, input: &RenderInput, fuel: u64) -> Result<(String, u64)> {
+        let input_bytes = input.json_len();
+        let limit = Bounds::output(input_bytes);
+        let mut env = env.lock().unwrap_or_else(PoisonError::into_inner);
+        env.set_fuel(Some(fuel));
         let tmpl = env.get_template(TEMPLATE_NAME).map_err(|e| Error::ChatTemplate(e.to_string()))?;
         let ctx = minijinja::context! {
-            messages => Value::from_serialize(messages),
-            tools => tools.map(Value::from_serialize),
-            add_generation_prompt => add_generation_prompt,
+            messages => Value::from_serialize(input.messages),
+            tools => input.tools.map(Value::from_serialize),
+            add_generation_prompt => input.add_generation_prompt,
             bos_token => self.bos.as_str(),
             eos_token => self.eos.as_str(),
-            ..Value::from_serialize(vars)
+            ..Value::from_serialize(input.vars)
         };
-        tmpl.render(ctx).map_err(|e| Error::ChatTemplate(format!("rendering failed: {e}")))
+        let mut out = CappedOutput { bytes: Vec::new(), limit, overflowed: false };
+        // Bound first: the result borrows the template, which must not outlive the lock.
+        let rendered = tmpl.render_captured_to(ctx, &mut out);
+        let result = match rendered {
+            Ok(captured) => {
+                let steps = captured.state().fuel_levels().map_or(0, |(used, _)| used);
+                drop(captured);
+                Ok((String::from_utf8(out.bytes).map_err(|_| Error::ChatTemplate("the rendered prompt is not UTF-8".into()))?, steps))
+            }
+            Err(_) if out.overflowed => Err(Error::TemplateLimit(format!("the rendered prompt passed its bound of {limit} bytes for {input_bytes} bytes of messages and tools"))),
+            Err(e) if has_kind(&e, ErrorKind::OutOfFuel) => {
+                Err(Error::TemplateLimit(format!("rendering passed its bound of {fuel} template steps for {input_bytes} bytes of messages and tools (a loop without end, or far more work than the input calls for)")))
+            }
+            Err(e) => Err(Error::ChatTemplate(format!("rendering failed: {e}"))),
+        };
+        result
     }
 }
 
@@ -387,7 +555,6 @@ impl ChatTemplate {
 
     /// `render_chat` with extra template variables (`render_with`).
     pub fn render_chat_with(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>, add_generation_prompt: bool, vars: &Variables) -> Result<RenderedChat> {
-        let text = self.render_with(messages, tools, add_generation_prompt, vars)?;
         let marks = Marks::new();
         let mut marked_messages = messages.to_vec();
         let mut marked_tools = tools.cloned();
@@ -396,11 +563,47 @@ impl ChatTemplate {
             client_text.push(s.clone());
             marks.wrap(s);
         });
-        let marked = self.render_with(&marked_messages, marked_tools.as_ref(), add_generation_prompt, vars)?;
+        let inputs = [RenderInput { messages, tools, add_generation_prompt, vars }, RenderInput { messages: &marked_messages, tools: marked_tools.as_ref(), add_generation_prompt, vars }];
+        let [text, marked]: [String; 2] = self.render_all(&inputs)?.try_into().map_err(|_| Error::ChatTemplate("the renderer answered the wrong number of texts".into()))?;
         let pieces = marks.split(&marked);
         let exact = pieces.as_ref().is_some_and(|p| p.iter().map(|p| p.text.len()).sum::<usize>() == text.len() && p.iter().map(|p| p.text.as_str()).collect::<String>() == text);
         Ok(RenderedChat { text, pieces, exact, client_text })
     }
+}
+
+impl ChatTemplate {
+    /// Renders probe conversations as chat requests render them (plain and marked): a
+    /// system prompt, a user turn, an assistant tool call, its result and a reply, with and
+    /// without tool definitions, and a lone user turn. Fails only where a render passes its
+    /// bounds ([`Error::TemplateLimit`]); a template may refuse some of these turns with its
+    /// own exception (roles it does not take), which is its choice, not a fault.
+    pub fn probe(&self) -> Result<()> {
+        let (messages, tools) = probe_conversation();
+        let vars = Variables::new();
+        for (messages, tools) in [(&messages[..], Some(&tools)), (&messages[..], None), (&messages[1..2], None)] {
+            match self.render_chat_with(messages, tools, true, &vars) {
+                Err(e @ Error::TemplateLimit(_)) => return Err(e),
+                Ok(_) | Err(_) => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The conversation [`ChatTemplate::probe`] renders, in the shape the server hands
+/// templates (tool call arguments as an object).
+pub fn probe_conversation() -> (Vec<serde_json::Value>, serde_json::Value) {
+    use serde_json::json;
+    let messages = vec![
+        json!({"role": "system", "content": "You are a helpful assistant."}),
+        json!({"role": "user", "content": "What is the weather in Oslo?"}),
+        json!({"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]}),
+        json!({"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 7}"}),
+        json!({"role": "assistant", "content": "It is 7 degrees in Oslo."}),
+        json!({"role": "user", "content": "Thanks! And tomorrow?"}),
+    ];
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    (messages, tools)
 }
 
 /// Templates that print today's date ask for it through `strftime_now`; only the common
@@ -487,6 +690,90 @@ mod tests {
         let cuts = ChatTemplate::new("{% for m in messages %}<s>{{ m.content[:3] }}</s>{% endfor %}", "", "").unwrap();
         let r = cuts.render_chat(&[json!({"role": "user", "content": "hello"})], None, false).unwrap();
         assert!(!r.exact && r.pieces.is_none());
+    }
+
+    /// Three nested loops of 100,000: 10^15 steps without fuel (every request that rendered
+    /// it hung for good); with fuel, a clear limit error after a few million.
+    #[test]
+    fn a_template_that_loops_for_ever_runs_out_of_fuel() {
+        let t = ChatTemplate::new("{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}", "", "").unwrap();
+        let err = t.render(&[json!({"role": "user", "content": "hi"})], None, true).unwrap_err();
+        assert!(matches!(&err, Error::TemplateLimit(m) if m.contains("template steps")), "{err}");
+        // A loop that writes nothing but builds nothing either is caught the same way.
+        let t = ChatTemplate::new("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}ok", "", "").unwrap();
+        assert!(matches!(t.render(&[], None, true), Err(Error::TemplateLimit(_))));
+    }
+
+    /// Output is counted as it is written: a template that prints a megabyte string a
+    /// hundred thousand times stops at its output bound.
+    #[test]
+    fn output_past_its_bound_is_refused() {
+        let t = ChatTemplate::new("{% for i in range(100000) %}{{ 'x' * 1000000 }}{% endfor %}", "", "").unwrap();
+        let err = t.render(&[json!({"role": "user", "content": "hi"})], None, true).unwrap_err();
+        assert!(matches!(&err, Error::TemplateLimit(m) if m.contains("bytes")), "{err}");
+        // The bound grows with the input: a long conversation's prompt is not cut.
+        let long = "y".repeat(4 * Bounds::OUTPUT_BASE);
+        let out = ChatTemplate::new(CHATML, "", "").unwrap().render(&[json!({"role": "user", "content": long})], None, true).unwrap();
+        assert!(out.len() > 4 * Bounds::OUTPUT_BASE);
+    }
+
+    /// A template's own error (raise_exception) stays a template error, not a limit.
+    #[test]
+    fn a_template_exception_is_not_a_limit() {
+        let t = ChatTemplate::new("{{ raise_exception('roles must alternate') }}", "", "").unwrap();
+        assert!(matches!(t.render(&[], None, true), Err(Error::ChatTemplate(m)) if m.contains("roles must alternate")));
+        assert!(t.probe().is_ok(), "the probe fails only on bounds");
+        let looping = ChatTemplate::new("{% for m in messages %}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}{% endfor %}", "", "").unwrap();
+        assert!(matches!(looping.probe(), Err(Error::TemplateLimit(_))));
+    }
+
+    /// The real templates in testdata and the default model's render long conversations
+    /// (tools included) well within the bounds, identically however often they are asked.
+    #[test]
+    fn real_templates_render_long_conversations_within_the_bounds() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata");
+        let mut sources: Vec<(String, String)> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+            .map(|p| (p.display().to_string(), std::fs::read_to_string(&p).unwrap()))
+            .collect();
+        sources.push(("chatml".into(), CHATML.into()));
+        assert!(sources.len() >= 6, "the testdata templates");
+        let (probe, tools) = probe_conversation();
+        let mut long = Vec::new();
+        for i in 0..500 {
+            long.push(json!({"role": "user", "content": format!("question {i}: what is {i} times {i}?")}));
+            long.push(json!({"role": "assistant", "content": format!("{}", i * i)}));
+        }
+        long.push(json!({"role": "user", "content": "thanks"}));
+        let vars = Variables::new();
+        for (name, source) in &sources {
+            let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
+            t.probe().unwrap_or_else(|e| panic!("{name}: {e}"));
+            // The steps taken, against the bounds' stated margins.
+            let Renderer::Jinja(env) = &t.renderer else { unreachable!() };
+            let probe_input = RenderInput { messages: &probe, tools: Some(&tools), add_generation_prompt: true, vars: &vars };
+            if let Ok((_, steps)) = t.render_here(env, &probe_input) {
+                println!("{name}: the probe conversation took {steps} steps");
+                assert!(steps < Bounds::FUEL_BASE / 20, "{name}: {steps}");
+            }
+            // Measured without a bound, then held against it with a margin of 2.
+            for n in [501, long.len()] {
+                let input = RenderInput { messages: &long[..n], tools: Some(&tools), add_generation_prompt: true, vars: &vars };
+                let (_, steps) = t.render_with_fuel(env, &input, u64::from(u32::MAX)).unwrap_or_else(|e| panic!("{name}: {e}"));
+                let bound = Bounds::fuel(input.json_len(), n);
+                println!("{name}: {n} messages ({} bytes) took {steps} steps of {bound}", input.json_len());
+                assert!(steps < bound / 2, "{name}: {steps} of {bound}");
+            }
+            let once = t.render_chat(&probe, Some(&tools), true);
+            let again = t.render_chat(&probe, Some(&tools), true);
+            if let (Ok(a), Ok(b)) = (&once, &again) {
+                assert_eq!(a.text, b.text, "{name}");
+            }
+            let out = t.render(&long, Some(&tools), true).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(out.contains("question 499"), "{name}");
+        }
     }
 
     #[test]

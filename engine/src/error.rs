@@ -57,6 +57,11 @@ pub enum Error {
     #[error("chat template: {0}")]
     ChatTemplate(String),
 
+    /// A render of the chat template passed one of its bounds (work, output, memory, time;
+    /// `chat_template::Bounds`): the template, these inputs, or both are hostile or absurd.
+    #[error("chat template: {0}")]
+    TemplateLimit(String),
+
     #[error("sampler: {0}")]
     Sampler(String),
 }

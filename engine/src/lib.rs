@@ -10,6 +10,7 @@
 
 mod backend;
 pub mod chat_template;
+pub mod template_sandbox;
 pub mod embedder;
 mod error;
 mod expert_reads;

@@ -91,6 +91,10 @@ pub enum Tool {
     /// Print a new cluster secret (128 random bits) to give every node as --cluster-secret
     /// (or HEARTH_CLUSTER_SECRET).
     Secret,
+    /// Internal: render a chat template for `hearth serve` in a memory-bounded child
+    /// process (a JSON line protocol on stdin/stdout; engine::template_sandbox).
+    #[command(hide = true)]
+    RenderTemplate,
 }
 
 /// `hearth-lab`: the `hearth` commands with the settings experiments need and users do not
@@ -508,6 +512,11 @@ pub struct ServeArgs {
     /// Default: the model's own (`tokenizer.chat_template`), and chatml for a GGUF without one.
     #[arg(long, env = "HEARTH_CHAT_TEMPLATE", value_name = "NAME|FILE")]
     pub chat_template: Option<String>,
+    /// The program that renders Jinja chat templates in memory-bounded child processes
+    /// (`PROGRAM render-template`). Default: this hearth binary. For tests that serve in
+    /// process, where this binary is the test harness.
+    #[arg(long, env = "HEARTH_TEMPLATE_RENDERER", hide = true)]
+    pub template_renderer: Option<PathBuf>,
     /// A GGUF embedding model (nomic-embed-text, bge, all-MiniLM, Qwen3-Embedding, ...) to
     /// serve beside the chat model at /v1/embeddings and Ollama's /api/embed. It runs whole
     /// on this machine (never split across the ring), on the CPU, with --threads.
@@ -824,6 +833,7 @@ fn run_tool(tool: Tool) -> Result<(), Box<dyn std::error::Error>> {
             println!("{}", transport::ClusterSecret::generate());
             Ok(())
         }
+        Tool::RenderTemplate => Ok(engine::template_sandbox::serve_child()?),
     }
 }
 

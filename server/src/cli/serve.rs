@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::chat_template::ChatTemplate;
+use engine::template_sandbox::SandboxConfig;
 use engine::tokenizer::Tokenizer;
 
 use crate::cli::{ServeArgs, DEFAULT_RING_LISTEN};
@@ -77,17 +78,24 @@ fn embeddings(args: &ServeArgs, threads: usize) -> Result<Option<Arc<crate::http
 
 /// The chat template `--chat-template` names (a Jinja file, else a built-in name), or the
 /// model's own, or llama-server's fallback for a GGUF without one: such a model is served
-/// (completions always, chat in the fallback's format) rather than refused.
-pub fn chat_template(choice: Option<&str>, tokenizer: &Tokenizer) -> Result<ChatTemplate, Box<dyn std::error::Error>> {
-    let jinja = |source: &str| ChatTemplate::new(source, &tokenizer.bos_text(), &tokenizer.eos_text());
-    match choice.filter(|c| !c.is_empty()) {
+/// (completions always, chat in the fallback's format) rather than refused. A Jinja template
+/// renders in sandboxed child processes (`engine::template_sandbox`) and must render a probe
+/// conversation within its bounds, or the server does not start: its name is in the error.
+pub fn chat_template(args: &ServeArgs, model: &std::path::Path, tokenizer: &Tokenizer) -> Result<ChatTemplate, Box<dyn std::error::Error>> {
+    let jinja = |source: &str, name: &str| -> Result<ChatTemplate, Box<dyn std::error::Error>> {
+        let config = SandboxConfig::for_input(template_renderer(args.template_renderer.as_deref()), vec!["render-template".into()], args.body_limit);
+        let template = ChatTemplate::isolated(source, &tokenizer.bos_text(), &tokenizer.eos_text(), config).map_err(|e| format!("{name}: {e}"))?;
+        template.probe().map_err(|e| format!("{name} is refused: it cannot render a short probe conversation within its bounds, so every chat would fail or hang ({e})"))?;
+        Ok(template)
+    };
+    match args.chat_template.as_deref().filter(|c| !c.is_empty()) {
         Some(c) if std::path::Path::new(c).is_file() => {
             let source = std::fs::read_to_string(c).map_err(|e| format!("--chat-template {c}: {e}"))?;
-            Ok(jinja(&source).map_err(|e| format!("--chat-template {c}: {e}"))?)
+            jinja(&source, &format!("the chat template --chat-template {c}"))
         }
         Some(name) => Ok(ChatTemplate::builtin(name).map_err(|e| format!("--chat-template: {e}"))?),
         None => match tokenizer.chat_template_source() {
-            Some(source) => Ok(jinja(&source)?),
+            Some(source) => jinja(&source, &format!("the chat template of {} (tokenizer.chat_template)", model.display())),
             None => {
                 tracing::warn!(
                     "the model has no chat template (tokenizer.chat_template): chat is formatted as {} (choose another with --chat-template NAME|FILE); /v1/completions takes raw prompts",
@@ -97,6 +105,29 @@ pub fn chat_template(choice: Option<&str>, tokenizer: &Tokenizer) -> Result<Chat
             }
         },
     }
+}
+
+/// The program whose `render-template` subcommand renders chat templates: `--template-renderer`,
+/// else this binary. A test harness that serves in process is not hearth; cargo builds it in
+/// `deps/` beside the folder that holds the hearth binary, which is used then.
+fn template_renderer(flag: Option<&std::path::Path>) -> std::path::PathBuf {
+    if let Some(p) = flag {
+        return p.to_path_buf();
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|_| "hearth".into());
+    if exe.parent().and_then(|d| d.file_name()).is_some_and(|n| n == "deps") {
+        let beside = exe.parent().and_then(std::path::Path::parent).map(|d| d.join(format!("hearth{}", std::env::consts::EXE_SUFFIX)));
+        if let Some(bin) = beside.filter(|b| b.is_file()) {
+            return bin;
+        }
+    }
+    // The running binary itself even after an upgrade replaced the file: a renderer of the
+    // same build.
+    #[cfg(target_os = "linux")]
+    if std::path::Path::new("/proc/self/exe").exists() {
+        return "/proc/self/exe".into();
+    }
+    exe
 }
 
 /// `--max-connections`, `--max-console-streams` and `--header-timeout`.
@@ -113,7 +144,7 @@ pub fn build(args: &ServeArgs) -> Result<(Arc<AppState>, SocketAddr), Box<dyn st
     let web = http::WebPolicy::new(&args.allowed_hosts, &args.cors_origins)?;
     let cfg = head_config(args)?;
     let tokenizer = Arc::new(Tokenizer::load(&cfg.model)?);
-    let template = chat_template(args.chat_template.as_deref(), &tokenizer)?;
+    let template = chat_template(args, &cfg.model, &tokenizer)?;
     let embeddings = embeddings(args, cfg.threads)?;
     let head = Head::start(&cfg, tokenizer.clone())?;
     let model_id = args.model_alias.clone().unwrap_or_else(|| cfg.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));

@@ -64,6 +64,15 @@ pub enum ApiError {
     /// which.
     #[error("The server is unavailable: {0}")]
     Unavailable(String),
+    /// Rendering these messages through the chat template passed a bound of work, output,
+    /// memory or time (`engine::chat_template::Bounds`, `engine::template_sandbox`). A 400,
+    /// not a 500: the template was probed at start within the same bounds, so what blows
+    /// them now is this request's input (a conversation far larger than the work it may
+    /// take, or text that sets off a trap in the template), and a 5xx would have the SDKs
+    /// retry it, running the same render again. The server logs it with the template's
+    /// source for the operator.
+    #[error("The model's chat template could not render these messages within its bounds: {0}")]
+    TemplateLimit(String),
     /// The message is logged, never sent: clients see a generic 500.
     #[error("internal error: {0}")]
     Internal(String),
@@ -101,6 +110,10 @@ impl From<engine::Error> for ApiError {
         match e {
             engine::Error::ChatTemplate(m) => ApiError::InvalidParameter { param: Some("messages".into()), message: format!("the model's chat template rejected the messages: {m}") },
             engine::Error::Sampler(m) => ApiError::InvalidParameter { param: None, message: m },
+            engine::Error::TemplateLimit(m) => {
+                tracing::warn!("a chat render passed its bounds: {m}");
+                ApiError::TemplateLimit(m)
+            }
             other => ApiError::Internal(other.to_string()),
         }
     }
@@ -129,7 +142,7 @@ impl From<ReplanError> for ApiError {
 impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidParameter { .. } | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidParameter { .. } | ApiError::TemplateLimit(_) | ApiError::InvalidJson(_) | ApiError::ContextLengthExceeded { .. } | ApiError::PromptTooLong { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized | ApiError::AdminUnauthorized => StatusCode::UNAUTHORIZED,
             ApiError::AdminDisabled | ApiError::HostNotAllowed(_) => StatusCode::FORBIDDEN,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -147,6 +160,7 @@ impl ApiError {
         let (kind, param, code) = match self {
             ApiError::InvalidParameter { param, .. } => ("invalid_request_error", param.clone(), None),
             ApiError::InvalidJson(_) => ("invalid_request_error", None, Some("invalid_json")),
+            ApiError::TemplateLimit(_) => ("invalid_request_error", Some("messages".to_string()), Some("chat_template_limit")),
             ApiError::ContextLengthExceeded { field, .. } | ApiError::PromptTooLong { field, .. } => ("invalid_request_error", Some(field.to_string()), Some("context_length_exceeded")),
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model".to_string()), Some("model_not_found")),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
