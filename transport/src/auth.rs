@@ -19,20 +19,29 @@
 //! because either side may be talking to a stranger: a worker accepts connections from
 //! anyone, and the head dials addresses that discovery or an operator named, which a
 //! stranger may hold by then (a laptop left; its address was handed to another device).
+//! Online guesses are what the ring server slows down, per source ([`crate::backoff`]).
 //!
 //! Fresh shares per connection make a recorded transcript prove nothing on a new one; the
 //! role labels stop a peer from reflecting one side's proof back as the other's. The server
-//! id is random per server process: the client learns it here, with the server's proof
-//! over it, and signs every control call for it (see `control`), so a call made for one
-//! member is refused by any other, and by the same member once it restarts. Proofs are
-//! compared in constant time.
+//! id is random per server process, and bound into the proofs.
 //!
-//! Every MAC in hearth (this handshake's password, control calls, discovery datagrams) is
-//! keyed not with the secret itself but with the cluster key, Argon2id of the secret
-//! ([`ClusterSecret::new`]). Discovery datagrams are heard by the whole LAN, so a stranger
-//! can always record a MAC over a known message and try guesses against it offline; the
-//! stretching makes each guess cost [`KEY_MEMORY_KIB`] of memory and a fraction of a
-//! second, and `hearth secret` makes secrets no wordlist holds (docs/security.md).
+//! **Everything after the handshake is keyed by the session, never by the secret.** Both
+//! sides derive a [`SessionKey`] from `K`, both shares and the server id (its own label,
+//! so it is independent of the proofs), and every control and blob call on the connection,
+//! both ways, is MACed with it (see `control`). `K` comes out of two ephemeral scalars that
+//! never leave their processes: a recording of a connection, handshake and calls together,
+//! holds no MAC that any key computed from the secret alone verifies, so it is no oracle
+//! for guesses (the test `a_recorded_exchange_tests_no_guess` in `link` checks this with the
+//! right secret). Before this, calls were MACed with the cluster key itself, and since that
+//! key's Argon2 salt is fixed, a wordlist stretched once could test one recorded call per
+//! guess in microseconds, for every cluster (issue 61).
+//!
+//! Discovery datagrams are one-to-many: nothing is exchanged, so they remain MACed with a
+//! key derived from the secret, but salted per sender with a random salt sent in clear
+//! ([`ClusterSecret::salted`]): a table stretched for one salt serves no other datagram
+//! sender, let alone every cluster. A recorded datagram still lets a stranger test guesses
+//! offline at Argon2's full cost each ([`KEY_MEMORY_KIB`]); `hearth secret` makes secrets no
+//! wordlist holds (docs/security.md).
 //!
 //! This authenticates the connection; it does not encrypt it. The ring is meant for one
 //! home network, and hidden states are all that cross it.
@@ -58,6 +67,9 @@ pub const PEER_ID_LEN: usize = 16;
 pub type PeerId = [u8; PEER_ID_LEN];
 
 pub(crate) type HmacSha256 = Hmac<Sha256>;
+/// A salt a discovery sender stretches the secret with (see [`ClusterSecret::salted`]).
+pub const SALT_LEN: usize = 16;
+pub type Salt = [u8; SALT_LEN];
 
 /// Domain separation: a MAC made for this protocol means nothing to any other use of the
 /// same secret (the control RPCs use their own labels). Also SPAKE2's shared identity.
@@ -65,24 +77,37 @@ const LINK_LABEL: &[u8] = b"hearth ring link auth v2";
 /// What `--insecure` runs with: every node knows it, so the handshake still runs (and still
 /// catches a node of another cluster or version) but proves nothing.
 const INSECURE_SECRET: &[u8] = b"hearth insecure cluster: no secret given";
+/// The session key's own label: the same `K` keys the proofs, and a session key must be
+/// independent of anything the handshake shows.
+const SESSION_LABEL: &[u8] = b"hearth ring session v1";
+/// Prefixed to a discovery sender's random salt: keys for discovery never equal the
+/// handshake's password, whatever salt a stranger sends.
+const SALTED_PREFIX: &[u8] = b"hearth discovery key v2 ";
 
 /// Argon2id's memory per derivation: RFC 9106's second recommended setting (64 MiB, three
 /// passes), which a phone affords once at start and a guesser pays for every guess.
 pub const KEY_MEMORY_KIB: u32 = 64 * 1024;
 const KEY_PASSES: u32 = 3;
-/// Argon2 needs a salt; the cluster has no other shared value to use, so a fixed one keeps
-/// hearth's keys apart from any other use of the same password (it does not stop a
-/// dictionary computed for hearth: that is what strong secrets are for).
+/// The handshake's password is stretched with a fixed salt: nothing is shared before it to
+/// salt it with, and it needs none, as nothing it keys ever crosses the wire testably
+/// (SPAKE2 transcripts are no oracle). It keeps hearth's password apart from any other use
+/// of the same secret. Everything a recording could test is keyed otherwise (module docs).
 const KEY_SALT: &[u8] = b"hearth cluster key v1";
 /// Fewer characters than this draw a warning at start: `hearth secret` makes 32 hex
 /// characters (128 bits); a person's 16-character passphrase is about the least a wordlist
 /// run against a stretched key does not find in reasonable time.
 pub const SHORT_SECRET_CHARS: usize = 16;
 
-/// The cluster secret every ring member is started with, as its stretched key. Cheap to
-/// clone; never printed.
+/// The cluster secret every ring member is started with: the handshake's stretched
+/// password, and the secret itself for the salted discovery keys. Cheap to clone; never
+/// printed.
 #[derive(Clone)]
-pub struct ClusterSecret(Arc<[u8; 32]>);
+pub struct ClusterSecret(Arc<Keys>);
+
+struct Keys {
+    password: [u8; 32],
+    secret: Vec<u8>,
+}
 
 impl ClusterSecret {
     /// Refuses an empty secret so a missing flag cannot silently mean "no authentication";
@@ -94,12 +119,23 @@ impl ClusterSecret {
         if secret.is_empty() {
             return Err(Error::Secret("it is empty"));
         }
-        Ok(ClusterSecret(Arc::new(derived(secret)?)))
+        let password = derived(secret, KEY_SALT)?;
+        Ok(ClusterSecret(Arc::new(Keys { password, secret: secret.to_vec() })))
     }
 
     pub fn insecure() -> Self {
         // The insecure secret is fixed and valid: its derivation cannot fail.
-        ClusterSecret(Arc::new(derived(INSECURE_SECRET).unwrap_or([0; 32])))
+        let password = derived(INSECURE_SECRET, KEY_SALT).unwrap_or([0; 32]);
+        ClusterSecret(Arc::new(Keys { password, secret: INSECURE_SECRET.to_vec() }))
+    }
+
+    /// The discovery key for `salt`: Argon2id of the secret with that salt, as costly as
+    /// the password's (a fraction of a second; blocking). Each sender salts its datagrams
+    /// with its own random salt, so a precomputed table serves one sender's datagrams only.
+    pub fn salted(&self, salt: &Salt) -> Result<[u8; 32]> {
+        let mut full = SALTED_PREFIX.to_vec();
+        full.extend_from_slice(salt);
+        derived(&self.0.secret, &full)
     }
 
     /// A new secret for a cluster: 128 random bits, as 32 hex characters.
@@ -117,21 +153,29 @@ impl ClusterSecret {
         })
     }
 
-    pub(crate) fn mac(&self) -> HmacSha256 {
-        HmacSha256::new_from_slice(self.0.as_slice()).expect("HMAC takes keys of any length")
+    fn password(&self) -> Password {
+        Password::new(self.0.password.as_slice())
     }
 
-    fn password(&self) -> Password {
-        Password::new(self.0.as_slice())
+    /// The handshake's password key: for tests that show nothing on the wire is keyed by it.
+    #[cfg(test)]
+    pub(crate) fn password_key(&self) -> [u8; 32] {
+        self.0.password
     }
 }
 
-/// The cluster key for `secret`, derived once per process.
-fn derived(secret: &[u8]) -> Result<[u8; 32]> {
-    /// Distinct secrets a process derives keys for: one in production, a few in tests.
+/// Argon2id of `secret` with `salt`, derived once per process for each pair.
+fn derived(secret: &[u8], salt: &[u8]) -> Result<[u8; 32]> {
+    /// Distinct (secret, salt) pairs remembered: the password and a few discovery salts in
+    /// production, a few secrets in tests. Discovery bounds its own salts (`discovery`).
     const REMEMBERED: usize = 64;
     static KEYS: OnceLock<Mutex<HashMap<[u8; 32], [u8; 32]>>> = OnceLock::new();
-    let id: [u8; 32] = <Sha256 as sha2::Digest>::digest(secret).into();
+    let mut hasher = <Sha256 as sha2::Digest>::new();
+    for part in [secret, salt] {
+        sha2::Digest::update(&mut hasher, (part.len() as u64).to_le_bytes());
+        sha2::Digest::update(&mut hasher, part);
+    }
+    let id: [u8; 32] = sha2::Digest::finalize(hasher).into();
     let keys = KEYS.get_or_init(Mutex::default);
     if let Some(key) = keys.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
         return Ok(*key);
@@ -139,7 +183,7 @@ fn derived(secret: &[u8]) -> Result<[u8; 32]> {
     let params = argon2::Params::new(KEY_MEMORY_KIB, KEY_PASSES, 1, Some(32)).map_err(|_| Error::Secret("the key derivation's settings are invalid"))?;
     let argon = argon2::Argon2::new(argon2::Algorithm::Argon2id, argon2::Version::V0x13, params);
     let mut key = [0u8; 32];
-    argon.hash_password_into(secret, KEY_SALT, &mut key).map_err(|_| Error::Secret("it cannot be stretched into a key (too long?)"))?;
+    argon.hash_password_into(secret, salt, &mut key).map_err(|_| Error::Secret("it cannot be stretched into a key (too long?)"))?;
     let mut keys = keys.lock().unwrap_or_else(|e| e.into_inner());
     if keys.len() >= REMEMBERED {
         keys.clear();
@@ -152,6 +196,37 @@ impl fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("ClusterSecret(..)")
     }
+}
+
+/// The key of one authenticated connection (module docs): every control call on it, both
+/// ways, is MACed with this. Known only to the two ends; never printed.
+#[derive(Clone)]
+pub struct SessionKey([u8; 32]);
+
+impl SessionKey {
+    pub(crate) fn mac(&self) -> HmacSha256 {
+        HmacSha256::new_from_slice(&self.0).expect("HMAC takes keys of any length")
+    }
+
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> [u8; 32] {
+        self.0
+    }
+}
+
+impl fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SessionKey(..)")
+    }
+}
+
+fn session(key: &[u8], client: &KeyShare, server: &KeyShare, id: &PeerId) -> SessionKey {
+    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+    mac.update(SESSION_LABEL);
+    mac.update(client);
+    mac.update(server);
+    mac.update(id);
+    SessionKey(mac.finalize().into_bytes().into())
 }
 
 #[derive(Clone, Copy)]
@@ -238,11 +313,11 @@ impl ClientHandshake {
         Some(proof)
     }
 
-    /// The server's id if its `AuthWelcome` shows that it derived the same key: it knows
-    /// the secret too.
-    pub fn on_welcome(&self, server_proof: &Proof) -> Option<PeerId> {
+    /// The server's id and the session's key if its `AuthWelcome` shows that it derived
+    /// the same key: it knows the secret too.
+    pub fn on_welcome(&self, server_proof: &Proof) -> Option<(PeerId, SessionKey)> {
         let (key, share, id) = self.server.as_ref()?;
-        check(key, Role::Server, &self.share, share, id, server_proof).then_some(*id)
+        check(key, Role::Server, &self.share, share, id, server_proof).then(|| (*id, session(key, &self.share, share, id)))
     }
 }
 
@@ -267,11 +342,14 @@ impl ServerHandshake {
         (self.share, self.id)
     }
 
-    /// The proof for `AuthWelcome` if the client derived the same key; `None` means close.
-    pub fn on_proof(&self, client_proof: &Proof) -> Option<Proof> {
+    /// The proof for `AuthWelcome` and the session's key if the client derived the same
+    /// key; `None` means close.
+    pub fn on_proof(&self, client_proof: &Proof) -> Option<(Proof, SessionKey)> {
         let key = self.key.as_ref()?;
-        check(key, Role::Client, &self.client_share, &self.share, &self.id, client_proof)
-            .then(|| prove(key, Role::Server, &self.client_share, &self.share, &self.id))
+        check(key, Role::Client, &self.client_share, &self.share, &self.id, client_proof).then(|| {
+            let proof = prove(key, Role::Server, &self.client_share, &self.share, &self.id);
+            (proof, session(key, &self.client_share, &self.share, &self.id))
+        })
     }
 }
 
@@ -292,7 +370,12 @@ mod tests {
         let (share, id) = server.challenge();
         let proof = client.on_challenge(share, id).unwrap();
         match server.on_proof(&proof) {
-            Some(welcome) => (true, client.on_welcome(&welcome) == Some(ID)),
+            Some((welcome, server_key)) => {
+                let accepted = client.on_welcome(&welcome);
+                // Both ends hold the same session key.
+                let same = accepted.as_ref().is_some_and(|(id, key)| *id == ID && key.bytes() == server_key.bytes());
+                (true, same)
+            }
             None => (false, false),
         }
     }
@@ -348,7 +431,7 @@ mod tests {
         let first = ServerHandshake::new(&s, ID, client.hello());
         let (share, id) = first.challenge();
         let proof = client.on_challenge(share, id).unwrap();
-        let welcome = first.on_proof(&proof).unwrap();
+        let (welcome, _) = first.on_proof(&proof).unwrap();
 
         // An eavesdropper replays the client's hello and proof: the new challenge differs.
         let second = ServerHandshake::new(&s, ID, client.hello());
@@ -393,17 +476,44 @@ mod tests {
     #[test]
     fn the_key_is_stretched_and_secrets_are_judged() {
         let start = std::time::Instant::now();
-        let key = derived(b"a secret only used here").unwrap();
+        let key = derived(b"a secret only used here", KEY_SALT).unwrap();
         eprintln!("one Argon2id derivation: {:?}", start.elapsed());
         assert_ne!(key.as_slice(), b"a secret only used here".as_slice());
-        assert_eq!(derived(b"a secret only used here").unwrap(), key, "the same key each time");
-        assert_ne!(derived(b"a secret only used herf").unwrap(), key);
+        assert_eq!(derived(b"a secret only used here", KEY_SALT).unwrap(), key, "the same key each time");
+        assert_ne!(derived(b"a secret only used herf", KEY_SALT).unwrap(), key);
+        // Salted discovery keys differ per salt and from the password.
+        let s = secret("a secret only used here");
+        let (a, b) = (s.salted(&[1; SALT_LEN]).unwrap(), s.salted(&[2; SALT_LEN]).unwrap());
+        assert!(a != b && a != key && b != key);
+        assert_eq!(s.salted(&[1; SALT_LEN]).unwrap(), a);
         let generated = ClusterSecret::generate();
         assert_eq!(generated.len(), 32);
         assert!(generated.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(generated, ClusterSecret::generate());
         assert!(ClusterSecret::weakness(&generated).is_none());
         assert!(ClusterSecret::weakness("hunter2").unwrap().contains("hearth secret"));
+    }
+
+    /// Two runs with the same secret get unrelated session keys, neither of which is the
+    /// password key or the `K` the proofs are made with.
+    #[test]
+    fn session_keys_are_fresh_and_not_the_password() {
+        let s = secret("hunter2");
+        let keys: Vec<[u8; 32]> = (0..2)
+            .map(|_| {
+                let mut c = ClientHandshake::new(&s);
+                let srv = ServerHandshake::new(&s, ID, c.hello());
+                let (share, id) = srv.challenge();
+                let proof = c.on_challenge(share, id).unwrap();
+                let (welcome, key) = srv.on_proof(&proof).unwrap();
+                assert_eq!(c.on_welcome(&welcome).unwrap().1.bytes(), key.bytes());
+                assert_ne!(Some(key.bytes().to_vec()), srv.key.clone(), "not the proofs' key");
+                key.bytes()
+            })
+            .collect();
+        assert_ne!(keys[0], keys[1]);
+        assert!(keys.iter().all(|k| *k != s.password_key()));
+        assert_eq!(format!("{:?}", SessionKey([0; 32])), "SessionKey(..)");
     }
 
     #[test]

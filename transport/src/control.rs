@@ -5,22 +5,30 @@
 //! method means is the caller's business: this crate carries opaque JSON.
 //!
 //! Calls travel on connections that proved the cluster secret in their handshake (`link`),
-//! and each call is signed on its own as well: `x-hearth-auth` is
-//! `<receiver id>.<unix ms>.<nonce>.<body SHA-256>.<HMAC>` (hex, dot-separated), the HMAC
-//! taken over all of these plus the HTTP method and path. The receiver id is the one the
-//! server announced in the handshake (random per server process), the nonce 16 fresh random
-//! bytes. From the header alone, before reading a byte of the body, the server refuses (401)
-//! a missing or wrong MAC, a call addressed to another server, a timestamp more than a
-//! minute off its clock and a nonce it has already accepted (it remembers nonces for as long
-//! as their timestamp is acceptable); it refuses (413) a declared length over the limit.
-//! Only then does it read the body, up to the limit, and check it against the signed digest.
-//! A captured call is thus refused by every other server, by its own server again, and by
-//! that server once restarted. The server signs its answer over the request's MAC, status
-//! and body, so the caller knows the answer came from a member of the cluster and belongs
-//! to its own request.
+//! and each call is MACed on its own as well, with that connection's session key (`auth`:
+//! derived from the SPAKE2 exchange, known to the two ends only, never from the secret
+//! alone): `x-hearth-auth` is `<sequence number>.<body SHA-256>.<HMAC>` (decimal, hex, hex),
+//! the HMAC taken over these plus the HTTP method and path. The client numbers its calls
+//! 1, 2, 3, ... on each connection; the server accepts each number once, within a window
+//! of the highest it has seen (concurrent calls may arrive out of order). From the header
+//! alone, before reading a byte of the body, the server refuses (401) a missing or wrong
+//! MAC and a number it has accepted already or that fell behind the window; it refuses
+//! (413) a declared length over the limit. Only then does it read the body, up to the limit,
+//! and check it against the MACed digest. A captured call is thus refused on its own
+//! connection (its number is spent) and on every other (another session key), and nothing
+//! in it lets anyone test a guess of the secret: the MAC's key is no function of the secret
+//! alone. The server MACs its answer over the request's MAC, status and body with the same
+//! session key, so the caller knows the answer came from the member it authenticated and
+//! belongs to its own request.
+//!
+//! No timestamps: a session lives as long as its connection, and a restart of either side
+//! ends the connection (the next call reconnects and runs a new handshake), so home devices'
+//! clocks do not matter here.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,12 +44,11 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio::time::timeout;
 
-use crate::throttle::WarnThrottle;
-use crate::auth::{random, ClusterSecret, HmacSha256, PeerId};
+use crate::auth::{ClusterSecret, HmacSha256, PeerId, SessionKey};
 use crate::error::{Error, Result};
-use crate::freshness::{hex, stale, unhex, unix_ms, Fresh, Replays, RequestNonce};
-pub use crate::freshness::REQUEST_NONCE_LEN;
+use crate::freshness::{hex, unhex};
 use crate::link::{open_h2, ConnGuard, LinkConfig};
+use crate::throttle::WarnThrottle;
 
 pub const PATH_PREFIX: &str = "/control/";
 /// Calls answered with raw bytes instead of a JSON envelope (model ranges): signed and
@@ -62,8 +69,14 @@ const MAX_BODY_BYTES: usize = 4 << 20;
 /// piece lost with its connection costs little to fetch again.
 pub const MAX_BLOB_BYTES: usize = 16 << 20;
 const MAX_METHOD_LEN: usize = 64;
-const REQUEST_LABEL: &[u8] = b"hearth control request v2";
-const RESPONSE_LABEL: &[u8] = b"hearth control response v2";
+/// v3: keyed by the session, numbered per connection (v2 was keyed by the cluster key).
+const REQUEST_LABEL: &[u8] = b"hearth control request v3";
+const RESPONSE_LABEL: &[u8] = b"hearth control response v3";
+/// How far behind the highest call number a call may arrive and still be taken: a
+/// connection carries at most 16 calls at once, but a client may number many calls that
+/// then wait for a stream; far more than that, and still a few KiB of numbers per
+/// connection.
+pub const REPLAY_WINDOW: u64 = 4096;
 const JSON: &str = "application/json";
 const OCTETS: &str = "application/octet-stream";
 
@@ -152,30 +165,27 @@ fn valid_method(name: &str) -> bool {
 type BodyDigest = [u8; 32];
 
 /// What `x-hearth-auth` carries besides the MAC.
+#[derive(Clone, Copy)]
 struct Signed {
-    receiver: PeerId,
-    unix_ms: u64,
-    nonce: RequestNonce,
+    seq: u64,
     digest: BodyDigest,
 }
 
-fn request_mac(secret: &ClusterSecret, signed: &Signed, method: &str, path: &str) -> HmacSha256 {
-    let mut mac = secret.mac();
+/// The request MAC under `mac` (a keyed HMAC: the session key in use; tests try others).
+fn request_mac(mut mac: HmacSha256, signed: &Signed, method: &str, path: &str) -> HmacSha256 {
     mac.update(REQUEST_LABEL);
     // Fixed lengths first; NUL after each variable field, which none of them can contain,
     // so no two requests share an input.
-    mac.update(&signed.receiver);
-    mac.update(&signed.nonce);
+    mac.update(&signed.seq.to_be_bytes());
     mac.update(&signed.digest);
-    for part in [signed.unix_ms.to_string().as_bytes(), method.as_bytes(), path.as_bytes()] {
+    for part in [method.as_bytes(), path.as_bytes()] {
         mac.update(part);
         mac.update(&[0]);
     }
     mac
 }
 
-fn response_mac(secret: &ClusterSecret, request_tag: &[u8], status: u16, body: &[u8]) -> HmacSha256 {
-    let mut mac = secret.mac();
+fn response_mac(mut mac: HmacSha256, request_tag: &[u8], status: u16, body: &[u8]) -> HmacSha256 {
     mac.update(RESPONSE_LABEL);
     mac.update(request_tag);
     mac.update(&status.to_be_bytes());
@@ -184,44 +194,93 @@ fn response_mac(secret: &ClusterSecret, request_tag: &[u8], status: u16, body: &
 }
 
 fn auth_value(signed: &Signed, tag: &[u8]) -> String {
-    format!(
-        "{}.{}.{}.{}.{}",
-        hex(&signed.receiver),
-        signed.unix_ms,
-        hex(&signed.nonce),
-        hex(&signed.digest),
-        hex(tag)
-    )
+    format!("{}.{}.{}", signed.seq, hex(&signed.digest), hex(tag))
 }
 
-/// An `x-hearth-auth` value for a call to the server `receiver`, with a fresh nonce; public
-/// so tools and tests can craft calls.
-pub fn sign_request(
-    secret: &ClusterSecret,
-    receiver: &PeerId,
-    unix_ms: u64,
-    method: &str,
-    path: &str,
-    body: &[u8],
-) -> String {
-    let signed = Signed { receiver: *receiver, unix_ms, nonce: random(), digest: Sha256::digest(body).into() };
-    auth_value(&signed, &request_mac(secret, &signed, method, path).finalize().into_bytes())
+/// An `x-hearth-auth` value for call number `seq` on the connection whose session key is
+/// `session`; public so tools and tests can craft calls.
+pub fn sign_request(session: &SessionKey, seq: u64, method: &str, path: &str, body: &[u8]) -> String {
+    let signed = Signed { seq, digest: Sha256::digest(body).into() };
+    auth_value(&signed, &request_mac(session.mac(), &signed, method, path).finalize().into_bytes())
 }
 
 fn parse_auth(value: &str) -> Option<(Signed, Vec<u8>)> {
     let mut parts = value.split('.');
-    let mut next_hex = || unhex(parts.next()?);
-    let receiver = next_hex()?.try_into().ok()?;
-    let unix_ms = parts.next()?.parse().ok()?;
-    let mut next_hex = || unhex(parts.next()?);
-    let nonce = next_hex()?.try_into().ok()?;
-    let digest = next_hex()?.try_into().ok()?;
-    let tag = next_hex()?;
+    let seq = parts.next()?.parse().ok()?;
+    let digest = unhex(parts.next()?)?.try_into().ok()?;
+    let tag = unhex(parts.next()?)?;
     if parts.next().is_some() {
         return None;
     }
-    Some((Signed { receiver, unix_ms, nonce, digest }, tag))
+    Some((Signed { seq, digest }, tag))
 }
+
+/// The call numbers a connection's server has accepted (see the module docs).
+#[derive(Default)]
+struct SeqWindow {
+    highest: u64,
+    seen: BTreeSet<u64>,
+}
+
+impl SeqWindow {
+    /// Whether `seq` is new and not too old; remembers it if so.
+    fn accept(&mut self, seq: u64) -> bool {
+        if seq == 0 || seq.saturating_add(REPLAY_WINDOW) <= self.highest || !self.seen.insert(seq) {
+            return false;
+        }
+        if seq > self.highest {
+            self.highest = seq;
+            // Numbers at or below this are refused as too old anyway: no need to keep them.
+            let floor = self.highest.saturating_sub(REPLAY_WINDOW) + 1;
+            self.seen = self.seen.split_off(&floor);
+        }
+        true
+    }
+}
+
+/// One authenticated connection, as its server sees it: the session key and the call
+/// numbers spent.
+pub(crate) struct Session {
+    key: SessionKey,
+    window: Mutex<SeqWindow>,
+}
+
+impl Session {
+    pub(crate) fn new(key: SessionKey) -> Session {
+        Session { key, window: Mutex::default() }
+    }
+}
+
+/// What a passive observer sees of one control call, for the test that shows none of it
+/// can be checked against a guess of the secret.
+#[cfg(test)]
+#[derive(Clone, Debug)]
+pub(crate) struct Recorded {
+    pub http_method: String,
+    pub path: String,
+    pub auth: String,
+    pub body: Bytes,
+    pub status: u16,
+    pub answer_auth: String,
+    pub answer: Bytes,
+}
+
+#[cfg(test)]
+impl Recorded {
+    /// Whether this call's request or answer MAC verifies under `key`.
+    pub(crate) fn verifies_under(&self, key: &[u8]) -> bool {
+        let keyed = || HmacSha256::new_from_slice(key).expect("HMAC takes keys of any length");
+        let Some((signed, tag)) = parse_auth(&self.auth) else { return false };
+        let request = request_mac(keyed(), &signed, &self.http_method, &self.path).verify_slice(&tag).is_ok();
+        let answer = unhex(&self.answer_auth)
+            .is_some_and(|sig| response_mac(keyed(), &tag, self.status, &self.answer).verify_slice(&sig).is_ok());
+        request || answer
+    }
+}
+
+/// Where tests collect recordings (`Receiver::tap`).
+#[cfg(test)]
+pub(crate) type Tap = Arc<Mutex<Vec<Recorded>>>;
 
 fn envelope_bytes(envelope: &Envelope) -> Bytes {
     // Serialising a Value-bearing enum cannot fail (no non-string map keys exist in Value).
@@ -247,79 +306,113 @@ pub(crate) fn plain(status: StatusCode, message: &str) -> Response<Full<Bytes>> 
     respond(status, envelope_bytes(&Envelope::Error { message: message.to_owned() }), None)
 }
 
-/// The server side of control calls: who this server is, what it has accepted.
+/// The server side of control calls: what to answer with.
 pub(crate) struct Receiver {
-    secret: ClusterSecret,
-    id: PeerId,
     handler: Option<Arc<dyn ControlHandler>>,
     blobs: Option<Arc<dyn BlobHandler>>,
     read_timeout: Duration,
-    replays: Mutex<Replays>,
     /// Refused calls come from authenticated connections only, but a misconfigured or
     /// compromised member can still send them in a loop: logged a few a minute.
     refusals: WarnThrottle,
+    #[cfg(test)]
+    pub(crate) tap: Option<Tap>,
 }
 
 impl Receiver {
     pub(crate) fn new(
-        secret: ClusterSecret,
-        id: PeerId,
         handler: Option<Arc<dyn ControlHandler>>,
         blobs: Option<Arc<dyn BlobHandler>>,
         read_timeout: Duration,
     ) -> Receiver {
-        Receiver { secret, id, handler, blobs, read_timeout, replays: Mutex::default(), refusals: WarnThrottle::default() }
+        Receiver {
+            handler,
+            blobs,
+            read_timeout,
+            refusals: WarnThrottle::default(),
+            #[cfg(test)]
+            tap: None,
+        }
     }
 
-    /// Serves one control or blob call, checking everything the headers say before reading
-    /// the body.
-    pub(crate) async fn serve(&self, req: Request<Incoming>, method: &str, kind: CallKind, peer: &str) -> Response<Full<Bytes>> {
+    pub(crate) fn set_read_timeout(&mut self, limit: Duration) {
+        self.read_timeout = limit;
+    }
+
+    /// Serves one control or blob call on the connection of `session`, checking everything
+    /// the headers say before reading the body.
+    pub(crate) async fn serve(
+        &self,
+        req: Request<Incoming>,
+        method: &str,
+        kind: CallKind,
+        peer: &str,
+        session: &Session,
+    ) -> Response<Full<Bytes>> {
+        #[cfg(test)]
+        let seen = (
+            req.method().to_string(),
+            req.uri().path().to_owned(),
+            req.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned(),
+        );
+        let (response, _body) = self.answer(req, method, kind, peer, session).await;
+        #[cfg(test)]
+        if let Some(tap) = &self.tap {
+            let header = |r: &Response<Full<Bytes>>| {
+                r.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).unwrap_or_default().to_owned()
+            };
+            let answer = response.body().clone().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+            tap.lock().unwrap_or_else(|e| e.into_inner()).push(Recorded {
+                http_method: seen.0,
+                path: seen.1,
+                auth: seen.2,
+                body: _body,
+                status: response.status().as_u16(),
+                answer_auth: header(&response),
+                answer,
+            });
+        }
+        response
+    }
+
+    /// The answer, and the request body it read (empty when refused before reading).
+    async fn answer(
+        &self,
+        req: Request<Incoming>,
+        method: &str,
+        kind: CallKind,
+        peer: &str,
+        session: &Session,
+    ) -> (Response<Full<Bytes>>, Bytes) {
         let refuse = |reason: String| {
             self.refusals.warn(|| format!("refused control call {method} from {peer}: {reason}"));
             plain(StatusCode::UNAUTHORIZED, &format!("unauthorized: {reason}"))
         };
         let auth = req.headers().get(AUTH_HEADER).and_then(|v| v.to_str().ok()).and_then(parse_auth);
         let Some((signed, tag)) = auth else {
-            return refuse(format!("missing or malformed {AUTH_HEADER} header"));
+            return (refuse(format!("missing or malformed {AUTH_HEADER} header")), Bytes::new());
         };
-        if signed.receiver != self.id {
-            return refuse(format!(
-                "the call is addressed to ring member {}, this is {}",
-                hex(&signed.receiver),
-                hex(&self.id)
-            ));
-        }
-        let now = unix_ms();
-        if let Some(why) = stale(signed.unix_ms, now) {
-            return refuse(why);
-        }
         let path = req.uri().path().to_owned();
-        if request_mac(&self.secret, &signed, req.method().as_str(), &path).verify_slice(&tag).is_err() {
-            return refuse("wrong signature (wrong cluster secret?)".into());
+        if request_mac(session.key.mac(), &signed, req.method().as_str(), &path).verify_slice(&tag).is_err() {
+            return (refuse("wrong MAC (not made with this connection's session key)".into()), Bytes::new());
         }
         let declared = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
-            return plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large");
+            return (plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large"), Bytes::new());
         }
-        let fresh = self.replays.lock().unwrap_or_else(|e| e.into_inner()).check_and_remember(signed.nonce, signed.unix_ms, now);
-        match fresh {
-            Fresh::Yes => {}
-            Fresh::Replayed => return refuse("replayed request (its nonce was used already)".into()),
-            Fresh::Full => {
-                return plain(StatusCode::SERVICE_UNAVAILABLE, "too many control calls in the last minutes; retry later")
-            }
+        if !session.window.lock().unwrap_or_else(|e| e.into_inner()).accept(signed.seq) {
+            return (refuse(format!("call number {} was used already or is too old (a replay?)", signed.seq)), Bytes::new());
         }
         let read = Limited::new(req.into_body(), MAX_BODY_BYTES).collect();
         let body = match timeout(self.read_timeout, read).await {
             Ok(Ok(collected)) => collected.to_bytes(),
             Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-                return plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large")
+                return (plain(StatusCode::PAYLOAD_TOO_LARGE, "control body too large"), Bytes::new())
             }
-            Ok(Err(e)) => return plain(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")),
-            Err(_) => return plain(StatusCode::REQUEST_TIMEOUT, "body did not arrive in time"),
+            Ok(Err(e)) => return (plain(StatusCode::BAD_REQUEST, &format!("reading the body: {e}")), Bytes::new()),
+            Err(_) => return (plain(StatusCode::REQUEST_TIMEOUT, "body did not arrive in time"), Bytes::new()),
         };
         if <[u8; 32]>::from(Sha256::digest(&body)) != signed.digest {
-            return refuse("the body is not the one signed".into());
+            return (refuse("the body is not the one MACed".into()), body);
         }
 
         let request = if !valid_method(method) {
@@ -342,8 +435,10 @@ impl Receiver {
                 None => Err(unknown()),
             },
         };
-        let sign = |status: StatusCode, bytes: &[u8]| hex(&response_mac(&self.secret, &tag, status.as_u16(), bytes).finalize().into_bytes());
-        match result {
+        let sign = |status: StatusCode, bytes: &[u8]| {
+            hex(&response_mac(session.key.mac(), &tag, status.as_u16(), bytes).finalize().into_bytes())
+        };
+        let response = match result {
             Ok(Answer::Bytes(bytes)) => {
                 let signature = sign(StatusCode::OK, &bytes);
                 respond_as(StatusCode::OK, bytes, Some(signature), OCTETS)
@@ -361,7 +456,8 @@ impl Receiver {
                 let signature = sign(status, &bytes);
                 respond(status, bytes, Some(signature))
             }
-        }
+        };
+        (response, body)
     }
 }
 
@@ -373,20 +469,23 @@ pub struct ControlClient {
     authority: String,
     receiver: PeerId,
     peer: Arc<str>,
-    secret: ClusterSecret,
+    session: SessionKey,
+    /// The last call number used on this connection (shared by every clone).
+    seq: Arc<AtomicU64>,
     timeout: Duration,
     _guard: Arc<ConnGuard>,
 }
 
 impl ControlClient {
     pub async fn connect(peer: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<ControlClient> {
-        let (send, addr, killer, receiver) = open_h2(peer, secret, config).await?;
+        let (send, addr, killer, receiver, session) = open_h2(peer, secret, config).await?;
         Ok(ControlClient {
             send,
             authority: addr.to_string(),
             receiver,
             peer: peer.into(),
-            secret: secret.clone(),
+            session,
+            seq: Arc::default(),
             timeout: config.control_timeout,
             _guard: Arc::new(ConnGuard::new(killer, None)),
         })
@@ -396,7 +495,12 @@ impl ControlClient {
         &self.peer
     }
 
-    /// The id the server announced in the handshake; every call is signed for it.
+    #[cfg(test)]
+    pub(crate) fn session_key_for_tests(&self) -> [u8; 32] {
+        self.session.bytes()
+    }
+
+    /// The id the server announced in the handshake (random per server process).
     pub fn receiver(&self) -> PeerId {
         self.receiver
     }
@@ -436,9 +540,9 @@ impl ControlClient {
         }
         let path = format!("{prefix}{method}");
         let body = serde_json::to_vec(body).map_err(|e| Error::Encode(e.to_string()))?;
-        let signed =
-            Signed { receiver: self.receiver, unix_ms: unix_ms(), nonce: random(), digest: Sha256::digest(&body).into() };
-        let tag = request_mac(&self.secret, &signed, "POST", &path).finalize().into_bytes();
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let signed = Signed { seq, digest: Sha256::digest(&body).into() };
+        let tag = request_mac(self.session.mac(), &signed, "POST", &path).finalize().into_bytes();
         let request = Request::post(format!("http://{}{path}", self.authority))
             .header(CONTENT_TYPE, JSON)
             .header(AUTH_HEADER, auth_value(&signed, &tag))
@@ -461,7 +565,7 @@ impl ControlClient {
             .await
             .map_err(|_| Error::timeout(&self.peer, "control call", self.timeout))??;
 
-        // A 401 cannot be signed: the peer could not tell which secret we used.
+        // A 401 is not MACed: the peer could not tell which key we used.
         if status == 401 {
             return Err(self.failure(method, status, match serde_json::from_slice::<Envelope>(&bytes) {
                 Ok(Envelope::Error { message }) => message,
@@ -469,9 +573,9 @@ impl ControlClient {
             }));
         }
         let signed =
-            signature.is_some_and(|sig| response_mac(&self.secret, &tag, status, &bytes).verify_slice(&sig).is_ok());
+            signature.is_some_and(|sig| response_mac(self.session.mac(), &tag, status, &bytes).verify_slice(&sig).is_ok());
         if !signed {
-            return Err(Error::auth(&self.peer, "control answer not signed with the cluster secret"));
+            return Err(Error::auth(&self.peer, "control answer not MACed with this connection's session key"));
         }
         Ok((status, bytes))
     }
@@ -480,7 +584,6 @@ impl ControlClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::PEER_ID_LEN;
 
     #[test]
     fn hex_round_trips_and_rejects_junk() {
@@ -490,30 +593,47 @@ mod tests {
         assert_eq!(unhex("é1"), None);
     }
 
-    #[test]
-    fn signatures_bind_every_field() {
-        let s = ClusterSecret::new("k").unwrap();
-        let signed = Signed { receiver: [1; PEER_ID_LEN], unix_ms: 1, nonce: [2; REQUEST_NONCE_LEN], digest: [3; 32] };
-        let tag = |s: &ClusterSecret, signed: &Signed, method, path| -> Vec<u8> {
-            request_mac(s, signed, method, path).finalize().into_bytes().to_vec()
-        };
-        let base = tag(&s, &signed, "POST", "/control/health");
-        assert_ne!(base, tag(&s, &Signed { receiver: [9; PEER_ID_LEN], ..signed }, "POST", "/control/health"));
-        assert_ne!(base, tag(&s, &Signed { unix_ms: 2, ..signed }, "POST", "/control/health"));
-        assert_ne!(base, tag(&s, &Signed { nonce: [9; REQUEST_NONCE_LEN], ..signed }, "POST", "/control/health"));
-        assert_ne!(base, tag(&s, &Signed { digest: [9; 32], ..signed }, "POST", "/control/health"));
-        assert_ne!(base, tag(&s, &signed, "GET", "/control/health"));
-        assert_ne!(base, tag(&s, &signed, "POST", "/control/profile"));
-        assert_ne!(base, tag(&ClusterSecret::new("j").unwrap(), &signed, "POST", "/control/health"));
+    fn key(byte: u8) -> HmacSha256 {
+        HmacSha256::new_from_slice(&[byte; 32]).unwrap()
+    }
 
-        let value = sign_request(&s, &[1; PEER_ID_LEN], 7, "POST", "/control/health", b"{}");
-        let (parsed, tag) = parse_auth(&value).unwrap();
-        assert_eq!((parsed.receiver, parsed.unix_ms, tag.len()), ([1; PEER_ID_LEN], 7, 32));
-        assert_eq!(parsed.digest, <[u8; 32]>::from(Sha256::digest(b"{}")));
-        // Two signatures of the same call differ: each has its own nonce.
-        assert_ne!(value, sign_request(&s, &[1; PEER_ID_LEN], 7, "POST", "/control/health", b"{}"));
+    #[test]
+    fn macs_bind_every_field() {
+        let signed = Signed { seq: 1, digest: [3; 32] };
+        let tag = |k: u8, signed: &Signed, method, path| -> Vec<u8> {
+            request_mac(key(k), signed, method, path).finalize().into_bytes().to_vec()
+        };
+        let base = tag(1, &signed, "POST", "/control/health");
+        assert_ne!(base, tag(1, &Signed { seq: 2, ..signed }, "POST", "/control/health"));
+        assert_ne!(base, tag(1, &Signed { digest: [9; 32], ..signed }, "POST", "/control/health"));
+        assert_ne!(base, tag(1, &signed, "GET", "/control/health"));
+        assert_ne!(base, tag(1, &signed, "POST", "/control/profile"));
+        assert_ne!(base, tag(2, &signed, "POST", "/control/health"));
+
+        let value = auth_value(&signed, &base);
+        let (parsed, parsed_tag) = parse_auth(&value).unwrap();
+        assert_eq!((parsed.seq, parsed.digest, parsed_tag), (1, [3; 32], base));
         assert!(parse_auth("1.abcd").is_none());
         assert!(parse_auth(&format!("{value}.00")).is_none());
+        assert!(parse_auth("x.00.00").is_none());
+    }
+
+    #[test]
+    fn each_call_number_is_taken_once_within_the_window() {
+        let mut w = SeqWindow::default();
+        assert!(!w.accept(0), "numbers start at 1");
+        assert!(w.accept(1) && !w.accept(1), "a replay");
+        // Out of order within the window is fine; each once.
+        assert!(w.accept(5) && w.accept(3) && w.accept(2) && !w.accept(3));
+        let far = 5 + REPLAY_WINDOW;
+        assert!(w.accept(far));
+        assert!(!w.accept(4), "fell behind the window: refused, though never seen");
+        assert!(w.accept(far - REPLAY_WINDOW + 1) && !w.accept(far - REPLAY_WINDOW + 1));
+        assert!(w.seen.len() as u64 <= REPLAY_WINDOW, "bounded: {}", w.seen.len());
+        for seq in far + 1..far + 3 * REPLAY_WINDOW {
+            assert!(w.accept(seq));
+        }
+        assert!(w.seen.len() as u64 <= REPLAY_WINDOW, "bounded: {}", w.seen.len());
     }
 
     #[test]

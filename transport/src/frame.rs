@@ -31,8 +31,11 @@ use crate::auth::{KeyShare, PeerId, Proof, KEY_SHARE_LEN, PEER_ID_LEN};
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"HRTH";
-/// Bumped on any change to the layout above; peers of different versions refuse each other.
-pub const VERSION: u16 = 8;
+/// Bumped on any change to the layout above, or to what a connection means after its
+/// handshake; peers of different versions refuse each other. 9: control calls MACed with
+/// the connection's session key (issue 61): an 8 would pass the handshake and then have
+/// every call refused, so it is refused at its first frame, saying why.
+pub const VERSION: u16 = 9;
 pub const HEADER_LEN: usize = 12;
 /// The biggest batch we expect is a 2048-token prompt chunk of a 70B-class model
 /// (n_embd 8192) in f32: 64 MiB. Four times that leaves room without letting a buggy peer

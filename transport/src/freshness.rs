@@ -1,7 +1,7 @@
-//! Whether a signed message is new: its timestamp within the clock skew tolerated between
-//! home devices, and its nonce never accepted before. Shared by the control calls and the
-//! discovery datagrams, which are signed the same way (a MAC over a timestamp and a fresh
-//! nonce) and must refuse a captured copy alike.
+//! Whether a signed discovery datagram is new: its timestamp within the clock skew
+//! tolerated between home devices, and its nonce never accepted before. (Control calls need
+//! neither: they are numbered per connection and MACed with its session key, `control`.)
+//! Also the hex helpers the wire formats share.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};

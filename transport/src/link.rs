@@ -8,9 +8,13 @@
 //! Every connection, link or control, starts with the auth handshake (`auth`) on the raw
 //! TCP socket, before HTTP/2: a peer that has not proved the cluster secret never reaches
 //! the HTTP/2 server, so it cannot make it buffer a header or a body byte, nor hold one of
-//! the slots that serve authenticated peers. Connections still in the handshake have a
-//! budget of their own, with a deadline; when it is full the oldest waiting one makes room,
-//! so idle or slow strangers cannot lock a ring member out. A peer that fails the handshake,
+//! the slots that serve authenticated peers. The handshake also gives the connection its
+//! session key, which MACs every control call on it (`control`). Connections still in the
+//! handshake have a budget of their own, with a deadline; when it is full the oldest
+//! waiting one makes room, so idle or slow strangers cannot lock a ring member out, and one
+//! source may hold only a few places in it ([`crate::backoff`]). A source whose proofs keep
+//! failing is refused for a while, told so in an error frame, before any key exchange
+//! (online guessing slowed to a few guesses an hour). A peer that fails the handshake,
 //! stalls, or breaks the frame protocol has its whole TCP connection shut down while the
 //! server keeps serving everyone else.
 
@@ -22,7 +26,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::{Either, Full};
@@ -37,9 +41,10 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
-use crate::throttle::WarnThrottle;
-use crate::auth::{fresh_peer_id, ClientHandshake, ClusterSecret, PeerId, ServerHandshake};
+use crate::auth::{fresh_peer_id, ClientHandshake, ClusterSecret, PeerId, ServerHandshake, SessionKey};
+use crate::backoff::{Admission, AuthBackoff, Outcome, Sources};
 use crate::control::{self, BlobHandler, ControlHandler};
+use crate::throttle::WarnThrottle;
 use crate::error::{Error, Result};
 use crate::frame::{encode, Frame, FrameDecoder, DEFAULT_MAX_FRAME_BYTES, HEADER_LEN};
 
@@ -76,6 +81,12 @@ const WRONG_SECRET: &str = "wrong cluster secret";
 const SEND_QUEUE_FRAMES: usize = 4;
 /// Authenticated links waiting for `LinkServer::accept`.
 const ACCEPT_QUEUE: usize = 8;
+/// Refused connections told why at once; past this a refused connection is just closed
+/// (a flood from a backed-off source must not pile up tasks and sockets).
+const MAX_REFUSING: usize = 64;
+/// How long a refused source's connection may take to say hello and be told why before it
+/// is closed.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
 /// After a failed accept (out of file descriptors) retrying at once would spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const OCTET_STREAM: &str = "application/octet-stream";
@@ -102,6 +113,8 @@ pub struct LinkConfig {
     /// Added before every frame this side sends: emulates a slow link (Wi-Fi's few
     /// milliseconds a hop) on loopback for benchmarks. Zero by default.
     pub send_delay: Duration,
+    /// How a server slows down a source whose handshakes keep failing ([`crate::backoff`]).
+    pub auth_backoff: AuthBackoff,
 }
 
 impl Default for LinkConfig {
@@ -116,6 +129,7 @@ impl Default for LinkConfig {
             control_timeout: Duration::from_secs(60),
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             send_delay: Duration::ZERO,
+            auth_backoff: AuthBackoff::default(),
         }
     }
 }
@@ -330,7 +344,8 @@ impl Link {
     /// Dials `peer` (`host:port` or `http://host:port`), runs the handshake and opens the
     /// link stream. Fails with an error naming the peer if any step fails or stalls.
     pub async fn connect(peer: &str, secret: &ClusterSecret, config: &LinkConfig) -> Result<Link> {
-        let (mut send, addr, killer, _) = open_h2::<ChannelBody>(peer, secret, config).await?;
+        // Link frames carry no MAC of their own: the session key only keys control calls.
+        let (mut send, addr, killer, _, _) = open_h2::<ChannelBody>(peer, secret, config).await?;
         let label: Arc<str> = peer.into();
         // Until the link exists nothing else shuts the connection down on failure.
         let on_failure = killer.clone();
@@ -428,13 +443,15 @@ async fn write_handshake_frame(tcp: &mut TcpStream, frame: &Frame, peer: &str) -
 }
 
 /// The client's side of the handshake on a freshly dialled socket; HTTP/2 may start on it
-/// once this returns. Returns the server's id, which control calls are signed for. Public
-/// so tools and tests can speak to a ring port by hand.
-pub async fn client_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, peer: &str) -> Result<PeerId> {
+/// once this returns. Returns the server's id and the connection's session key, which MACs
+/// its control calls. Public so tools and tests can speak to a ring port by hand.
+pub async fn client_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, peer: &str) -> Result<(PeerId, SessionKey)> {
     let mut handshake = ClientHandshake::new(secret);
     write_handshake_frame(tcp, &Frame::AuthHello { share: handshake.hello() }, peer).await?;
     let (share, server) = match read_handshake_frame(tcp, peer).await? {
         Some(Frame::AuthChallenge { share, server }) => (share, server),
+        // Refused before the exchange (too many failures or handshakes from this address).
+        Some(Frame::Error { message, .. }) => return Err(Error::auth(peer, format!("the peer refused us: {message}"))),
         other => return Err(unexpected(peer, other)),
     };
     let proof = handshake.on_challenge(share, server).ok_or_else(|| Error::auth(peer, "the peer's challenge is no key share (not a hearth ring server of this version?)"))?;
@@ -448,7 +465,9 @@ pub async fn client_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, peer:
     }
 }
 
-async fn server_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, id: PeerId, peer: &str) -> Result<()> {
+/// The server's side; the session key once the client proved the secret. A wrong proof is
+/// `Error::Auth` with [`WRONG_SECRET`] as its reason: a tested guess (see `backoff`).
+async fn server_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, id: PeerId, peer: &str) -> Result<SessionKey> {
     let share = match read_handshake_frame(tcp, peer).await? {
         Some(Frame::AuthHello { share }) => share,
         other => return Err(unexpected(peer, other)),
@@ -461,7 +480,10 @@ async fn server_handshake(tcp: &mut TcpStream, secret: &ClusterSecret, id: PeerI
         other => return Err(unexpected(peer, other)),
     };
     match handshake.on_proof(&proof) {
-        Some(welcome) => write_handshake_frame(tcp, &Frame::AuthWelcome { proof: welcome }, peer).await,
+        Some((welcome, session)) => {
+            write_handshake_frame(tcp, &Frame::AuthWelcome { proof: welcome }, peer).await?;
+            Ok(session)
+        }
         None => {
             let refusal = Frame::Error { step: 0, message: WRONG_SECRET.into() };
             let _ = write_handshake_frame(tcp, &refusal, peer).await;
@@ -507,19 +529,19 @@ async fn dial(peer: &str, config: &LinkConfig) -> Result<(TcpStream, SocketAddr)
 }
 
 /// Dials `peer`, authenticates, and sets up an HTTP/2 client connection with the ring's
-/// settings; also returns the server's id.
+/// settings; also returns the server's id and the session key.
 pub(crate) async fn open_h2<B>(
     peer: &str,
     secret: &ClusterSecret,
     config: &LinkConfig,
-) -> Result<(SendRequest<B>, SocketAddr, Killer, PeerId)>
+) -> Result<(SendRequest<B>, SocketAddr, Killer, PeerId, SessionKey)>
 where
     B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let (mut tcp, addr) = dial(peer, config).await?;
-    let server_id = timeout(config.handshake_timeout, client_handshake(&mut tcp, secret, peer))
+    let (server_id, session) = timeout(config.handshake_timeout, client_handshake(&mut tcp, secret, peer))
         .await
         .map_err(|_| Error::timeout(peer, "authenticating", config.handshake_timeout))??;
     let (tcp, killer) =
@@ -546,7 +568,7 @@ where
         }
         state.mark_closed();
     });
-    Ok((send, addr, killer, server_id))
+    Ok((send, addr, killer, server_id, session))
 }
 
 /// What every connection of one server shares.
@@ -560,8 +582,12 @@ struct Shared {
     /// Slots of authenticated connections.
     slots: Arc<Semaphore>,
     pending: Arc<Mutex<Pending>>,
-    /// Connections refused for a wrong secret or at the cap: a stranger can cause any
-    /// number of them, so they are logged a few a minute.
+    /// Failed handshakes and handshakes in progress per source address.
+    sources: Arc<Mutex<Sources>>,
+    /// Refused connections being told why.
+    refusing: Arc<Semaphore>,
+    /// Connections refused for a wrong secret, a back-off or at a cap: a stranger can cause
+    /// any number of them, so they are logged a few a minute, with a count of the rest.
     refusals: WarnThrottle,
 }
 
@@ -570,6 +596,20 @@ struct Conn {
     shared: Arc<Shared>,
     peer: Arc<str>,
     killer: Killer,
+    session: control::Session,
+}
+
+/// A source's handshake in progress: reported to `Sources` when dropped, however it ended.
+struct SourceSlot {
+    sources: Arc<Mutex<Sources>>,
+    ip: std::net::IpAddr,
+    outcome: Outcome,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        self.sources.lock().unwrap_or_else(|e| e.into_inner()).finish(self.ip, self.outcome, Instant::now());
+    }
 }
 
 /// The connections still in the handshake, oldest first, each with the signal that evicts it.
@@ -641,6 +681,17 @@ impl LinkServer {
         control: Option<Arc<dyn ControlHandler>>,
         blobs: Option<Arc<dyn BlobHandler>>,
     ) -> Result<LinkServer> {
+        Self::bind_inner(addr, secret, config, control::Receiver::new(control, blobs, Duration::ZERO)).await
+    }
+
+    /// Binds with `control` answering calls (its read timeout set from `config`).
+    async fn bind_inner(
+        addr: SocketAddr,
+        secret: ClusterSecret,
+        config: LinkConfig,
+        mut control: control::Receiver,
+    ) -> Result<LinkServer> {
+        control.set_read_timeout(config.handshake_timeout);
         let io = |what, error| Error::Io { peer: addr.to_string(), what, error };
         let listener = TcpListener::bind(addr).await.map_err(|e| io("binding the ring listener", e))?;
         let local_addr = listener.local_addr().map_err(|e| io("reading the bound address", e))?;
@@ -657,7 +708,7 @@ impl LinkServer {
             .keep_alive_interval(config.keep_alive_interval)
             .keep_alive_timeout(config.keep_alive_timeout);
         let id = fresh_peer_id();
-        let control = control::Receiver::new(secret.clone(), id, control, blobs, config.handshake_timeout);
+        let sources = Arc::new(Mutex::new(Sources::new(config.auth_backoff.clone())));
         let shared = Arc::new(Shared {
             secret,
             id,
@@ -667,6 +718,8 @@ impl LinkServer {
             h2,
             slots: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
             pending: Arc::default(),
+            sources,
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             refusals: WarnThrottle::default(),
         });
         let accept_task = tokio::spawn(accept_loop(listener, shared, shutdown_rx));
@@ -706,9 +759,47 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: watch
                 continue;
             }
         };
-        let pending = PendingSlot::admit(&shared.pending);
-        tokio::spawn(serve_connection(tcp, peer, shared.clone(), pending, shutdown.clone()));
+        let admission = shared.sources.lock().unwrap_or_else(|e| e.into_inner()).admit(peer.ip(), Instant::now());
+        let why = match admission {
+            Admission::Go => {
+                let source = SourceSlot { sources: shared.sources.clone(), ip: peer.ip(), outcome: Outcome::Other };
+                let pending = PendingSlot::admit(&shared.pending);
+                tokio::spawn(serve_connection(tcp, peer, shared.clone(), pending, source, shutdown.clone()));
+                continue;
+            }
+            Admission::Wait(left) => format!(
+                "too many failed handshakes from {} (proofs of another secret): retry in {} s",
+                peer.ip(),
+                left.as_millis().div_ceil(1000)
+            ),
+            Admission::Busy => format!(
+                "too many handshakes in progress from {}: retry once they end",
+                peer.ip()
+            ),
+        };
+        shared.refusals.warn(|| format!("refusing connection from {peer}: {why}"));
+        // Telling why costs a task for up to a second; a flood is just closed.
+        if let Ok(permit) = shared.refusing.clone().try_acquire_owned() {
+            tokio::spawn(async move {
+                refuse(tcp, why).await;
+                drop(permit);
+            });
+        }
     }
+}
+
+/// Tells a refused connection why and closes it, running no key exchange. Its hello is
+/// read first (one small frame, within a deadline): closing a socket with unread bytes
+/// resets the connection, and the reset could reach the client before the reason does.
+async fn refuse(mut tcp: TcpStream, why: String) {
+    let label = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let refusal = Frame::Error { step: 0, message: why };
+    let _ = timeout(REFUSAL_WRITE_TIMEOUT, async {
+        let _ = read_handshake_frame(&mut tcp, &label).await;
+        let _ = write_handshake_frame(&mut tcp, &refusal, &label).await;
+        let _ = tcp.shutdown().await;
+    })
+    .await;
 }
 
 async fn serve_connection(
@@ -716,6 +807,7 @@ async fn serve_connection(
     peer: SocketAddr,
     shared: Arc<Shared>,
     pending: PendingSlot,
+    mut source: SourceSlot,
     mut shutdown: watch::Receiver<()>,
 ) {
     if let Err(e) = tcp.set_nodelay(true) {
@@ -733,12 +825,22 @@ async fn serve_connection(
         _ = shutdown.changed() => return,
     };
     drop(pending);
-    match handshake {
-        Ok(()) => {}
-        Err(e @ Error::Auth { .. }) => return shared.refusals.warn(|| format!("refused connection from {peer}: {e}")),
+    let session = match handshake {
+        Ok(session) => {
+            source.outcome = Outcome::Success;
+            session
+        }
+        Err(e @ Error::Auth { .. }) => {
+            if matches!(&e, Error::Auth { reason, .. } if reason == WRONG_SECRET) {
+                source.outcome = Outcome::WrongSecret;
+            }
+            return shared.refusals.warn(|| format!("refused connection from {peer}: {e}"));
+        }
         // Strangers and port scanners: not worth a warning each.
         Err(e) => return debug!(%peer, "dropped connection: {e}"),
-    }
+    };
+    // The handshake is over: the source's place is given back (and its outcome recorded).
+    drop(source);
     let Ok(_slot) = shared.slots.clone().try_acquire_owned() else {
         return shared.refusals.warn(|| format!("refusing connection from {peer}: {MAX_CONNECTIONS} authenticated connections already open"));
     };
@@ -746,7 +848,7 @@ async fn serve_connection(
         Ok(pair) => pair,
         Err(e) => return warn!(%peer, "dropping connection: {e}"),
     };
-    let conn = Arc::new(Conn { shared: shared.clone(), peer: label.into(), killer: killer.clone() });
+    let conn = Arc::new(Conn { shared: shared.clone(), peer: label.into(), killer: killer.clone(), session: control::Session::new(session) });
     let service = {
         let conn = conn.clone();
         hyper::service::service_fn(move |req| route(req, conn.clone()))
@@ -781,7 +883,7 @@ async fn route(req: Request<Incoming>, conn: Arc<Conn>) -> Result<Response<Serve
     let Some((method, kind)) = call else {
         return Ok(control::plain(StatusCode::NOT_FOUND, "no such path").map(Either::Right));
     };
-    let response = conn.shared.control.serve(req, method, kind, &conn.peer).await;
+    let response = conn.shared.control.serve(req, method, kind, &conn.peer, &conn.session).await;
     Ok(response.map(Either::Right))
 }
 
@@ -800,4 +902,80 @@ fn open_link(req: Request<Incoming>, conn: Arc<Conn>) -> Response<ChannelBody> {
     let mut response = Response::new(ChannelBody(rx));
     response.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static(OCTET_STREAM));
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::SALT_LEN;
+    use crate::control::{ControlClient, ControlFailure, Tap};
+    use serde_json::{json, Value};
+    use sha2::Digest;
+
+    /// Records what a passive observer of the LAN sees of real control and blob calls
+    /// between a client and a ring server (method, path, MAC headers, bodies, both ways),
+    /// and shows that with the RIGHT secret nothing in it verifies under any key computed
+    /// from the secret alone — the password key a guesser stretches (fixed salt: one table
+    /// for every cluster), the secret's raw bytes or hash, discovery keys — exactly as with
+    /// a wrong secret: a recording is no oracle for guesses. Before issue 61 every call
+    /// was MACed with the password key, and this check found the secret.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_recorded_exchange_tests_no_guess() {
+        let right = "correct horse battery staple";
+        let secret = ClusterSecret::new(right).unwrap();
+        let handler: Arc<dyn ControlHandler> = Arc::new(|method: String, body: Value| async move {
+            match method.as_str() {
+                "health" => Ok(json!({"status": "ok"})),
+                "load_plan" => Ok(json!({"loaded": body["windows"]})),
+                _ => Err(ControlFailure::unknown_method(&method)),
+            }
+        });
+        let blobs: Arc<dyn BlobHandler> =
+            Arc::new(|_: String, _: Value| async move { Ok::<_, ControlFailure>(Bytes::from_static(b"layer bytes")) });
+        let tap: Tap = Arc::default();
+        let mut receiver = control::Receiver::new(Some(handler), Some(blobs), Duration::ZERO);
+        receiver.tap = Some(tap.clone());
+        let server = LinkServer::bind_inner("127.0.0.1:0".parse().unwrap(), secret.clone(), LinkConfig::default(), receiver)
+            .await
+            .unwrap();
+        let client = ControlClient::connect(&server.local_addr().to_string(), &secret, &LinkConfig::default()).await.unwrap();
+        client.call("health", &json!({})).await.unwrap();
+        client.call("load_plan", &json!({"windows": [10, 10, 10]})).await.unwrap();
+        assert!(client.call("nope", &json!({})).await.is_err());
+        assert_eq!(&client.fetch("range", &json!({"offset": 0, "len": 11})).await.unwrap()[..], b"layer bytes");
+        let recorded = tap.lock().unwrap().clone();
+        assert_eq!(recorded.len(), 4, "{recorded:?}");
+
+        let wrong = ClusterSecret::new("Tr0ub4dor&3").unwrap();
+        let from_secret = |s: &ClusterSecret, text: &str| -> Vec<Vec<u8>> {
+            vec![
+                s.password_key().to_vec(),
+                text.as_bytes().to_vec(),
+                sha2::Sha256::digest(text.as_bytes()).to_vec(),
+                s.salted(&[0; SALT_LEN]).unwrap().to_vec(),
+            ]
+        };
+        let session = client.session_key_for_tests();
+        for call in &recorded {
+            assert!(call.verifies_under(&session), "the recording is of real, MACed calls: {call:?}");
+            for key in from_secret(&secret, right) {
+                assert!(!call.verifies_under(&key), "a key computed from the right secret verifies {call:?}");
+            }
+            for key in from_secret(&wrong, "Tr0ub4dor&3") {
+                assert!(!call.verifies_under(&key));
+            }
+        }
+        // Nor is any of those keys, or the session key, anywhere in the recording.
+        let mut seen = Vec::new();
+        for call in &recorded {
+            for part in [call.auth.as_bytes(), &call.body, call.answer_auth.as_bytes(), &call.answer] {
+                seen.extend_from_slice(part);
+            }
+        }
+        for key in from_secret(&secret, right).into_iter().chain([session.to_vec()]) {
+            let hexed = crate::freshness::hex(&key);
+            assert!(!seen.windows(key.len()).any(|w| w == key.as_slice()));
+            assert!(!seen.windows(hexed.len()).any(|w| w == hexed.as_bytes()));
+        }
+    }
 }

@@ -1,10 +1,10 @@
-//! Control RPCs on the ring server: signed both ways, refused without the secret, for
-//! another receiver, or a second time.
+//! Control RPCs on the ring server: MACed both ways with the connection's session key,
+//! refused without the secret, on another connection, or a second time.
 
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::{config, echo_server, echo_server_with, eof_within, h2, secret, ChannelBody};
@@ -43,10 +43,6 @@ async fn raw_post(addr: SocketAddr, s: &ClusterSecret, path: &str, auth: Option<
     post(&mut send, path, auth, body).await
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn right_secret_gets_answers() {
     let s = secret("right");
@@ -63,14 +59,23 @@ async fn right_secret_gets_answers() {
     let err = client.call("nope", &json!({})).await.unwrap_err();
     assert!(matches!(err, Error::Control { status: 404, .. }), "{err}");
 
-    // A raw call signed correctly gets 200 too.
+    // Concurrent calls on one connection (numbered in one order, arriving in another).
+    let calls = (0..64).map(|i| {
+        let client = client.clone();
+        tokio::spawn(async move { client.call(methods::LOAD_PLAN, &json!({"windows": [i]})).await })
+    });
+    for (i, call) in calls.enumerate() {
+        assert_eq!(call.await.unwrap().unwrap(), json!({"loaded": [i]}));
+    }
+
+    // A raw call MACed with the connection's session key gets 200 too.
     let path = "/control/health";
-    let auth = sign_request(&s, &echo.id, now_ms(), "POST", path, b"{}");
-    assert_eq!(raw_post(echo.addr, &s, path, Some(&auth), b"{}").await, 200);
+    let (mut send, session) = h2(echo.addr, &s).await;
+    assert_eq!(post(&mut send, path, Some(&sign_request(&session, 1, "POST", path, b"{}")), b"{}").await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_missing_or_stale_auth_is_refused() {
+async fn wrong_missing_or_foreign_auth_is_refused() {
     let s = secret("right");
     let echo = echo_server(s.clone(), Some(handler())).await;
 
@@ -84,20 +89,21 @@ async fn wrong_missing_or_stale_auth_is_refused() {
     assert_eq!(raw_post(echo.addr, &s, path, None, b"{}").await, 401, "missing");
     assert_eq!(raw_post(echo.addr, &s, path, Some("garbage"), b"{}").await, 401, "malformed");
 
-    let stale = now_ms() - Duration::from_secs(5 * 60).as_millis() as u64;
-    let auth = sign_request(&s, &echo.id, stale, "POST", path, b"{}");
-    assert_eq!(raw_post(echo.addr, &s, path, Some(&auth), b"{}").await, 401, "stale");
-    let future = now_ms() + Duration::from_secs(5 * 60).as_millis() as u64;
-    let auth = sign_request(&s, &echo.id, future, "POST", path, b"{}");
-    assert_eq!(raw_post(echo.addr, &s, path, Some(&auth), b"{}").await, 401, "future");
-    let auth = sign_request(&secret("wrong"), &echo.id, now_ms(), "POST", path, b"{}");
-    assert_eq!(raw_post(echo.addr, &s, path, Some(&auth), b"{}").await, 401, "signed with another secret");
+    let (mut send, session) = h2(echo.addr, &s).await;
+    let (_, other) = h2::<Full<Bytes>>(echo.addr, &s).await;
+    let auth = sign_request(&other, 1, "POST", path, b"{}");
+    assert_eq!(post(&mut send, path, Some(&auth), b"{}").await, 401, "MACed with another connection's session key");
+    let auth = sign_request(&session, 0, "POST", path, b"{}");
+    assert_eq!(post(&mut send, path, Some(&auth), b"{}").await, 401, "call number 0");
 
-    // Signed for another body or path: a captured signature cannot be reused for a new call.
-    let signed = sign_request(&s, &echo.id, now_ms(), "POST", path, b"{}");
-    assert_eq!(raw_post(echo.addr, &s, path, Some(&signed), b"{\"windows\":[30]}").await, 401, "other body");
-    let signed = sign_request(&s, &echo.id, now_ms(), "POST", path, b"{}");
-    assert_eq!(raw_post(echo.addr, &s, "/control/profile", Some(&signed), b"{}").await, 401, "other path");
+    // MACed for another body or path: a captured MAC cannot be reused for a new call.
+    let signed = sign_request(&session, 2, "POST", path, b"{}");
+    assert_eq!(post(&mut send, path, Some(&signed), b"{\"windows\":[30]}").await, 401, "other body");
+    let signed = sign_request(&session, 3, "POST", path, b"{}");
+    assert_eq!(post(&mut send, "/control/profile", Some(&signed), b"{}").await, 401, "other path");
+    // The connection still serves calls MACed right.
+    let signed = sign_request(&session, 4, "POST", path, b"{}");
+    assert_eq!(post(&mut send, path, Some(&signed), b"{}").await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,33 +112,53 @@ async fn a_captured_call_is_refused_when_replayed() {
     let echo = echo_server(s.clone(), Some(handler())).await;
     let path = "/control/load_plan";
     let body: &'static [u8] = b"{\"windows\":[4,3,3]}";
-    let captured = sign_request(&s, &echo.id, now_ms(), "POST", path, body);
 
-    let (mut send, _) = h2(echo.addr, &s).await;
+    let (mut send, session) = h2(echo.addr, &s).await;
+    let captured = sign_request(&session, 1, "POST", path, body);
     assert_eq!(post(&mut send, path, Some(&captured), body).await, 200, "the original call");
     assert_eq!(post(&mut send, path, Some(&captured), body).await, 401, "replayed on the same connection");
     assert_eq!(raw_post(echo.addr, &s, path, Some(&captured), body).await, 401, "replayed on a new connection");
-    // A fresh signature of the very same call is fine.
-    let fresh = sign_request(&s, &echo.id, now_ms(), "POST", path, body);
-    assert_eq!(post(&mut send, path, Some(&fresh), body).await, 200, "a new call");
+    // A new number for the very same call is fine; numbers may come out of order within
+    // the window, each once; one that fell behind the window is refused.
+    assert_eq!(post(&mut send, path, Some(&sign_request(&session, 5, "POST", path, body)), body).await, 200);
+    assert_eq!(post(&mut send, path, Some(&sign_request(&session, 3, "POST", path, body)), body).await, 200);
+    let far = 5 + transport::control::REPLAY_WINDOW;
+    assert_eq!(post(&mut send, path, Some(&sign_request(&session, far, "POST", path, body)), body).await, 200);
+    assert_eq!(post(&mut send, path, Some(&sign_request(&session, 4, "POST", path, body)), body).await, 401, "behind the window");
 }
 
+/// A session is one connection to one server process: a call MACed on a connection to
+/// member A is refused by member B and by A on any other connection; a client whose
+/// server restarted connects again and gets answers (a new handshake, a new session).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_signed_for_one_member_is_refused_by_another() {
+async fn a_call_maced_on_one_connection_is_refused_on_any_other() {
     let s = secret("right");
     let a = echo_server(s.clone(), Some(handler())).await;
     let b = echo_server(s.clone(), Some(handler())).await;
     assert_ne!(a.id, b.id);
     let path = "/control/load_plan";
-    let for_a = sign_request(&s, &a.id, now_ms(), "POST", path, b"{}");
+    let (mut to_a, session) = h2(a.addr, &s).await;
+    let for_a = sign_request(&session, 1, "POST", path, b"{}");
     assert_eq!(raw_post(b.addr, &s, path, Some(&for_a), b"{}").await, 401, "sent to B");
-    assert_eq!(raw_post(a.addr, &s, path, Some(&for_a), b"{}").await, 200, "A takes it");
+    assert_eq!(raw_post(a.addr, &s, path, Some(&for_a), b"{}").await, 401, "sent to A on another connection");
+    assert_eq!(post(&mut to_a, path, Some(&for_a), b"{}").await, 200, "A takes it on its own connection");
 }
 
 /// Sends headers that announce `length` body bytes and then nothing; returns the status, which
 /// must come from the headers alone.
-async fn headers_only(addr: SocketAddr, s: &ClusterSecret, auth: Option<&str>, length: u64) -> u16 {
-    let (mut send, _) = h2::<ChannelBody>(addr, s).await;
+enum Auth {
+    None,
+    OtherSession,
+    Right,
+}
+
+async fn headers_only(addr: SocketAddr, s: &ClusterSecret, auth: Auth, length: u64) -> u16 {
+    let (mut send, session) = h2::<ChannelBody>(addr, s).await;
+    let auth = match auth {
+        Auth::None => None,
+        Auth::OtherSession => Some(sign_request(&h2::<ChannelBody>(addr, s).await.1, 1, "POST", "/control/load_plan", b"{}")),
+        Auth::Right => Some(sign_request(&session, 1, "POST", "/control/load_plan", b"{}")),
+    };
     let (body_tx, body_rx) = tokio::sync::mpsc::channel(1);
     let mut request = hyper::Request::post("http://hearth/control/load_plan").header(CONTENT_LENGTH, length);
     if let Some(auth) = auth {
@@ -157,11 +183,9 @@ async fn unsigned_or_oversized_bodies_are_refused_before_they_are_read() {
     let patient = transport::LinkConfig { handshake_timeout: Duration::from_secs(60), ..config() };
     let echo = echo_server_with(s.clone(), Some(handler()), patient).await;
     let huge = 1 << 30;
-    assert_eq!(headers_only(echo.addr, &s, None, huge).await, 401, "unsigned");
-    let wrong = sign_request(&secret("wrong"), &echo.id, now_ms(), "POST", "/control/load_plan", b"{}");
-    assert_eq!(headers_only(echo.addr, &s, Some(&wrong), huge).await, 401, "signed with another secret");
-    let signed = sign_request(&s, &echo.id, now_ms(), "POST", "/control/load_plan", b"{}");
-    assert_eq!(headers_only(echo.addr, &s, Some(&signed), huge).await, 413, "signed, but over the limit");
+    assert_eq!(headers_only(echo.addr, &s, Auth::None, huge).await, 401, "unsigned");
+    assert_eq!(headers_only(echo.addr, &s, Auth::OtherSession, huge).await, 401, "MACed with another session's key");
+    assert_eq!(headers_only(echo.addr, &s, Auth::Right, huge).await, 413, "MACed right, but over the limit");
 
     // And a stranger who has not proved the secret gets no HTTP at all.
     let mut tcp = tokio::net::TcpStream::connect(echo.addr).await.unwrap();

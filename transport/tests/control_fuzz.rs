@@ -5,8 +5,8 @@
 //!   raw TCP connection. Promises: the connection is closed within the handshake deadline
 //!   and the handler never runs.
 //! - a member speaking raw HTTP/2 after a correct handshake: calls with mutated methods,
-//!   paths, bodies, extra headers and `x-hearth-auth` values (valid, stale, for another
-//!   receiver, replayed, mangled, missing). Promises: only a correctly signed call reaches
+//!   paths, bodies, extra headers and `x-hearth-auth` values (valid, numbered 0, MACed with
+//!   another connection's session key, replayed, mangled, missing). Promises: only a correctly signed call reaches
 //!   the handler, and gets its answer; every other is refused with the status the protocol
 //!   names; no 5xx; every answer is the control envelope.
 //! - `ControlClient` itself, with fuzzed method names and JSON bodies: answers come back
@@ -24,7 +24,7 @@ mod fuzz_json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use fuzz::{mutate_bytes, Budget, Rng};
@@ -35,10 +35,9 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
-use transport::auth::PeerId;
 use transport::control::{sign_request, AUTH_HEADER};
 use transport::link::client_handshake;
-use transport::{encode, ClusterSecret, ControlClient, ControlHandler, Frame, LinkConfig, LinkServer};
+use transport::{encode, AuthBackoff, ClusterSecret, ControlClient, ControlHandler, Frame, LinkConfig, LinkServer, SessionKey};
 
 /// Short, so strangers that say nothing cost the fuzzer little time.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -47,8 +46,6 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_millis(300);
 const CLOSE_SLACK: Duration = Duration::from_secs(3);
 /// Any case, start to end; past this the server stalled.
 const STALL: Duration = Duration::from_secs(10);
-/// How far back a stale signature is dated: well past the protocol's one-minute skew.
-const STALE_MS: u64 = 5 * 60 * 1000;
 /// The server's body limit (control.rs); declared lengths around it are interesting.
 const BODY_LIMIT: u64 = 4 << 20;
 const SECRET: &str = "fuzz cluster secret";
@@ -59,13 +56,14 @@ enum Auth {
     Valid,
     /// Signed correctly, then sent a second time: the replay must be refused.
     Replayed,
-    Stale,
-    OtherReceiver,
+    /// Call number 0, which no client uses.
+    Zero,
+    /// MACed with the session key of another connection that proved the secret.
+    OtherSession,
     /// Signed for this body, sent with another.
     OtherBody,
     /// A valid value mangled by these byte mutations (a no-op mangling stays valid).
     Mangled(Vec<u64>),
-    WrongSecret,
 }
 
 #[derive(Clone, Debug)]
@@ -75,9 +73,6 @@ enum Case {
     Client { method: String, body: Vec<u8> },
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
 
 fn frame_bytes(frames: &[Frame]) -> Vec<u8> {
     let mut buf = BytesMut::new();
@@ -120,12 +115,12 @@ fn mutate_auth(rng: &mut Rng) -> Auth {
         0 => Auth::None,
         1 | 2 => Auth::Valid,
         3 => Auth::Replayed,
-        4 => Auth::Stale,
-        5 => Auth::OtherReceiver,
+        4 => Auth::Zero,
+        5 => Auth::OtherSession,
         6 => Auth::OtherBody,
         _ => {
             if rng.one_in(4) {
-                Auth::WrongSecret
+                Auth::OtherSession
             } else {
                 Auth::Mangled((0..1 + rng.below(3)).map(|_| rng.next_u64()).collect())
             }
@@ -216,18 +211,34 @@ fn mutate(rng: &mut Rng, parent: &Case, donor: &Case) -> Case {
 struct Target {
     rt: Runtime,
     addr: SocketAddr,
-    id: PeerId,
     secret: ClusterSecret,
     calls: Arc<AtomicU64>,
     /// A member's connection, reopened when a case kills it.
-    member: Option<SendRequest<Full<Bytes>>>,
+    member: Option<Member>,
+    /// The session key of another connection (a member that MACs for the wrong one).
+    other: SessionKey,
     /// A standing client: must keep getting answers whatever the cases do.
     witness: ControlClient,
     _server: LinkServer,
 }
 
+/// A connection that proved the secret: its session key and the last call number used.
+struct Member {
+    send: SendRequest<Full<Bytes>>,
+    session: SessionKey,
+    seq: u64,
+}
+
 fn config() -> LinkConfig {
-    LinkConfig { handshake_timeout: HANDSHAKE_TIMEOUT, control_timeout: Duration::from_secs(5), ..LinkConfig::default() }
+    LinkConfig {
+        handshake_timeout: HANDSHAKE_TIMEOUT,
+        control_timeout: Duration::from_secs(5),
+        // Mutated handshakes now and then hold a wrong proof; the member's connections
+        // come from the same address and must not be backed off (tests/guessing.rs
+        // covers the back-off).
+        auth_backoff: AuthBackoff::off(),
+        ..LinkConfig::default()
+    }
 }
 
 fn handler(calls: Arc<AtomicU64>) -> Arc<dyn ControlHandler> {
@@ -242,23 +253,24 @@ impl Target {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let secret = ClusterSecret::new(SECRET).unwrap();
         let calls = Arc::new(AtomicU64::new(0));
-        let (server, witness) = rt.block_on(async {
+        let (server, witness, other) = rt.block_on(async {
             let server =
                 LinkServer::bind("127.0.0.1:0".parse().unwrap(), secret.clone(), config(), Some(handler(calls.clone())))
                     .await
                     .unwrap();
             let witness = ControlClient::connect(&server.local_addr().to_string(), &secret, &config()).await.unwrap();
-            (server, witness)
+            let other = Target::open_member(server.local_addr(), &secret).await.session;
+            (server, witness, other)
         });
-        Target { rt, addr: server.local_addr(), id: server.id(), secret, calls, member: None, witness, _server: server }
+        Target { rt, addr: server.local_addr(), secret, calls, member: None, other, witness, _server: server }
     }
 
-    async fn open_member(addr: SocketAddr, secret: &ClusterSecret) -> SendRequest<Full<Bytes>> {
+    async fn open_member(addr: SocketAddr, secret: &ClusterSecret) -> Member {
         let mut tcp = TcpStream::connect(addr).await.expect("connect");
-        client_handshake(&mut tcp, secret, "fuzz").await.expect("handshake with the right secret");
+        let (_, session) = client_handshake(&mut tcp, secret, "fuzz").await.expect("handshake with the right secret");
         let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.expect("h2");
         tokio::spawn(conn);
-        send
+        Member { send, session, seq: 0 }
     }
 }
 
@@ -329,20 +341,20 @@ fn envelope(body: &[u8]) -> Value {
 }
 
 impl Target {
-    /// The header value for `auth`, and whether it is a correct signature of this call.
-    fn auth_value(&self, auth: &Auth, http_method: &str, path: &str, body: &[u8]) -> (Option<String>, bool) {
-        let sign = |secret: &ClusterSecret, receiver: &PeerId, at: u64, body: &[u8]| {
-            sign_request(secret, receiver, at, http_method, path, body)
-        };
+    /// The header value for `auth` on `member`'s connection, and whether it is a correct
+    /// MAC of this call.
+    fn auth_value(member: &mut Member, other: &SessionKey, auth: &Auth, http_method: &str, path: &str, body: &[u8]) -> (Option<String>, bool) {
+        member.seq += 1;
+        let seq = member.seq;
+        let sign = |session: &SessionKey, seq: u64, body: &[u8]| sign_request(session, seq, http_method, path, body);
         let value = match auth {
             Auth::None => return (None, false),
-            Auth::Valid | Auth::Replayed => return (Some(sign(&self.secret, &self.id, now_ms(), body)), true),
-            Auth::Stale => sign(&self.secret, &self.id, now_ms() - STALE_MS, body),
-            Auth::OtherReceiver => sign(&self.secret, &[0xAB; 16], now_ms(), body),
-            Auth::OtherBody => sign(&self.secret, &self.id, now_ms(), b"{\"other\":1}"),
-            Auth::WrongSecret => sign(&ClusterSecret::new("wrong").unwrap(), &self.id, now_ms(), body),
+            Auth::Valid | Auth::Replayed => return (Some(sign(&member.session, seq, body)), true),
+            Auth::Zero => sign(&member.session, 0, body),
+            Auth::OtherSession => sign(other, seq, body),
+            Auth::OtherBody => sign(&member.session, seq, b"{\"other\":1}"),
             Auth::Mangled(edits) => {
-                let valid = sign(&self.secret, &self.id, now_ms(), body);
+                let valid = sign(&member.session, seq, body);
                 let mut v = valid.clone().into_bytes();
                 edits.iter().for_each(|&e| mutate_bytes(&mut Rng::new(e), &mut v, &[]));
                 let v = String::from_utf8_lossy(&v).into_owned();
@@ -354,7 +366,12 @@ impl Target {
     }
 
     fn member_case(&mut self, http_method: &str, path: &str, auth: &Auth, body: &[u8], headers: &[(String, String)]) -> String {
-        let (value, signed_ok) = self.auth_value(auth, http_method, path, body);
+        let (addr, secret) = (self.addr, self.secret.clone());
+        if self.member.is_none() {
+            self.member = Some(self.rt.block_on(Target::open_member(addr, &secret)));
+        }
+        let member = self.member.as_mut().expect("opened");
+        let (value, signed_ok) = Target::auth_value(member, &self.other, auth, http_method, path, body);
         let build = |value: &Option<String>| {
             let mut req = hyper::Request::builder().method(http_method).uri(format!("http://{}{path}", self.addr));
             for (k, v) in headers {
@@ -366,14 +383,9 @@ impl Target {
             req.body(Full::new(Bytes::copy_from_slice(body))).ok()
         };
         let Some(req) = build(&value) else { return "member: the client refuses to build it".into() };
-        let (addr, secret) = (self.addr, self.secret.clone());
         let before = self.calls.load(Ordering::SeqCst);
-        let member = &mut self.member;
+        let sender = &mut member.send;
         let (first, replay) = self.rt.block_on(async {
-            if member.is_none() {
-                *member = Some(Target::open_member(addr, &secret).await);
-            }
-            let sender = member.as_mut().expect("opened");
             let first = send(sender, req).await;
             let replay = match (&first, build(&value)) {
                 (Some(_), Some(again)) if matches!(auth, Auth::Replayed) => send(sender, again).await,

@@ -312,6 +312,16 @@ async fn an_emulated_hop_delay_holds_every_frame_back() {
     }
 }
 
+/// A stranger's connection from its own loopback address: each address may have only a
+/// few handshakes in progress (`transport::backoff`), so a crowd of strangers comes from
+/// many (127.0.0.0/8 is all loopback on Linux).
+async fn stranger_from(n: usize, server: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let per_source = transport::backoff::MAX_PENDING_PER_SOURCE as usize;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("127.0.1.{}:0", 1 + n / per_source).parse().unwrap()).unwrap();
+    socket.connect(server).await.unwrap()
+}
+
 /// Strangers that connect and say nothing, or trickle a byte now and then, hold no slot that
 /// a ring member needs: with more of them open than the server lets wait, a member still
 /// authenticates and links, and the oldest stranger is the one turned away.
@@ -325,12 +335,12 @@ async fn idle_and_slow_strangers_do_not_lock_members_out() {
     let echo = echo_server_with(s.clone(), None, patient).await;
 
     let mut idle = Vec::new();
-    for _ in 0..IDLE {
-        idle.push(tokio::net::TcpStream::connect(echo.addr).await.unwrap());
+    for n in 0..IDLE {
+        idle.push(stranger_from(n, echo.addr).await);
     }
     let mut slow = Vec::new();
-    for _ in 0..SLOW {
-        let mut tcp = tokio::net::TcpStream::connect(echo.addr).await.unwrap();
+    for n in IDLE..IDLE + SLOW {
+        let mut tcp = stranger_from(n, echo.addr).await;
         tcp.write_all(b"HR").await.unwrap();
         slow.push(tcp);
     }

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::mpsc;
 use transport::frame::DEFAULT_MAX_FRAME_BYTES;
 use transport::link::client_handshake;
-use transport::{encode, ClusterSecret, ControlHandler, Frame, FrameDecoder, LinkConfig, LinkServer, PeerId};
+use transport::{encode, ClusterSecret, ControlHandler, Frame, FrameDecoder, LinkConfig, LinkServer, PeerId, SessionKey};
 
 pub fn secret(s: &str) -> ClusterSecret {
     ClusterSecret::new(s).unwrap()
@@ -94,18 +94,18 @@ pub struct Raw {
     decoder: FrameDecoder,
 }
 
-/// A raw HTTP/2 connection after a real handshake with `secret`, and the server's id.
-pub async fn h2<B>(addr: SocketAddr, secret: &ClusterSecret) -> (SendRequest<B>, PeerId)
+/// A raw HTTP/2 connection after a real handshake with `secret`, and its session key.
+pub async fn h2<B>(addr: SocketAddr, secret: &ClusterSecret) -> (SendRequest<B>, SessionKey)
 where
     B: Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let id = client_handshake(&mut tcp, secret, &addr.to_string()).await.unwrap();
+    let (_, session) = client_handshake(&mut tcp, secret, &addr.to_string()).await.unwrap();
     let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp)).await.unwrap();
     tokio::spawn(conn);
-    (send, id)
+    (send, session)
 }
 
 /// Whether the server closes `tcp` within `limit` (whatever it sends first is ignored).
