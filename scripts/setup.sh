@@ -29,6 +29,13 @@ for package in openai anthropic ollama; do
     python3 -m pip install --quiet --disable-pip-version-check "$package" >&2 || echo "setup: could not install the $package package; its client tests will fail" >&2
   fi
 done
+# The agent CLIs tests/agent_clis.rs drives, Claude Code and Codex CLI: their binaries come
+# inside these packages, pinned to the versions whose flags and config keys the test sets.
+for package in claude-agent-sdk==0.2.190 openai-codex==0.163.0; do
+  if ! python3 -c "import importlib.metadata as m; assert m.version('${package%%==*}') == '${package##*==}'" >/dev/null 2>&1; then
+    python3 -m pip install --quiet --disable-pip-version-check "$package" >&2 || echo "setup: could not install $package; tests/agent_clis.rs will fail" >&2
+  fi
+done
 # Schemathesis checks the live API against its OpenAPI document (tests/schemathesis.rs).
 if ! command -v schemathesis >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check schemathesis >&2 || echo "setup: could not install schemathesis; the API conformance test will be skipped" >&2
