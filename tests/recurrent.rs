@@ -201,7 +201,7 @@ fn qwen35_with_its_own_template_makes_a_required_tool_call_and_takes_its_result(
 }
 
 /// The prompt cache on a model keeping a recurrent state: every block's rows, and the
-/// prompt's last whole block (and every 4th) with the state where it ends (kept as the
+/// prompt's last whole block (and every `STATE_EVERY_BLOCKS`th) with the state where it ends (kept as the
 /// prompt passed that point), so an agent's long context (1,100 tokens
 /// of real prose) comes back after its slot served another conversation, after a hard
 /// restart (from disk), and through a ring of three processes whose members each hold
@@ -224,7 +224,9 @@ fn a_recurrent_models_prompt_cache_brings_a_long_prefix_back_with_its_state_afte
     let first = [&ids[..SHARED], &ids[1200..1300]].concat();
     let other = ids[1300..1900].to_vec();
     let again = [&ids[..SHARED], &ids[1900..1990]].concat();
-    let restored = (SHARED / 256 * 256) as u64;
+    const BLOCK: usize = hearth::runtime::generation::BLOCK_TOKENS;
+    const EVERY: usize = hearth::runtime::generation::STATE_EVERY_BLOCKS;
+    let restored = (SHARED / BLOCK * BLOCK) as u64;
     let ask = |addr: &str, prompt: &[u32]| -> (String, u64) {
         let v = post(addr, "/v1/completions", &json!({"model": "", "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 2}));
         (format!("{} {}", v["choices"][0]["text"], v["choices"][0]["logprobs"]), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
@@ -245,12 +247,15 @@ fn a_recurrent_models_prompt_cache_brings_a_long_prefix_back_with_its_state_afte
         assert_eq!(ask(&node.addr, &again), (cold.clone(), restored), "after the slot served another conversation");
         let m = metrics(&node.addr);
         assert_eq!(counter(&m, "hearth_prompt_cache_restored_tokens_total"), restored as f64);
-        assert_eq!(counter(&m, "hearth_prompt_cache_hits_total{tier=\"ram\"}"), (restored / 256) as f64);
-        // The rows alone of the prefix's four blocks and of the other conversation's two,
-        // and each prompt's last whole block with the state (the prefix's 4th, the other's
-        // 2nd), reach the disk before the server goes down hard.
+        assert_eq!(counter(&m, "hearth_prompt_cache_hits_total{tier=\"ram\"}"), (restored / BLOCK as u64) as f64);
+        // The rows alone of every whole block of the two prompts, and each prompt's last
+        // whole block a restore reaches and every `EVERY`th with the state, reach the disk
+        // before the server goes down hard.
+        let reached = |n: usize| (n - 64) / 64 * 64 / BLOCK;
+        let state_blocks = |n: usize| (1..=n / BLOCK).filter(|b| b % EVERY == 0 || *b == reached(n)).count();
+        let on_disk = first.len() / BLOCK + other.len() / BLOCK + state_blocks(first.len()) + state_blocks(other.len());
         let files = || std::fs::read_dir(&cache_dir).into_iter().flatten().flatten().flat_map(|ns| std::fs::read_dir(ns.path()).into_iter().flatten().flatten()).filter(|f| !f.file_name().to_string_lossy().contains(".tmp.")).count();
-        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (files() >= 8).then_some(()));
+        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (files() >= on_disk).then_some(()));
         let mut node = node;
         node.child.kill().unwrap();
         node.child.wait().unwrap();
@@ -258,7 +263,7 @@ fn a_recurrent_models_prompt_cache_brings_a_long_prefix_back_with_its_state_afte
     {
         let node = Served::start_model(&path, &[&base[..], &with_cache[..]].concat());
         assert_eq!(ask(&node.addr, &again), (cold.clone(), restored), "after a restart");
-        assert_eq!(counter(&metrics(&node.addr), "hearth_prompt_cache_hits_total{tier=\"disk\"}"), (restored / 256) as f64);
+        assert_eq!(counter(&metrics(&node.addr), "hearth_prompt_cache_hits_total{tier=\"disk\"}"), (restored / BLOCK as u64) as f64);
     }
     // Through a ring (another layout: none of the single node's blocks), a head with
     // layers and two workers, each holding recurrent layers' state.

@@ -35,6 +35,8 @@ fn the_ring_gives_the_single_node_output_for_every_window_shape() {
     }
     // f16 activations halve the bytes per hop; report how far they agree.
     let head = Served::start(&["--threads", "1", "--workers", &workers, "--windows", "4,3,3", "--f16-activations"]);
+    // Without --ctx-size the ring sizes the context to its devices' memory, as one node does.
+    head.wait_logged("the ring's context said at start", std::time::Duration::from_secs(5), |l| l.contains("context per sequence: 8192 tokens (the model's own context"));
     let f16 = chat(&head.addr, false);
     let same = f16.chars().zip(expected.chars()).take_while(|(a, b)| a == b).count();
     eprintln!("f16 activations: first {same} of {} characters identical to f32", expected.chars().count());

@@ -394,3 +394,46 @@ fn allowed_hosts_and_cors_origins_from_the_flags_and_the_environment() {
     let got = exchange(addr, &format!("GET /v1/models HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://evil.example"), "");
     assert!(!got.contains("access-control-allow-origin"), "{got}");
 }
+
+/// Started as a new user starts it (no `--ctx-size`), the head sizes the context to the
+/// memory up to the model's own, says so, and a first chat the size Codex's or Open
+/// WebUI's (~6k tokens: a system prompt and tools) is answered, where the old fixed
+/// 4,096-token default refused it. The "too long" refusal past it reads alike in every API.
+#[test]
+fn the_default_context_holds_a_clients_first_prompt_and_too_long_reads_alike() {
+    let server = Served::start(&["--threads", "2", "--parallel", "1"]);
+    // The default model was trained for 8,192 tokens; a machine that runs these tests
+    // has far more than the 0.2 GiB its cache takes.
+    server.wait_logged("the context said at start", Duration::from_secs(5), |l| l.contains("context per sequence: 8192 tokens (the model's own context"));
+    let models: serde_json::Value = serde_json::from_str(&http(&server.addr, "GET", "/v1/models", "", "").unwrap().body).unwrap();
+    assert_eq!(models["data"][0]["context_length"], 8192, "{models}");
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let system: String = text.chars().take(15_000).collect();
+    let body = serde_json::json!({"model": "", "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Say hello."}], "max_tokens": 4, "temperature": 0}).to_string();
+    let r = http(&server.addr, "POST", "/v1/chat/completions", "", &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    eprintln!("a first prompt of {prompt} tokens");
+    assert!(prompt > 4096, "a first prompt past the old default: {prompt} tokens");
+    // Past the context: the same words and numbers in the OpenAI, Anthropic and Ollama envelopes.
+    let long: String = text.chars().cycle().take(60_000).collect();
+    let openai = http(&server.addr, "POST", "/v1/chat/completions", "", &serde_json::json!({"model": "", "messages": [{"role": "user", "content": long}]}).to_string()).unwrap();
+    let anthropic = http(&server.addr, "POST", "/v1/messages", "", &serde_json::json!({"model": "claude-opus-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": long}]}).to_string()).unwrap();
+    let ollama = http(&server.addr, "POST", "/api/chat", "", &serde_json::json!({"model": "", "stream": false, "messages": [{"role": "user", "content": long}]}).to_string()).unwrap();
+    let message = |r: &common::Response, pointer: &str| -> String {
+        assert_eq!(r.status, 400, "{}", r.body);
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        v.pointer(pointer).and_then(|m| m.as_str()).unwrap_or_else(|| panic!("{}", r.body)).to_string()
+    };
+    for m in [message(&openai, "/error/message"), message(&anthropic, "/error/message"), message(&ollama, "/error")] {
+        // Claude Code compacts on Anthropic's wording; OpenAI clients match theirs. Only
+        // the prompt's count may differ (each API's own turn framing).
+        let (head, rest) = m.split_once(" tokens > ").unwrap_or_else(|| panic!("{m}"));
+        let counted: u64 = head.strip_prefix("prompt is too long: ").and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{m}"));
+        assert!(counted > 8191, "{m}");
+        assert_eq!(rest, "8191 maximum; this model's maximum context length is 8192 tokens (hearth serve --ctx-size)");
+    }
+    let v: serde_json::Value = serde_json::from_str(&openai.body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+}

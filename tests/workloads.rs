@@ -383,7 +383,7 @@ fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_
     let first = [&ids[..SHARED], &ids[1200..1300]].concat();
     let other = ids[1300..1900].to_vec();
     let again = [&ids[..SHARED], &ids[1900..1990]].concat();
-    let block = 256;
+    let block = hearth::runtime::generation::BLOCK_TOKENS;
     let restored = SHARED / block * block;
     let dir = std::env::temp_dir().join(format!("hearth-prompt-cache-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -419,10 +419,10 @@ fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_
         assert_eq!((text.as_str(), got), (cold.as_str(), restored as u64), "after the slot was reused");
         assert_eq!(metric(&node.addr, "hearth_prompt_cache_restored_tokens_total"), restored as f64);
         assert_eq!(metric_with(&node.addr, "hearth_prompt_cache_hits_total", "tier=\"ram\""), (restored / block) as f64);
-        // Every block reached the disk before the server goes down hard.
-        // Every block (4 of the prefix, 2 of the other conversation) reached the disk
-        // before the server goes down hard.
-        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(&dir).len() >= 6).then_some(()));
+        // Every whole block of the two conversations reached the disk before the server
+        // goes down hard.
+        let blocks = first.len() / block + other.len() / block;
+        common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(&dir).len() >= blocks).then_some(()));
         let mut node = node;
         node.child.kill().unwrap();
         node.child.wait().unwrap();
@@ -467,8 +467,8 @@ fn a_long_prefix_comes_back_from_the_prompt_cache_after_its_slot_was_reused_and_
 /// never cross the network): a prefix comes back after its slot served another
 /// conversation, and after the head and a worker restarted (both from disk), with the
 /// single node's cold answer; a worker that lost the last two blocks of the prefix gives
-/// back the first two (the restore's frames go round together) and the head computes the
-/// rest; a worker that restarted without its blocks makes the head
+/// back the ones before them (the restore's frames go round together) and the head
+/// computes the rest; a worker that restarted without its blocks makes the head
 /// compute the prefix and keep it again (still the cold answer), and the next request
 /// restores it; a plan that moves the layers lays rows out otherwise, so its ring
 /// restores none of them (and still answers as cold).
@@ -480,7 +480,10 @@ fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_n
     let first = [&ids[..SHARED], &ids[1200..1300]].concat();
     let other = ids[1300..1900].to_vec();
     let again = [&ids[..SHARED], &ids[1900..1990]].concat();
-    let restored = (SHARED / 256 * 256) as u64;
+    const BLOCK: usize = hearth::runtime::generation::BLOCK_TOKENS;
+    let restored = (SHARED / BLOCK * BLOCK) as u64;
+    // The prefix's last two blocks a restore reaches start here.
+    let lost_from = restored as usize - 2 * BLOCK;
     let dir = std::env::temp_dir().join(format!("hearth-prompt-cache-ring-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let member_dir = |name: &str| dir.join(name).to_string_lossy().into_owned();
@@ -512,11 +515,12 @@ fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_n
         complete(&h.addr, &first, 8);
         complete(&h.addr, &other, 8);
         assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the slot was reused");
-        assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"ram\""), (restored / 256) as f64);
-        // Each member wrote its own rows of the six blocks (four of the prefix, two of the
-        // other conversation); the head's hold its rows only, a third of the layers.
+        assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"ram\""), (restored / BLOCK as u64) as f64);
+        // Each member wrote its own rows of every whole block of the two conversations;
+        // the head's hold its rows only, a third of the layers.
+        let blocks = first.len() / BLOCK + other.len() / BLOCK;
         for d in [&head_dir, &w1_dir, &w2_dir] {
-            common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(std::path::Path::new(d)).len() >= 6).then_some(()));
+            common::wait_for("the blocks on disk", std::time::Duration::from_secs(60), || (block_files(std::path::Path::new(d)).len() >= blocks).then_some(()));
         }
         let size = |d: &str| block_files(std::path::Path::new(d)).iter().map(|f| std::fs::metadata(f).unwrap().len()).sum::<u64>();
         assert!(size(&head_dir) < size(&w1_dir), "the head's blocks hold its 8 layers' rows, a worker's its 11: {} against {}", size(&head_dir), size(&w1_dir));
@@ -530,11 +534,11 @@ fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_n
     {
         let h = ring("8,11,11");
         assert_eq!(cached(&h.addr), (cold.clone(), restored), "after the head and a worker restarted");
-        assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"disk\""), (restored / 256) as f64);
+        assert_eq!(metric_with(&h.addr, "hearth_prompt_cache_hits_total", "tier=\"disk\""), (restored / BLOCK as u64) as f64);
     }
     // The worker restarts on its directory without its last two blocks of the prefix (its
-    // LRU took them, say): the restore's frames go round together, the first two blocks
-    // come back, the head cuts at the miss, computes the rest and keeps it again, and the
+    // LRU took them, say): the restore's frames go round together, the blocks before
+    // them come back, the head cuts at the miss, computes the rest and keeps it again, and the
     // next request restores the whole prefix.
     drop(w1);
     // A file is named by its block's id, the same on every member; the head's files hold
@@ -547,11 +551,11 @@ fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_n
                 let le: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
                 bytes.windows(le.len()).any(|w| w == le.as_slice())
             };
-            holds(&ids[512..768]) || holds(&ids[768..1024])
+            holds(&ids[lost_from..lost_from + BLOCK]) || holds(&ids[lost_from + BLOCK..lost_from + 2 * BLOCK])
         })
         .map(|f| f.file_name().unwrap().to_owned())
         .collect();
-    assert_eq!(lost.len(), 2, "the head's files of the prefix's third and fourth blocks");
+    assert_eq!(lost.len(), 2, "the head's files of the prefix's last two blocks");
     let worker_files = block_files(std::path::Path::new(&w1_dir));
     for name in &lost {
         let f = worker_files.iter().find(|f| f.file_name() == Some(name)).expect("the worker keeps the block under the head's id");
@@ -560,7 +564,7 @@ fn through_a_ring_each_member_keeps_its_rows_of_a_prefix_across_restarts_and_a_n
     let w1 = worker_at(&w1_addr, &w1_dir);
     {
         let h = ring("8,11,11");
-        assert_eq!(cached(&h.addr), (cold.clone(), 512), "a worker missing the prefix's last two blocks");
+        assert_eq!(cached(&h.addr), (cold.clone(), lost_from as u64), "a worker missing the prefix's last two blocks");
         complete(&h.addr, &other, 8);
         assert_eq!(cached(&h.addr), (cold.clone(), restored), "kept again");
     }

@@ -12,11 +12,14 @@
 //!   device selection) and the baselines, chosen by [`Strategy`]; entry point [`schedule`].
 //! - [`pipelining`]: what a ring sustains with several micro-batches in flight
 //!   (throughput of many streams, time to first token of a long prompt cut into chunks).
+//! - [`context`]: the largest context per sequence the devices' memory holds beside the
+//!   weights ([`largest_context`]), the default of `hearth serve`.
 //! - [`replan`]: the online part: whether fresh profiles [`drift`]ed, and whether a new
 //!   schedule predicts enough gain to [`decide`] on re-forming a running ring.
 //!
 //! The decisions the paper leaves open are in docs/scheduler.md.
 
+pub mod context;
 pub mod cost;
 pub mod halda;
 pub mod pipelining;
@@ -24,6 +27,7 @@ mod plan;
 pub mod profile;
 pub mod replan;
 
+pub use context::{largest_context, ContextBound, ContextFit};
 pub use cost::{measured_disk_share, predict, predict_ring, Breakdown, DeviceCost, DeviceSet, Prediction};
 pub use halda::{schedule, Options, Schedule, ScheduleError, Strategy, DEFAULT_DISK_THRESHOLD};
 pub use pipelining::{Forecast, Pipelining};

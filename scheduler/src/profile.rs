@@ -448,7 +448,12 @@ impl ModelProfile {
     /// `2(h_k e_k + h_v e_v) n_kv`: KV-cache bytes of one layer, with the cache types'
     /// bytes per element in place of F16's 2.
     pub fn kv_bytes_per_layer(&self) -> f64 {
-        (self.kv_element_bytes_k * (self.n_head_k * self.head_dim_k) as f64 + self.kv_element_bytes_v * (self.n_head_v * self.head_dim_v) as f64) * self.n_kv as f64 + self.state_bytes
+        self.kv_bytes_per_token_layer() * self.n_kv as f64 + self.state_bytes
+    }
+
+    /// `h_k e_k + h_v e_v` in bytes: what one cached token adds to one layer's KV cache.
+    pub fn kv_bytes_per_token_layer(&self) -> f64 {
+        self.kv_element_bytes_k * (self.n_head_k * self.head_dim_k) as f64 + self.kv_element_bytes_v * (self.n_head_v * self.head_dim_v) as f64
     }
 
     /// `b′ = b + 2(h_k e_k + h_v e_v) n_kv`: a layer's weights and its KV cache.

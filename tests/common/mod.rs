@@ -123,8 +123,9 @@ impl Served {
             log.push('\n');
         };
         // Keep draining the log so the process never blocks on a full pipe; what it says
-        // after starting is kept for the test (the first MiB of it), every line counted.
-        let kept = Arc::new(Mutex::new(String::new()));
+        // is kept for the test (the first MiB of it, what it said while starting too),
+        // every line after starting counted.
+        let kept = Arc::new(Mutex::new(log));
         let counted = Arc::new(AtomicUsize::new(0));
         let (k, c) = (kept.clone(), counted.clone());
         std::thread::spawn(move || {

@@ -419,8 +419,10 @@ pub struct ServeArgs {
     /// Compute threads (default: all cores).
     #[arg(long, env = "HEARTH_THREADS")]
     pub threads: Option<usize>,
-    /// Context cells per sequence.
-    #[arg(long, env = "HEARTH_CTX_SIZE", default_value_t = 4096)]
+    /// Context cells (prompt and answer tokens) per sequence. 0, the default: the largest
+    /// whose KV cache fits the memory beside the model (every ring device's), up to the
+    /// model's own context; said at start.
+    #[arg(long, env = "HEARTH_CTX_SIZE", default_value_t = 0)]
     pub ctx_size: usize,
     /// Most sequences generated at once.
     #[arg(long, env = "HEARTH_PARALLEL", default_value_t = 4)]
@@ -634,7 +636,7 @@ pub struct HopLab {
 /// windows' rows of every block, under the same three settings.
 #[derive(Args, Debug, Clone)]
 pub struct PromptCacheArgs {
-    /// MiB of RAM for computed prompt prefixes kept beyond the slots (blocks of 256 tokens'
+    /// MiB of RAM for computed prompt prefixes kept beyond the slots (blocks of 64 tokens'
     /// K/V rows): a request that starts with a kept prefix (a system prompt and tools sent
     /// again, a conversation whose slot was reused) has those rows written back instead of
     /// computed, and answers as it would have cold. Default: an eighth of the memory this

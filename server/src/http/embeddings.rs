@@ -77,7 +77,7 @@ async fn tokens_of(e: &Arc<Embeddings>, inputs: Vec<OwnedInput>, overflow: Overf
                 }
                 if tokens.len() > m.n_ctx {
                     if overflow == Overflow::Refuse {
-                        return Err(ApiError::ContextLengthExceeded { max: m.n_ctx, prompt: tokens.len(), field: "input" });
+                        return Err(ApiError::ContextLengthExceeded { max: m.n_ctx, limit: m.n_ctx, prompt: tokens.len(), field: "input" });
                     }
                     // Keep the last token: the separator or end-of-text token the model
                     // pools on (BERT's [SEP], a last-token embedder's EOS).

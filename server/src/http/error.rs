@@ -20,11 +20,15 @@ pub enum ApiError {
     InvalidParameter { param: Option<String>, message: String },
     #[error("{0}")]
     InvalidJson(String),
-    #[error("This model's maximum context length is {max} tokens, but the prompt has {prompt} tokens.")]
-    ContextLengthExceeded { max: usize, prompt: usize, field: &'static str },
+    /// One wording in every API: Anthropic's own ("prompt is too long: N tokens > M
+    /// maximum", which Claude Code reads to compact the conversation) and OpenAI's ("maximum
+    /// context length", which OpenAI clients match). `limit`: the longest prompt taken
+    /// (a generation keeps one cell of `max` for its answer).
+    #[error("prompt is too long: {prompt} tokens > {limit} maximum; this model's maximum context length is {max} tokens (hearth serve --ctx-size)")]
+    ContextLengthExceeded { max: usize, limit: usize, prompt: usize, field: &'static str },
     /// Found from the prompt's size alone, before tokenizing it.
-    #[error("This model's maximum context length is {max} tokens, but the prompt has at least {at_least} tokens.")]
-    PromptTooLong { max: usize, at_least: usize, field: &'static str },
+    #[error("prompt is too long: {at_least} tokens > {limit} maximum (at least {at_least}, counted from its size); this model's maximum context length is {max} tokens (hearth serve --ctx-size)")]
+    PromptTooLong { max: usize, limit: usize, at_least: usize, field: &'static str },
     #[error("The model `{0}` does not exist")]
     ModelNotFound(String),
     #[error("Incorrect API key provided. Send `Authorization: Bearer <key>` (or `x-api-key: <key>`) with the key the server was started with.")]
@@ -187,9 +191,7 @@ impl ApiError {
 }
 
 impl ApiError {
-    /// The status and body in Anthropic's terms. A prompt over the context reads as
-    /// Anthropic's own ("prompt is too long: N tokens > M maximum"), which clients such as
-    /// Claude Code recognise to compact the conversation.
+    /// The status and body in Anthropic's terms.
     pub fn anthropic(&self) -> (StatusCode, AnthropicErrorResponse) {
         let (status, kind) = match self {
             ApiError::QueueFull | ApiError::PreparationBusy => (StatusCode::from_u16(ANTHROPIC_OVERLOADED).expect("a valid status"), "overloaded_error"),
@@ -207,11 +209,7 @@ impl ApiError {
                 (status, kind)
             }
         };
-        let message = match self {
-            ApiError::ContextLengthExceeded { max, prompt, .. } => format!("prompt is too long: {prompt} tokens > {} maximum", max.saturating_sub(1)),
-            ApiError::PromptTooLong { max, at_least, .. } => format!("prompt is too long: {at_least} tokens > {} maximum", max.saturating_sub(1)),
-            _ => self.body().error.message,
-        };
+        let message = self.body().error.message;
         (status, AnthropicErrorResponse { kind: Default::default(), error: AnthropicErrorBody { kind: kind.into(), message } })
     }
 

@@ -69,7 +69,7 @@ pub fn check_prompt_bytes(state: &AppState, bytes: usize, field: &'static str) -
     let max = state.runtime.n_ctx();
     let at_least = state.tokenizer.min_tokens(bytes);
     if at_least >= max {
-        return Err(ApiError::PromptTooLong { max, at_least, field });
+        return Err(ApiError::PromptTooLong { max, limit: max.saturating_sub(1), at_least, field });
     }
     Ok(())
 }
@@ -81,7 +81,7 @@ pub fn start(state: &AppState, spec: &GenSpec, n: usize) -> Result<Vec<mpsc::Unb
         return Err(ApiError::InvalidParameter { param: Some(spec.prompt_field.into()), message: "the prompt is empty".into() });
     }
     if spec.prompt.len() >= n_ctx {
-        return Err(ApiError::ContextLengthExceeded { max: n_ctx, prompt: spec.prompt.len(), field: spec.prompt_field });
+        return Err(ApiError::ContextLengthExceeded { max: n_ctx, limit: n_ctx - 1, prompt: spec.prompt.len(), field: spec.prompt_field });
     }
     if n > state.runtime.parallel() {
         return Err(ApiError::InvalidParameter {

@@ -28,7 +28,8 @@ pub struct HeadConfig {
     pub queue: usize,
     /// Tokens per step.
     pub max_batch: usize,
-    /// Context cells per sequence.
+    /// Context cells per sequence; [`super::context::AUTO_CONTEXT`]: the largest the memory holds, up to
+    /// the model's own.
     pub n_ctx_seq: usize,
     pub threads: usize,
     pub speculation: Option<Speculation>,
@@ -47,6 +48,18 @@ pub struct HeadConfig {
     /// Layers of each of this machine's windows on its accelerator, and of those with
     /// their experts in RAM.
     pub gpu_layers: GpuPlacement,
+}
+
+impl HeadConfig {
+    /// Bytes of the head's memory kept outside the model's weights and cache: the prompt
+    /// cache's RAM and a draft model's file.
+    pub fn reserved_bytes(&self) -> f64 {
+        let draft = match &self.speculation {
+            Some(Speculation::Draft(path)) => std::fs::metadata(path).map_or(0, |m| m.len()),
+            _ => 0,
+        };
+        (self.prompt_cache.ram_bytes + draft) as f64
+    }
 }
 
 /// Where speculative drafts come from.
@@ -83,8 +96,13 @@ impl Head {
         // The engine holds no more cells per sequence than the model was trained for; every
         // part of the server (admission, the ring's plan, the workers' caches) must count
         // the same cells, or a prompt that fits --ctx-size fails mid-answer in the ring.
-        let n_ctx_seq = cfg.n_ctx_seq.max(16).min(spec.n_ctx_train.max(16));
-        if n_ctx_seq < cfg.n_ctx_seq {
+        let n_ctx_seq = if cfg.n_ctx_seq == super::context::AUTO_CONTEXT {
+            // A ring sizes it once it knows its devices' memory (`RingPipeline::connect`).
+            if cfg.ring.is_some() { super::context::AUTO_CONTEXT } else { super::context::sized(&file, &[super::context::local_memory()], parallel, cfg.kv, cfg.reserved_bytes()) }
+        } else {
+            cfg.n_ctx_seq.max(16).min(spec.n_ctx_train.max(16))
+        };
+        if cfg.n_ctx_seq != super::context::AUTO_CONTEXT && n_ctx_seq < cfg.n_ctx_seq {
             tracing::warn!(asked = cfg.n_ctx_seq, model = spec.n_ctx_train, "--ctx-size is past the model's trained context: each sequence gets {n_ctx_seq} cells");
         }
         let stage = StageConfig { n_seq: parallel, n_ctx_seq, max_batch, threads: cfg.threads, batch_invariant, repack: cfg.repack, kv: cfg.kv, draft_snapshots, ..StageConfig::whole(&spec) };
@@ -111,7 +129,7 @@ impl Head {
                 // micro-batches may fly together.
                 let streams = if ring.micro_batches == Some(1) { 1 } else { stage.n_seq };
                 let mut planner = Planner::new(file.clone(), cfg.model.clone(), super::ring::membership::Membership::new(ring.workers.clone()), ring.secret.clone(), stage.threads, stage.n_ctx_seq, stage.kv, ring.strategy, streams);
-                planner.head_reserved = cfg.prompt_cache.ram_bytes as f64;
+                planner.head_reserved = cfg.reserved_bytes();
                 if draft_snapshots {
                     // A recurrent state kept twice per sequence (`StageConfig::draft_snapshots`).
                     planner.model.state_bytes *= 2.0;
@@ -142,13 +160,14 @@ impl Head {
             None => None,
             Some(Speculation::Ngram) => Some(Proposer::Ngram),
             Some(Speculation::Draft(draft)) => {
-                let model = DraftModel::load(draft, &tokenizer, parallel, stage.n_ctx_seq, max_batch, stage.threads)?;
+                let model = DraftModel::load(draft, &tokenizer, parallel, pipeline.n_ctx_seq(), max_batch, stage.threads)?;
                 tracing::info!(draft = %draft.display(), "speculative decoding with a draft model");
                 Some(Proposer::Model(Box::new(model)))
             }
         };
+        let pipeline_ctx = pipeline.n_ctx_seq();
         let batcher = Batcher::start(pipeline, tokenizer, BatcherConfig { parallel, queue: cfg.queue, max_batch, spec_tokens: cfg.spec_tokens, files: vec![watched], prompt_cache: cfg.prompt_cache.clone(), compute }, proposer);
-        tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = stage.n_ctx_seq, cache = %stage.kv, "model loaded");
+        tracing::info!(model = %cfg.model.display(), layers = spec.n_layer, parallel, ctx = pipeline_ctx, cache = %stage.kv, "model loaded");
         Ok(Head { batcher, board, parallel })
     }
 }

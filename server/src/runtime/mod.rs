@@ -3,6 +3,7 @@
 //! profiling. Nothing here knows about HTTP or the command line: the HTTP side reaches a
 //! head through the `Runtime` trait below, the CLI builds the configurations.
 
+pub mod context;
 pub mod embeddings;
 pub mod generation;
 pub mod gpu_layers;

@@ -17,6 +17,6 @@ mod stop;
 
 pub use batcher::{Batcher, BatcherConfig, SubmitError};
 pub use pipeline::Pipeline;
-pub use prefix_cache::{default_dir as default_prompt_cache_dir, namespace as prompt_cache_namespace, BlockId, PrefixCache, PrefixCacheConfig, BLOCK_TOKENS};
+pub use prefix_cache::{default_dir as default_prompt_cache_dir, namespace as prompt_cache_namespace, BlockId, PrefixCache, PrefixCacheConfig, BLOCK_TOKENS, STATE_EVERY_BLOCKS};
 pub use request::{Event, Finish, GenerationRequest, TokenInfo, TokenLogprob};
 pub use speculation::{DraftModel, Proposer};

@@ -32,21 +32,24 @@ use sha2::{Digest, Sha256};
 
 use crate::metrics as m;
 
-/// Positions per block. A restore ends on a block's end at least a tile before the
-/// prompt's end (the rest is computed as a cold prompt computes it), so a prompt
-/// recomputes up to this many tokens past its stored prefix; a smaller block would mean
-/// more files and more lookups per prompt. 256 = 4 of the attention's 64-row tiles, and a
-/// block of a 70B model's rows is ~80 MB, of the default model's ~6 MB.
-pub const BLOCK_TOKENS: usize = 256;
+/// Positions per block: one of the attention's 64-row tiles, the smallest that keeps the
+/// exactness rule (rows reused in whole tiles; the rest computed in tiles as a cold prompt
+/// computes it). A restore ends on a block's end at least a tile before the prompt's end,
+/// so a prompt computes 64 to 127 tokens past its stored prefix whatever its length: a
+/// restart costs an agent's ~12k-token prefix what ~100 tokens take, where 256-token
+/// blocks left up to 319 (a 2,854-token prompt's first token took 0.16x its cold time
+/// after a restart). A block of a 70B model's rows is ~20 MB, of the default model's
+/// ~1.5 MB; a prompt looks up one id per 64 tokens (hashing, no I/O until a hit).
+pub const BLOCK_TOKENS: usize = 64;
 
 /// A model with a recurrent state keeps the state with a block only every this many
-/// blocks (and at the last whole block a restore of the prompt reaches), every block's
-/// rows alone: a state is
-/// far bigger than a block's rows (Qwen3.5-35B-A3B: ~63 MB against ~5 MB), so this keeps
-/// about a quarter of the disk and of the prompt's stops to read a state, and a restore
-/// that ends before a prompt's last whole block (another conversation sharing part of it)
-/// gives back up to 3 blocks fewer than one with a state at every block.
-pub const STATE_EVERY_BLOCKS: usize = 4;
+/// blocks (every 1,024 tokens, and at the last whole block a restore of the prompt
+/// reaches), every block's rows alone: a state is far bigger than a block's rows
+/// (Qwen3.5-35B-A3B: ~63 MB against ~1.3 MB), so this keeps the disk and the prompt's
+/// stops to read a state few, and a restore that ends before a prompt's last whole block
+/// (another conversation sharing part of it) gives back up to 15 blocks fewer than one
+/// with a state at every block.
+pub const STATE_EVERY_BLOCKS: usize = 16;
 
 /// Identifies a disk file as a block of this format (and its version). Version 2: a keyed
 /// MAC instead of a checksum (version 1 files are misses, removed when met).

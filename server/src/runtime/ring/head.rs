@@ -210,10 +210,16 @@ const FETCH_LOG_EVERY: Duration = Duration::from_secs(5);
 impl RingPipeline {
     /// Gathers every candidate's profile (waiting for workers still starting), takes the
     /// plan from `cfg.pinned` or the planner's strategy, and forms the ring.
-    pub fn connect(file: Arc<ModelFile>, cfg: RingConfig, planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline> {
+    pub fn connect(file: Arc<ModelFile>, mut cfg: RingConfig, mut planner: Planner, board: Arc<PlanBoard>) -> Result<RingPipeline> {
         let rt = crate::process::ring_runtime()?;
         let devices = planner.gather(&rt, cfg.setup.startup_wait, None)?;
         board.gathered(devices.clone());
+        if cfg.n_ctx_seq == crate::runtime::context::AUTO_CONTEXT {
+            // The head's share already leaves out what it keeps for itself (`head_reserved`).
+            let memories: Vec<f64> = devices.iter().map(|d| d.ram_available + d.gpu.as_ref().filter(|g| !g.uma).map_or(0.0, |g| g.memory_available)).collect();
+            cfg.n_ctx_seq = crate::runtime::context::sized(&file, &memories, cfg.n_seq, cfg.kv, 0.0);
+            planner.model = planner.model.at_context(cfg.n_ctx_seq);
+        }
         let candidates = devices.len() - 1;
         let (plan, members, prediction, source) = match cfg.pinned.clone() {
             Some(plan) => {
