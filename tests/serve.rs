@@ -437,3 +437,30 @@ fn the_default_context_holds_a_clients_first_prompt_and_too_long_reads_alike() {
     let v: serde_json::Value = serde_json::from_str(&openai.body).unwrap();
     assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
 }
+
+/// Under a memory limit (a container's, a small device's: here a cgroup of 2 GiB), the
+/// default context is the largest whose cache fits beside the model and what the server
+/// keeps for itself, not the model's own 8,192 tokens; said at start, served as said.
+#[test]
+fn under_a_memory_limit_the_default_context_is_what_the_memory_holds() {
+    const LIMIT: u64 = 2 << 30;
+    let (server, _cgroup) = match Served::start_in_memory_limit(LIMIT, &["--threads", "1", "--parallel", "4"]) {
+        Ok(s) => s,
+        Err(e) => {
+            assert!(std::env::var("HEARTH_REQUIRE_CGROUPS").as_deref() != Ok("1"), "a memory cgroup is required here: {e}");
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let models: serde_json::Value = serde_json::from_str(&http(&server.addr, "GET", "/v1/models", "", "").unwrap().body).unwrap();
+    let ctx = models["data"][0]["context_length"].as_u64().unwrap();
+    // 2 GiB less 1 GiB spare, the prompt cache's eighth, the weights and the compute
+    // buffer leave room for 4 sequences of a few thousand cells (23 KiB each).
+    eprintln!("context per sequence under a 2 GiB limit: {ctx}");
+    assert!((4096..8192).contains(&ctx) && ctx % 256 == 0, "context {ctx}");
+    server.wait_logged("the bound said at start", Duration::from_secs(5), |l| l.contains(&format!("context per sequence: {ctx} tokens (the largest the memory holds")));
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/scheduler.md")).unwrap();
+    let body = serde_json::json!({"model": "", "messages": [{"role": "user", "content": text.chars().take(4000).collect::<String>()}], "max_tokens": 4, "temperature": 0}).to_string();
+    let r = http(&server.addr, "POST", "/v1/chat/completions", "", &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+}

@@ -76,6 +76,18 @@ impl Served {
         Served::spawn_in(Command::new(env!("CARGO_BIN_EXE_hearth-under-test")), role, args, Some(model), marker, env)
     }
 
+    /// `hearth serve --port 0 ARGS` on the default model in a memory cgroup of its own
+    /// limited to `limit` bytes (what a container or a small device gives it), or why
+    /// none could be made (not root, no cgroup v1 memory controller).
+    pub fn start_in_memory_limit(limit: u64, args: &[&str]) -> Result<(Served, MemoryCgroup), String> {
+        let cgroup = MemoryCgroup::new(limit)?;
+        let mut cmd = Command::new("sh");
+        // The shell joins the cgroup, then becomes the server (which stays in it).
+        cmd.args(["-c", "echo $$ > \"$0\" && exec \"$@\""]).arg(cgroup.dir.join("cgroup.procs")).arg(env!("CARGO_BIN_EXE_hearth-under-test"));
+        let served = Served::spawn_in(cmd, &["serve", "--port", "0"], args, Some(&default_model()), "listening on http://", &[]).map_err(|log| format!("hearth serve exited before listening:\n{log}"))?;
+        Ok((served, cgroup))
+    }
+
     /// `hearth ROLE ARGS --model MODEL` in the network namespace `ns` (see [`netns`]),
     /// waiting for `marker` in its log.
     pub fn spawn_in_netns(ns: &str, role: &[&str], args: &[&str], model: &std::path::Path, marker: &str, env: &[(&str, &std::ffi::OsStr)]) -> Result<Served, String> {
@@ -167,6 +179,29 @@ impl Served {
     pub fn signal(&self, sig: i32) {
         // SAFETY: plain kill(2) on our own child.
         assert_eq!(unsafe { kill(self.child.id() as i32, sig) }, 0);
+    }
+}
+
+/// A cgroup v1 memory cgroup made for one test, removed when dropped (after the processes
+/// in it: drop their `Served` first).
+pub struct MemoryCgroup {
+    pub dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    pub fn new(limit: u64) -> Result<MemoryCgroup, String> {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = PathBuf::from(format!("/sys/fs/cgroup/memory/hearth-test-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir(&dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        let cgroup = MemoryCgroup { dir };
+        std::fs::write(cgroup.dir.join("memory.limit_in_bytes"), limit.to_string()).map_err(|e| format!("cannot limit {}: {e}", cgroup.dir.display()))?;
+        Ok(cgroup)
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
